@@ -1,0 +1,109 @@
+/* Process-local objects of the simulated CUDA driver. */
+#ifndef GPUSLICE_SIM_CUDA_H
+#define GPUSLICE_SIM_CUDA_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "gpuslice_cuda.h"
+#include "sim_state.h"
+
+#define CUAPI SIM_API CUresult
+
+enum sim_magic {
+    MAGIC_CTX = 0x43545831,
+    MAGIC_STREAM = 0x53545231,
+    MAGIC_EVENT = 0x45564e31,
+    MAGIC_MODULE = 0x4d4f4431,
+    MAGIC_FUNC = 0x46554e31,
+    MAGIC_ARRAY = 0x41525231,
+    MAGIC_MIPMAP = 0x4d495031,
+    MAGIC_POOL = 0x504f4f31,
+    MAGIC_GRAPH = 0x47525031,
+    MAGIC_NODE = 0x4e4f4431,
+    MAGIC_EXEC = 0x45584531,
+    MAGIC_VMM = 0x564d4d31,
+    MAGIC_DEAD = 0xdeadbeef
+};
+
+struct sim_graph;
+
+struct sim_stream {
+    uint32_t magic;
+    struct sim_ctx *ctx;
+    unsigned flags;
+    int priority;
+    uint64_t ready; /* modelled time at which queued work completes */
+    struct sim_graph *capture;
+    struct sim_stream *next;
+};
+
+struct sim_ctx {
+    uint32_t magic;
+    int dev;
+    unsigned flags;
+    int primary;
+    struct sim_stream legacy;
+    struct sim_stream *streams; /* created streams, for legacy-stream sync */
+    struct sim_ctx *next;
+};
+
+struct sim_event {
+    uint32_t magic;
+    unsigned flags;
+    int recorded;
+    uint64_t time;
+};
+
+struct sim_pool {
+    uint32_t magic;
+    int dev;
+    uint64_t used, used_high, threshold;
+    size_t max_size;
+};
+
+struct sim_func {
+    uint32_t magic;
+    struct sim_module *module;
+    struct sim_func *next;
+    int max_dynamic_shared;
+    char name[];
+};
+
+struct sim_module {
+    uint32_t magic;
+    struct sim_ctx *ctx;
+    int opaque;       /* cubin/fatbin: any function name resolves */
+    char *entries;    /* PTX: NUL-separated .entry names, ends with "" */
+    struct sim_func *funcs;
+};
+
+struct sim_kernel_launch {
+    struct sim_func *func;
+    unsigned grid[3], block[3];
+    unsigned shmem;
+};
+
+/* process state (sim_cuda_core.c) */
+extern pthread_mutex_t sim_mu;
+extern int sim_initialized;
+CUresult sim_check_init(void);
+struct sim_ctx *sim_current_ctx(void);
+CUresult sim_ctx_or_error(struct sim_ctx **out);
+int sim_valid_ctx(struct sim_ctx *c);
+/* Resolve a stream handle: NULL/legacy/per-thread (ptds selects what 0 means). */
+struct sim_stream *sim_stream_resolve(CUstream h, int ptds, CUresult *err);
+uint64_t sim_stream_not_before(struct sim_stream *s); /* legacy-stream semantics */
+void sim_stream_sync_legacy(struct sim_ctx *c);
+void sim_ctx_free_memory(struct sim_ctx *c); /* sim_cuda_mem.c */
+
+/* memory (sim_cuda_mem.c) */
+int sim_addr_is_device(uint64_t addr, size_t n);
+
+CUresult sim_proc_lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
+                         CUdriverProcAddressQueryResult *status);
+
+/* kernels (sim_cuda_exec.c) */
+uint64_t sim_kernel_ns(const struct sim_kernel_launch *k, int dev);
+
+#endif

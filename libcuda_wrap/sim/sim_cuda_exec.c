@@ -1,0 +1,746 @@
+/* Simulated driver: modules, kernels, launches, graphs and stream capture.
+ *
+ * A kernel runs for waves x wave_time, where a wave is as many blocks as all
+ * SMs hold at once (occupancy from the block size), so run time follows the
+ * grid the program launches.  Launches from every process queue on one
+ * timeline per GPU (time slicing, as without MPS). */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim_cuda.h"
+
+#define QUEUE_AHEAD_NS 50000000ull /* launches block past 50 ms of queued work */
+
+/* ---- modules --------------------------------------------------------- */
+
+static int is_ptx(const char *img)
+{
+    return img[0] != 0x7f && ((const unsigned char *)img)[0] != 0x50;
+}
+
+/* NUL-separated list of ".entry NAME" names in PTX text, "" terminated. */
+static char *ptx_entries(const char *text)
+{
+    size_t cap = 64, len = 0;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    for (const char *p = strstr(text, ".entry"); p; p = strstr(p + 6, ".entry")) {
+        const char *q = p + 6;
+        while (*q == ' ' || *q == '\t')
+            q++;
+        size_t n = strcspn(q, " \t\r\n(");
+        if (n == 0)
+            continue;
+        if (len + n + 2 > cap) {
+            cap = (len + n + 2) * 2;
+            char *nout = realloc(out, cap);
+            if (!nout) {
+                free(out);
+                return NULL;
+            }
+            out = nout;
+        }
+        memcpy(out + len, q, n);
+        len += n;
+        out[len++] = 0;
+    }
+    out[len] = 0;
+    return out;
+}
+
+static CUresult module_new(const void *image, struct sim_module **out)
+{
+    struct sim_ctx *c;
+    CUresult r = sim_ctx_or_error(&c);
+    if (r)
+        return r;
+    if (!image)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_module *m = calloc(1, sizeof *m);
+    if (!m)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    m->magic = MAGIC_MODULE;
+    m->ctx = c;
+    const char *img = image;
+    if (is_ptx(img) && strstr(img, ".entry")) {
+        m->entries = ptx_entries(img);
+        if (!m->entries) {
+            free(m);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else {
+        m->opaque = 1; /* cubin, fatbin or anything else: names are not checked */
+    }
+    *out = m;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuModuleLoadData(CUmodule *mod, const void *image)
+{
+    if (!mod)
+        return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
+    struct sim_module *m;
+    CUresult r = module_new(image, &m);
+    if (r == CUDA_SUCCESS)
+        *mod = (CUmodule)m;
+    return r;
+}
+
+CUAPI cuModuleLoadDataEx(CUmodule *mod, const void *image, unsigned n, void *opts, void **vals)
+{
+    (void)n, (void)opts, (void)vals;
+    return cuModuleLoadData(mod, image);
+}
+
+CUAPI cuModuleLoadFatBinary(CUmodule *mod, const void *fatbin)
+{
+    return cuModuleLoadData(mod, fatbin);
+}
+
+CUAPI cuModuleLoad(CUmodule *mod, const char *fname)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    if (!mod || !fname)
+        return CUDA_ERROR_INVALID_VALUE;
+    FILE *f = fopen(fname, "rb");
+    if (!f)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    char *buf = NULL;
+    size_t len = 0, cap = 0, n;
+    char chunk[4096];
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        if (len + n + 1 > cap) {
+            cap = (len + n + 1) * 2;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                return CUDA_ERROR_OUT_OF_MEMORY;
+            }
+            buf = nb;
+        }
+        memcpy(buf + len, chunk, n);
+        len += n;
+    }
+    fclose(f);
+    if (!buf)
+        return CUDA_ERROR_INVALID_IMAGE;
+    buf[len] = 0;
+    r = cuModuleLoadData(mod, buf);
+    free(buf);
+    return r;
+}
+
+static struct sim_module *module_of(CUmodule h)
+{
+    struct sim_module *m = (struct sim_module *)h;
+    return m && m->magic == MAGIC_MODULE ? m : NULL;
+}
+
+CUAPI cuModuleUnload(CUmodule h)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_module *m = module_of(h);
+    if (!m)
+        return CUDA_ERROR_INVALID_HANDLE;
+    for (struct sim_func *f = m->funcs, *n; f; f = n) {
+        n = f->next;
+        f->magic = MAGIC_DEAD;
+        free(f);
+    }
+    free(m->entries);
+    m->magic = MAGIC_DEAD;
+    free(m);
+    return CUDA_SUCCESS;
+}
+
+static int has_entry(const struct sim_module *m, const char *name)
+{
+    if (m->opaque)
+        return 1;
+    for (const char *e = m->entries; *e; e += strlen(e) + 1)
+        if (strcmp(e, name) == 0)
+            return 1;
+    return 0;
+}
+
+CUAPI cuModuleGetFunction(CUfunction *out, CUmodule h, const char *name)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_module *m = module_of(h);
+    if (!m)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!out || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!has_entry(m, name))
+        return CUDA_ERROR_NOT_FOUND;
+    pthread_mutex_lock(&sim_mu);
+    struct sim_func *f = m->funcs;
+    while (f && strcmp(f->name, name) != 0)
+        f = f->next;
+    if (!f && (f = calloc(1, sizeof *f + strlen(name) + 1))) {
+        f->magic = MAGIC_FUNC;
+        f->module = m;
+        strcpy(f->name, name);
+        f->next = m->funcs;
+        m->funcs = f;
+    }
+    pthread_mutex_unlock(&sim_mu);
+    if (!f)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = (CUfunction)f;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule h, const char *name)
+{
+    (void)dptr, (void)bytes, (void)name;
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    return module_of(h) ? CUDA_ERROR_NOT_FOUND : CUDA_ERROR_INVALID_HANDLE; /* globals are not modelled */
+}
+
+/* The library API (CUDA 12) maps onto modules: a CUkernel is a CUfunction. */
+CUAPI cuLibraryLoadData(CUlibrary *lib, const void *code, void *jo, void **jv, unsigned nj, void *lo, void **lv,
+                        unsigned nl)
+{
+    (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    return cuModuleLoadData((CUmodule *)lib, code);
+}
+
+CUAPI cuLibraryUnload(CUlibrary lib)
+{
+    return cuModuleUnload((CUmodule)lib);
+}
+
+CUAPI cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name)
+{
+    return cuModuleGetFunction((CUfunction *)k, (CUmodule)lib, name);
+}
+
+CUAPI cuKernelGetFunction(CUfunction *f, CUkernel k)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    if (!f)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_func *fn = (struct sim_func *)k;
+    if (!fn || fn->magic != MAGIC_FUNC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    *f = (CUfunction)fn;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuLibraryGetModule(CUmodule *mod, CUlibrary lib)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    if (!mod)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!module_of((CUmodule)lib))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *mod = (CUmodule)lib;
+    return CUDA_SUCCESS;
+}
+
+static struct sim_func *func_of(CUfunction h)
+{
+    struct sim_func *f = (struct sim_func *)h;
+    return f && f->magic == MAGIC_FUNC ? f : NULL;
+}
+
+CUAPI cuFuncGetAttribute(int *v, CUfunction_attribute attr, CUfunction h)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_func *f = func_of(h);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (attr) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES:
+    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES:
+    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES:
+    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: *v = 0; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *v = 32; break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
+        *v = sim_machine()->gpu[f->module->ctx->dev].cc_major * 10 + sim_machine()->gpu[f->module->ctx->dev].cc_minor;
+        break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = f->max_dynamic_shared ? f->max_dynamic_shared : 49152; break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *v = -1; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuFuncSetAttribute(CUfunction h, CUfunction_attribute attr, int v)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_func *f = func_of(h);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
+        if (v < 0 || v > 166912)
+            return CUDA_ERROR_INVALID_VALUE;
+        f->max_dynamic_shared = v;
+    } else if (attr != CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuFuncSetCacheConfig(CUfunction h, int config)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    if (config < 0 || config > 3)
+        return CUDA_ERROR_INVALID_VALUE;
+    return func_of(h) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+/* ---- launches -------------------------------------------------------- */
+
+static int blocks_per_sm(const struct sim_gpu_info *g, unsigned threads)
+{
+    int by_threads = (int)(2048 / (threads ? threads : 1));
+    int cap = g->cc_major >= 8 ? 32 : 16;
+    return by_threads < 1 ? 1 : by_threads > cap ? cap : by_threads;
+}
+
+uint64_t sim_kernel_ns(const struct sim_kernel_launch *k, int dev)
+{
+    const struct sim_gpu_info *g = &sim_machine()->gpu[dev];
+    uint64_t blocks = (uint64_t)k->grid[0] * k->grid[1] * k->grid[2];
+    uint64_t per_wave = (uint64_t)g->sms * (uint64_t)blocks_per_sm(g, k->block[0] * k->block[1] * k->block[2]);
+    uint64_t waves = (blocks + per_wave - 1) / per_wave;
+    return waves * g->wave_ns;
+}
+
+static CUresult validate(const struct sim_kernel_launch *k, int cooperative, int dev)
+{
+    if (!func_of((CUfunction)k->func))
+        return CUDA_ERROR_INVALID_HANDLE;
+    const unsigned *g = k->grid, *b = k->block;
+    if (!g[0] || !g[1] || !g[2] || !b[0] || !b[1] || !b[2] || g[0] > 2147483647u || g[1] > 65535 || g[2] > 65535 ||
+        b[0] > 1024 || b[1] > 1024 || b[2] > 64)
+        return CUDA_ERROR_INVALID_VALUE;
+    if ((uint64_t)b[0] * b[1] * b[2] > 1024)
+        return CUDA_ERROR_INVALID_VALUE;
+    int max_shmem = k->func->max_dynamic_shared ? k->func->max_dynamic_shared : 49152;
+    if (k->shmem > (unsigned)max_shmem)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (cooperative) {
+        const struct sim_gpu_info *gi = &sim_machine()->gpu[dev];
+        uint64_t fits = (uint64_t)gi->sms * (uint64_t)blocks_per_sm(gi, b[0] * b[1] * b[2]);
+        if ((uint64_t)g[0] * g[1] * g[2] > fits)
+            return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
+    }
+    return CUDA_SUCCESS;
+}
+
+struct sim_node {
+    uint32_t magic;
+    struct sim_graph *graph;
+    int is_kernel;
+    struct sim_kernel_launch k;
+    struct sim_node *next;
+};
+
+struct sim_graph {
+    uint32_t magic;
+    struct sim_node *nodes, **tail;
+};
+
+struct sim_exec {
+    uint32_t magic;
+    uint64_t ns_by_dev[SIM_MAX_GPUS];
+    unsigned kernels;
+};
+
+static CUresult graph_add(struct sim_graph *g, const struct sim_kernel_launch *k, struct sim_node **out)
+{
+    struct sim_node *n = calloc(1, sizeof *n);
+    if (!n)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    n->magic = MAGIC_NODE;
+    n->graph = g;
+    if (k) {
+        n->is_kernel = 1;
+        n->k = *k;
+    }
+    pthread_mutex_lock(&sim_mu);
+    *g->tail = n;
+    g->tail = &n->next;
+    pthread_mutex_unlock(&sim_mu);
+    if (out)
+        *out = n;
+    return CUDA_SUCCESS;
+}
+
+/* Put `ns` of work on the stream's GPU after what the stream waits for. */
+static void run_on_stream(struct sim_stream *s, uint64_t ns)
+{
+    uint64_t end = sim_gpu_run(s->ctx->dev, sim_stream_not_before(s), ns);
+    s->ready = end;
+    uint64_t now = sim_now_ns();
+    if (end > now + QUEUE_AHEAD_NS) /* a full launch queue makes the CPU wait */
+        sim_sleep_until(end - QUEUE_AHEAD_NS);
+}
+
+static CUresult launch(const struct sim_kernel_launch *k, CUstream hs, int cooperative, int ptds)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
+    if (!s)
+        return r;
+    if ((r = validate(k, cooperative, s->ctx->dev)))
+        return r;
+    if (s->capture)
+        return graph_add(s->capture, k, NULL);
+    run_on_stream(s, sim_kernel_ns(k, s->ctx->dev));
+    return CUDA_SUCCESS;
+}
+
+#define KL(f, gx, gy, gz, bx, by, bz, sh) \
+    (struct sim_kernel_launch){(struct sim_func *)(f), {gx, gy, gz}, {bx, by, bz}, sh}
+
+CUAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                     unsigned sh, CUstream s, void **params, void **extra)
+{
+    (void)params, (void)extra;
+    struct sim_kernel_launch k = KL(f, gx, gy, gz, bx, by, bz, sh);
+    return launch(&k, s, 0, 0);
+}
+
+CUAPI cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                          unsigned sh, CUstream s, void **params, void **extra)
+{
+    (void)params, (void)extra;
+    struct sim_kernel_launch k = KL(f, gx, gy, gz, bx, by, bz, sh);
+    return launch(&k, s, 0, 1);
+}
+
+CUAPI cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                unsigned bz, unsigned sh, CUstream s, void **params)
+{
+    (void)params;
+    struct sim_kernel_launch k = KL(f, gx, gy, gz, bx, by, bz, sh);
+    return launch(&k, s, 1, 0);
+}
+
+CUAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                     unsigned bz, unsigned sh, CUstream s, void **params)
+{
+    (void)params;
+    struct sim_kernel_launch k = KL(f, gx, gy, gz, bx, by, bz, sh);
+    return launch(&k, s, 1, 1);
+}
+
+static CUresult launch_ex(const CUlaunchConfig *c, CUfunction f, int ptds)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    if (!c || (c->numAttrs && !c->attrs))
+        return CUDA_ERROR_INVALID_VALUE;
+    int coop = 0;
+    for (unsigned i = 0; i < c->numAttrs; i++)
+        if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_COOPERATIVE)
+            coop = c->attrs[i].value.cooperative != 0;
+    struct sim_kernel_launch k = KL(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
+                                    c->blockDimZ, c->sharedMemBytes);
+    return launch(&k, c->hStream, coop, ptds);
+}
+
+CUAPI cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    (void)params, (void)extra;
+    return launch_ex(c, f, 0);
+}
+
+CUAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    (void)params, (void)extra;
+    return launch_ex(c, f, 1);
+}
+
+/* Host functions run on the calling thread once the stream reaches them. */
+static CUresult host_func(CUstream hs, CUhostFn fn, void *data, int ptds)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
+    if (!s)
+        return r;
+    if (!fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s->capture)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    sim_sleep_until(sim_stream_not_before(s));
+    fn(data);
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) { return host_func(s, fn, data, 0); }
+CUAPI cuLaunchHostFunc_ptsz(CUstream s, CUhostFn fn, void *data) { return host_func(s, fn, data, 1); }
+
+/* ---- graphs ---------------------------------------------------------- */
+
+static struct sim_graph *graph_of(CUgraph h)
+{
+    struct sim_graph *g = (struct sim_graph *)h;
+    return g && g->magic == MAGIC_GRAPH ? g : NULL;
+}
+
+static struct sim_graph *graph_new(void)
+{
+    struct sim_graph *g = calloc(1, sizeof *g);
+    if (g) {
+        g->magic = MAGIC_GRAPH;
+        g->tail = &g->nodes;
+    }
+    return g;
+}
+
+CUAPI cuGraphCreate(CUgraph *out, unsigned int flags)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    if (!out || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_graph *g = graph_new();
+    if (!g)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = (CUgraph)g;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuGraphDestroy(CUgraph h)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_graph *g = graph_of(h);
+    if (!g)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (struct sim_node *n = g->nodes, *nx; n; n = nx) {
+        nx = n->next;
+        n->magic = MAGIC_DEAD;
+        free(n);
+    }
+    g->magic = MAGIC_DEAD;
+    free(g);
+    return CUDA_SUCCESS;
+}
+
+static CUresult add_node(CUgraphNode *out, CUgraph h, const CUgraphNode *deps, size_t ndeps,
+                         const struct sim_kernel_launch *k)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_graph *g = graph_of(h);
+    if (!out || !g || (ndeps && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < ndeps; i++) {
+        struct sim_node *d = (struct sim_node *)deps[i];
+        if (!d || d->magic != MAGIC_NODE || d->graph != g)
+            return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (k && !func_of((CUfunction)k->func))
+        return CUDA_ERROR_INVALID_VALUE;
+    return graph_add(g, k, (struct sim_node **)out);
+}
+
+CUAPI cuGraphAddEmptyNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps, size_t n)
+{
+    return add_node(out, g, deps, n, NULL);
+}
+
+CUAPI cuGraphAddKernelNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps, size_t n,
+                           const CUDA_KERNEL_NODE_PARAMS_v1 *p)
+{
+    if (!p)
+        return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
+    struct sim_kernel_launch k = KL(p->func, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
+                                    p->blockDimZ, p->sharedMemBytes);
+    return add_node(out, g, deps, n, &k);
+}
+
+CUAPI cuGraphAddKernelNode_v2(CUgraphNode *out, CUgraph g, const CUgraphNode *deps, size_t n,
+                              const CUDA_KERNEL_NODE_PARAMS_v2 *p)
+{
+    if (!p)
+        return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
+    CUfunction f = p->func ? p->func : (CUfunction)p->kern;
+    struct sim_kernel_launch k = KL(f, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
+                                    p->blockDimZ, p->sharedMemBytes);
+    return add_node(out, g, deps, n, &k);
+}
+
+CUAPI cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph h, unsigned long long flags)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    (void)flags;
+    struct sim_graph *g = graph_of(h);
+    if (!out || !g)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_exec *e = calloc(1, sizeof *e);
+    if (!e)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = MAGIC_EXEC;
+    /* Nodes run one after another: dependencies only constrain order. */
+    for (struct sim_node *n = g->nodes; n; n = n->next)
+        if (n->is_kernel && func_of((CUfunction)n->k.func)) {
+            int dev = n->k.func->module->ctx->dev;
+            e->ns_by_dev[dev] += sim_kernel_ns(&n->k, dev);
+            e->kernels++;
+        }
+    *out = (CUgraphExec)e;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuGraphInstantiate(CUgraphExec *out, CUgraph h, CUgraphNode *err_node, char *log, size_t log_size)
+{
+    if (err_node)
+        *err_node = NULL;
+    if (log && log_size)
+        log[0] = 0;
+    return cuGraphInstantiateWithFlags(out, h, 0);
+}
+
+CUAPI cuGraphInstantiate_v2(CUgraphExec *out, CUgraph h, CUgraphNode *err_node, char *log, size_t log_size)
+{
+    return cuGraphInstantiate(out, h, err_node, log, log_size);
+}
+
+static struct sim_exec *exec_of(CUgraphExec h)
+{
+    struct sim_exec *e = (struct sim_exec *)h;
+    return e && e->magic == MAGIC_EXEC ? e : NULL;
+}
+
+CUAPI cuGraphExecDestroy(CUgraphExec h)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_exec *e = exec_of(h);
+    if (!e)
+        return CUDA_ERROR_INVALID_VALUE;
+    e->magic = MAGIC_DEAD;
+    free(e);
+    return CUDA_SUCCESS;
+}
+
+static CUresult graph_launch(CUgraphExec h, CUstream hs, int ptds)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_exec *e = exec_of(h);
+    if (!e)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
+    if (!s)
+        return r;
+    if (s->capture)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    for (int d = 0; d < SIM_MAX_GPUS; d++)
+        if (e->ns_by_dev[d]) {
+            uint64_t end = sim_gpu_run(d, sim_stream_not_before(s), e->ns_by_dev[d]);
+            if (end > s->ready)
+                s->ready = end;
+        }
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuGraphLaunch(CUgraphExec e, CUstream s) { return graph_launch(e, s, 0); }
+CUAPI cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return graph_launch(e, s, 1); }
+
+/* ---- stream capture -------------------------------------------------- */
+
+static CUresult begin_capture(CUstream hs, int mode, int ptds)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
+    if (!s)
+        return r;
+    if (mode < 0 || mode > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s == &s->ctx->legacy)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (s->capture)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    s->capture = graph_new();
+    return s->capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUAPI cuStreamBeginCapture(CUstream s) { return begin_capture(s, 0, 0); }
+CUAPI cuStreamBeginCapture_ptsz(CUstream s) { return begin_capture(s, 0, 1); }
+CUAPI cuStreamBeginCapture_v2(CUstream s, int mode) { return begin_capture(s, mode, 0); }
+CUAPI cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) { return begin_capture(s, mode, 1); }
+
+static CUresult end_capture(CUstream hs, CUgraph *out, int ptds)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
+    if (!s)
+        return r;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!s->capture)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    *out = (CUgraph)s->capture;
+    s->capture = NULL;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuStreamEndCapture(CUstream s, CUgraph *g) { return end_capture(s, g, 0); }
+CUAPI cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { return end_capture(s, g, 1); }
+
+static CUresult is_capturing(CUstream hs, CUstreamCaptureStatus *st, int ptds)
+{
+    CUresult r = sim_check_init();
+    if (r)
+        return r;
+    struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
+    if (!s)
+        return r;
+    if (!st)
+        return CUDA_ERROR_INVALID_VALUE;
+    *st = s->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) { return is_capturing(s, st, 0); }
+CUAPI cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st) { return is_capturing(s, st, 1); }

@@ -1,0 +1,471 @@
+/* Simulated NVML: reads the shared machine state that the simulated libcuda
+ * of every process writes, so one process sees another's memory and kernels. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpuslice_nvml.h"
+#include "sim_state.h"
+
+#define NVAPI SIM_API nvmlReturn_t
+
+static struct nvmlDevice_st {
+    int index;
+} devices[SIM_MAX_GPUS];
+static int init_count;
+static pthread_mutex_t nvml_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static const struct { nvmlReturn_t code; const char *text; } errors[] = {
+    {NVML_SUCCESS, "Success"},
+    {NVML_ERROR_UNINITIALIZED, "Uninitialized"},
+    {NVML_ERROR_INVALID_ARGUMENT, "Invalid Argument"},
+    {NVML_ERROR_NOT_SUPPORTED, "Not Supported"},
+    {NVML_ERROR_NO_PERMISSION, "Insufficient Permissions"},
+    {NVML_ERROR_ALREADY_INITIALIZED, "Already Initialized"},
+    {NVML_ERROR_NOT_FOUND, "Not Found"},
+    {NVML_ERROR_INSUFFICIENT_SIZE, "Insufficient Size"},
+    {NVML_ERROR_DRIVER_NOT_LOADED, "Driver Not Loaded"},
+    {NVML_ERROR_TIMEOUT, "Timeout"},
+    {NVML_ERROR_LIBRARY_NOT_FOUND, "NVML Shared Library Not Found"},
+    {NVML_ERROR_FUNCTION_NOT_FOUND, "Function Not Found"},
+    {NVML_ERROR_GPU_IS_LOST, "GPU is lost"},
+    {NVML_ERROR_OPERATING_SYSTEM, "The operating system has blocked the request."},
+    {NVML_ERROR_IN_USE, "In use by another client"},
+    {NVML_ERROR_MEMORY, "Insufficient Memory"},
+    {NVML_ERROR_NO_DATA, "No data"},
+    {NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "Argument version mismatch"},
+    {NVML_ERROR_GPU_NOT_FOUND, "GPU not found"},
+    {NVML_ERROR_INVALID_STATE, "Invalid state"},
+    {NVML_ERROR_UNKNOWN, "Unknown Error"},
+};
+
+SIM_API const char *nvmlErrorString(nvmlReturn_t r)
+{
+    for (size_t i = 0; i < sizeof errors / sizeof errors[0]; i++)
+        if (errors[i].code == r)
+            return errors[i].text;
+    return "Unknown Error";
+}
+
+NVAPI nvmlInitWithFlags(unsigned int flags)
+{
+    (void)flags;
+    char err[512] = "";
+    if (sim_attach(err, sizeof err)) {
+        sim_log("%s", err);
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    }
+    pthread_mutex_lock(&nvml_mu);
+    for (int i = 0; i < SIM_MAX_GPUS; i++)
+        devices[i].index = i;
+    init_count++;
+    pthread_mutex_unlock(&nvml_mu);
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlInit_v2(void) { return nvmlInitWithFlags(0); }
+NVAPI nvmlInit(void) { return nvmlInitWithFlags(0); }
+
+NVAPI nvmlShutdown(void)
+{
+    pthread_mutex_lock(&nvml_mu);
+    nvmlReturn_t r = init_count > 0 ? (init_count--, NVML_SUCCESS) : NVML_ERROR_UNINITIALIZED;
+    pthread_mutex_unlock(&nvml_mu);
+    return r;
+}
+
+static int ready(void)
+{
+    pthread_mutex_lock(&nvml_mu);
+    int ok = init_count > 0;
+    pthread_mutex_unlock(&nvml_mu);
+    return ok;
+}
+
+#define REQUIRE_INIT()                         \
+    do {                                       \
+        if (!ready())                          \
+            return NVML_ERROR_UNINITIALIZED;   \
+    } while (0)
+
+static int dev_index(nvmlDevice_t d)
+{
+    if (d < devices || d >= devices + sim_machine()->gpu_count)
+        return -1;
+    return (int)(d - devices);
+}
+
+#define REQUIRE_DEV(d, idx)                       \
+    REQUIRE_INIT();                               \
+    int idx = dev_index(d);                       \
+    if (idx < 0)                                  \
+        return NVML_ERROR_INVALID_ARGUMENT
+
+static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src)
+{
+    if (!dst)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > len)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    memcpy(dst, src, strlen(src) + 1);
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlSystemGetDriverVersion(char *v, unsigned int len)
+{
+    REQUIRE_INIT();
+    return copy_str(v, len, sim_machine()->driver_string);
+}
+
+NVAPI nvmlSystemGetNVMLVersion(char *v, unsigned int len)
+{
+    REQUIRE_INIT();
+    char buf[48];
+    snprintf(buf, sizeof buf, "13.%s", sim_machine()->driver_string);
+    return copy_str(v, len, buf);
+}
+
+NVAPI nvmlSystemGetCudaDriverVersion(int *v)
+{
+    REQUIRE_INIT();
+    if (!v)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *v = sim_machine()->driver_version;
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
+
+NVAPI nvmlDeviceGetCount_v2(unsigned int *n)
+{
+    REQUIRE_INIT();
+    if (!n)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *n = (unsigned)sim_machine()->gpu_count;
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlDeviceGetCount(unsigned int *n) { return nvmlDeviceGetCount_v2(n); }
+
+NVAPI nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d)
+{
+    REQUIRE_INIT();
+    if (!d || i >= (unsigned)sim_machine()->gpu_count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *d = &devices[i];
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d) { return nvmlDeviceGetHandleByIndex_v2(i, d); }
+
+NVAPI nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
+{
+    REQUIRE_INIT();
+    if (!uuid || !d)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < sim_machine()->gpu_count; i++)
+        if (strcmp(sim_machine()->gpu[i].uuid, uuid) == 0)
+            return *d = &devices[i], NVML_SUCCESS;
+    return NVML_ERROR_NOT_FOUND;
+}
+
+NVAPI nvmlDeviceGetHandleByPciBusId_v2(const char *bus_id, nvmlDevice_t *d)
+{
+    REQUIRE_INIT();
+    if (!bus_id || !d)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned dom = 0, bus, dev, fn = 0;
+    if (sscanf(bus_id, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) < 3 &&
+        (dom = 0, sscanf(bus_id, "%x:%x.%x", &bus, &dev, &fn) < 2))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    for (int i = 0; i < sim_machine()->gpu_count; i++) {
+        const struct sim_gpu_info *g = &sim_machine()->gpu[i];
+        if (g->pci_domain == dom && g->pci_bus == bus && g->pci_device == dev && g->pci_function == fn)
+            return *d = &devices[i], NVML_SUCCESS;
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+NVAPI nvmlDeviceGetHandleByPciBusId(const char *b, nvmlDevice_t *d) { return nvmlDeviceGetHandleByPciBusId_v2(b, d); }
+
+NVAPI nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i)
+{
+    REQUIRE_DEV(d, idx);
+    if (!i)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *i = (unsigned)idx;
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *m)
+{
+    return nvmlDeviceGetIndex(d, m);
+}
+
+NVAPI nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len)
+{
+    REQUIRE_DEV(d, idx);
+    return copy_str(name, len, sim_machine()->gpu[idx].name);
+}
+
+NVAPI nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len)
+{
+    REQUIRE_DEV(d, idx);
+    return copy_str(uuid, len, sim_machine()->gpu[idx].uuid);
+}
+
+static void pci_info(int idx, nvmlPciInfo_t *p)
+{
+    const struct sim_gpu_info *g = &sim_machine()->gpu[idx];
+    memset(p, 0, sizeof *p);
+    snprintf(p->busId, sizeof p->busId, "%s", g->pci_bus_id);
+    snprintf(p->busIdLegacy, sizeof p->busIdLegacy, "%04X:%02X:%02X.%X", g->pci_domain, g->pci_bus, g->pci_device,
+             g->pci_function);
+    p->domain = g->pci_domain;
+    p->bus = g->pci_bus;
+    p->device = g->pci_device;
+    p->pciDeviceId = g->pci_device_id;
+    p->pciSubSystemId = 0x145f10de;
+}
+
+NVAPI nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p)
+{
+    REQUIRE_DEV(d, idx);
+    if (!p)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    pci_info(idx, p);
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, nvmlPciInfo_t *p) { return nvmlDeviceGetPciInfo_v3(d, p); }
+NVAPI nvmlDeviceGetPciInfo(nvmlDevice_t d, nvmlPciInfo_t *p) { return nvmlDeviceGetPciInfo_v3(d, p); }
+
+NVAPI nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor)
+{
+    REQUIRE_DEV(d, idx);
+    if (!major || !minor)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *major = sim_machine()->gpu[idx].cc_major;
+    *minor = sim_machine()->gpu[idx].cc_minor;
+    return NVML_SUCCESS;
+}
+
+static void memory(int idx, unsigned long long *total, unsigned long long *used)
+{
+    sim_sweep_dead(); /* SIGKILLed processes stop counting now */
+    sim_gpu_lock(idx);
+    *used = sim_shm->gpu[idx].used;
+    sim_gpu_unlock(idx);
+    *total = sim_machine()->gpu[idx].memory;
+    if (*used > *total)
+        *used = *total;
+}
+
+NVAPI nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
+{
+    REQUIRE_DEV(d, idx);
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    memory(idx, &m->total, &m->used);
+    m->free = m->total - m->used;
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
+{
+    REQUIRE_DEV(d, idx);
+    if (!m)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (m->version != nvmlMemory_v2)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memory(idx, &m->total, &m->used);
+    m->reserved = 0; /* the simulator reserves nothing for the driver */
+    m->free = m->total - m->used;
+    return NVML_SUCCESS;
+}
+
+/* Processes with a context or memory on the GPU; `write` fills one entry. */
+static nvmlReturn_t list_procs(int idx, unsigned int *count, void *out, size_t stride,
+                               void (*write)(void *, const struct sim_proc *, int))
+{
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    sim_sweep_dead();
+    unsigned n = 0, cap = *count;
+    sim_gpu_lock(idx);
+    for (int i = 0; i < SIM_MAX_PROCS; i++) {
+        const struct sim_proc *p = &sim_shm->proc[i];
+        if (!p->live || (!p->contexts[idx] && !p->mem[idx]))
+            continue;
+        if (out && n < cap)
+            write((char *)out + (size_t)n * stride, p, idx);
+        n++;
+    }
+    sim_gpu_unlock(idx);
+    *count = n;
+    if (n > cap || (n && !out))
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    return NVML_SUCCESS;
+}
+
+static void write_v2(void *dst, const struct sim_proc *p, int idx)
+{
+    nvmlProcessInfo_t *e = dst;
+    e->pid = (unsigned)p->pid;
+    e->usedGpuMemory = p->mem[idx];
+    e->gpuInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
+    e->computeInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
+}
+
+static void write_v1(void *dst, const struct sim_proc *p, int idx)
+{
+    nvmlProcessInfo_v1_t *e = dst;
+    e->pid = (unsigned)p->pid;
+    e->usedGpuMemory = p->mem[idx];
+}
+
+NVAPI nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos)
+{
+    REQUIRE_DEV(d, idx);
+    return list_procs(idx, count, infos, sizeof *infos, write_v2);
+}
+
+NVAPI nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos)
+{
+    return nvmlDeviceGetComputeRunningProcesses_v3(d, count, infos);
+}
+
+NVAPI nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_v1_t *infos)
+{
+    REQUIRE_DEV(d, idx);
+    return list_procs(idx, count, infos, sizeof *infos, write_v1);
+}
+
+static nvmlReturn_t no_graphics(nvmlDevice_t d, unsigned int *count)
+{
+    REQUIRE_DEV(d, idx);
+    (void)idx;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = 0; /* the simulator runs compute work only */
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *i) { (void)i; return no_graphics(d, c); }
+NVAPI nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t d, unsigned int *c, nvmlProcessInfo_t *i) { (void)i; return no_graphics(d, c); }
+
+static unsigned percent(uint64_t busy, uint64_t window)
+{
+    uint64_t p = window ? (busy * 100 + window / 2) / window : 0;
+    return p > 100 ? 100 : (unsigned)p;
+}
+
+NVAPI nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
+{
+    REQUIRE_DEV(d, idx);
+    if (!u)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    sim_sweep_dead();
+    /* the last second of complete 10 ms buckets */
+    uint64_t to = sim_now_ns() / SIM_BUCKET_NS * SIM_BUCKET_NS;
+    uint64_t window = SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS;
+    u->gpu = percent(sim_busy_between(idx, -1, to - window, to), window);
+    u->memory = 0; /* memory bandwidth is not modelled */
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *samples, unsigned int *count,
+                                      unsigned long long last_seen_us)
+{
+    REQUIRE_DEV(d, idx);
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    sim_sweep_dead();
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    unsigned long long now_us = (unsigned long long)rt.tv_sec * 1000000ull + (unsigned long long)rt.tv_nsec / 1000;
+    uint64_t to = sim_now_ns() / SIM_BUCKET_NS * SIM_BUCKET_NS;
+    uint64_t window = SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS;
+    /* samples cover at most the last second, and only what came after last_seen */
+    if (last_seen_us && last_seen_us < now_us && (now_us - last_seen_us) * 1000ull < window)
+        window = ((now_us - last_seen_us) * 1000ull + SIM_BUCKET_NS - 1) / SIM_BUCKET_NS * SIM_BUCKET_NS;
+    if (last_seen_us >= now_us)
+        window = 0;
+    unsigned n = 0, cap = *count;
+    for (int i = 0; window && i < SIM_MAX_PROCS; i++) {
+        const struct sim_proc *p = &sim_shm->proc[i];
+        if (!p->live || (!p->contexts[idx] && !p->mem[idx]))
+            continue;
+        uint64_t busy = sim_busy_between(idx, i, to - window, to);
+        if (!busy)
+            continue;
+        if (samples && n < cap)
+            samples[n] = (nvmlProcessUtilizationSample_t){.pid = (unsigned)p->pid, .timeStamp = now_us,
+                                                          .smUtil = percent(busy, window)};
+        n++;
+    }
+    *count = n;
+    if (n == 0)
+        return NVML_ERROR_NOT_FOUND;
+    return (!samples || n > cap) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+}
+
+NVAPI nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, nvmlGpuTopologyLevel_t *level)
+{
+    REQUIRE_DEV(a, ia);
+    int ib = dev_index(b);
+    if (ib < 0 || !level)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *level = (nvmlGpuTopologyLevel_t)sim_machine()->pcie[ia][ib];
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, nvmlGpuP2PCapsIndex_t cap, nvmlGpuP2PStatus_t *st)
+{
+    REQUIRE_DEV(a, ia);
+    int ib = dev_index(b);
+    if (ib < 0 || !st)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const struct sim_machine *m = sim_machine();
+    int ok = ia != ib && (cap == NVML_P2P_CAPS_INDEX_NVLINK ? m->nvlinks[ia][ib] > 0
+                                                            : m->nvlinks[ia][ib] > 0 || m->pcie[ia][ib] <= SIM_TOPO_HOSTBRIDGE);
+    *st = ok ? NVML_P2P_STATUS_OK : NVML_P2P_STATUS_NOT_SUPPORTED;
+    return NVML_SUCCESS;
+}
+
+/* NVLink link k of GPU a leads to the k-th peer link in index order. */
+static int link_peer(int a, unsigned link)
+{
+    const struct sim_machine *m = sim_machine();
+    unsigned k = 0;
+    for (int b = 0; b < m->gpu_count; b++)
+        for (unsigned l = 0; l < m->nvlinks[a][b]; l++, k++)
+            if (k == link)
+                return b;
+    return -1;
+}
+
+NVAPI nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, nvmlEnableState_t *active)
+{
+    REQUIRE_DEV(d, idx);
+    if (!active || link >= NVML_NVLINK_MAX_LINKS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int peer = link_peer(idx, link);
+    if (peer < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    *active = NVML_FEATURE_ENABLED;
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link, nvmlPciInfo_t *pci)
+{
+    REQUIRE_DEV(d, idx);
+    if (!pci || link >= NVML_NVLINK_MAX_LINKS)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    int peer = link_peer(idx, link);
+    if (peer < 0)
+        return NVML_ERROR_NOT_SUPPORTED;
+    pci_info(peer, pci);
+    return NVML_SUCCESS;
+}

@@ -1,0 +1,121 @@
+/*
+ * The simulated machine: GPUs from a config file, and the state every process
+ * on the node shares through one directory (memory in use, kernel time).
+ *
+ * Layout of <state dir>:
+ *   machine     the shared state below, mmap'ed by every process
+ *   procs.lock  one byte per process slot; a live process holds an OFD write
+ *               lock on its byte, so a slot whose byte is unlocked belongs to a
+ *               dead process (SIGKILL included) and is reclaimed.
+ */
+#ifndef GPUSLICE_SIM_STATE_H
+#define GPUSLICE_SIM_STATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#define SIM_API __attribute__((visibility("default")))
+
+#define SIM_MAX_GPUS 8
+#define SIM_MAX_PROCS 128
+#define SIM_BUCKET_NS 10000000ull /* 10 ms utilisation buckets */
+#define SIM_NBUCKETS 256          /* ring of 2.56 s */
+#define SIM_UTIL_WINDOW_BUCKETS 100 /* NVML reports over the last second */
+#define SIM_LAYOUT_VERSION 1u
+#define SIM_MAGIC 0x67707573696d3031ull /* "gpusim01" */
+
+enum sim_pcie_level { /* NVML topology levels */
+    SIM_TOPO_INTERNAL = 0,
+    SIM_TOPO_SINGLE = 10,
+    SIM_TOPO_MULTIPLE = 20,
+    SIM_TOPO_HOSTBRIDGE = 30,
+    SIM_TOPO_NODE = 40,
+    SIM_TOPO_SYSTEM = 50
+};
+
+struct sim_gpu_info { /* static, from the config */
+    char name[96];
+    char uuid[80];       /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+    unsigned char uuid_bytes[16];
+    char pci_bus_id[32]; /* "00000000:07:00.0" */
+    unsigned pci_domain, pci_bus, pci_device, pci_function;
+    unsigned pci_device_id; /* vendor | device << 16, as NVML reports */
+    uint64_t memory;         /* bytes */
+    uint64_t context_memory; /* bytes charged per CUDA context */
+    uint64_t wave_ns;        /* modelled time of one wave of blocks */
+    int sms;
+    int cc_major, cc_minor;
+    int clock_khz;
+};
+
+struct sim_machine { /* what the config describes */
+    int gpu_count;
+    int driver_version;     /* CUDA driver API version, e.g. 13000 */
+    char driver_string[32]; /* NVML driver version, e.g. "580.65.06" */
+    struct sim_gpu_info gpu[SIM_MAX_GPUS];
+    unsigned char pcie[SIM_MAX_GPUS][SIM_MAX_GPUS];   /* enum sim_pcie_level */
+    unsigned char nvlinks[SIM_MAX_GPUS][SIM_MAX_GPUS]; /* link count */
+};
+
+struct sim_bucket {
+    uint64_t epoch; /* absolute bucket number; stale when it differs */
+    uint64_t busy_ns;
+};
+
+struct sim_gpu_shared {
+    pthread_mutex_t lock; /* robust, process-shared: memory and timeline */
+    uint64_t used;        /* bytes held by live processes */
+    uint64_t busy_until;  /* CLOCK_MONOTONIC ns at which queued work ends */
+};
+
+struct sim_proc {
+    uint32_t live; /* 1 while the slot belongs to a process */
+    int32_t pid;   /* as seen in its own pid namespace */
+    uint64_t pidns;
+    char comm[16];
+    uint64_t mem[SIM_MAX_GPUS];      /* under gpu lock */
+    uint32_t contexts[SIM_MAX_GPUS]; /* under gpu lock */
+    uint64_t busy_total[SIM_MAX_GPUS];
+    struct sim_bucket util[SIM_MAX_GPUS][SIM_NBUCKETS];
+};
+
+struct sim_shared {
+    uint64_t magic;
+    uint32_t layout_version;
+    uint32_t pad;
+    uint64_t config_digest;
+    struct sim_machine machine;
+    pthread_mutex_t lock; /* slot registration and reclaim */
+    struct sim_gpu_shared gpu[SIM_MAX_GPUS];
+    struct sim_proc proc[SIM_MAX_PROCS];
+};
+
+/* Config (sim_config.c) */
+int sim_config_load(const char *path, struct sim_machine *out, char *err, size_t errlen);
+const char *sim_config_path(void);
+
+/* Shared state (sim_state.c).  sim_attach is idempotent and thread-safe. */
+int sim_attach(char *err, size_t errlen);
+extern struct sim_shared *sim_shm;
+const struct sim_machine *sim_machine(void);
+int sim_register_self(void); /* take a process slot; -1 if none free */
+int sim_self_slot(void);
+void sim_sweep_dead(void);   /* reclaim the slots of dead processes */
+int sim_slot_alive(int slot);
+void sim_gpu_lock(int gpu);
+void sim_gpu_unlock(int gpu);
+int sim_mem_charge(int gpu, uint64_t bytes);   /* 0 or -1 if it does not fit */
+void sim_mem_uncharge(int gpu, uint64_t bytes);
+void sim_context_count(int gpu, int delta);
+/* Reserve [start, end) on the GPU's timeline for `ns` of work that may not
+ * start before not_before; returns the end time. */
+uint64_t sim_gpu_run(int gpu, uint64_t not_before, uint64_t ns);
+uint64_t sim_now_ns(void);
+void sim_sleep_until(uint64_t t_ns);
+/* Busy ns of one slot (or all live slots with slot < 0) in [from, to). */
+uint64_t sim_busy_between(int gpu, int slot, uint64_t from_ns, uint64_t to_ns);
+void sim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void sim_reset_after_fork(void);
+
+#endif
