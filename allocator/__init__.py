@@ -1,0 +1,1 @@
+"""gpuslice.allocator: the node daemon (inventory, ledger, placement, leases)."""

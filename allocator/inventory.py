@@ -1,0 +1,90 @@
+"""What the node's GPUs look like, read through NVML (pynvml): the real
+driver when present, the simulator when it is loaded."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pynvml
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    memory_total: int
+    memory_used: int
+    utilization: int
+    processes: tuple[GpuProcess, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    driver_version: str
+    cuda_version: int
+    gpus: tuple[Gpu, ...]
+    #: topology[(a, b)] = NVML common-ancestor level name for a != b
+    topology: dict[tuple[int, int], str]
+
+
+_LEVELS = {
+    pynvml.NVML_TOPOLOGY_INTERNAL: "internal",
+    pynvml.NVML_TOPOLOGY_SINGLE: "single",
+    pynvml.NVML_TOPOLOGY_MULTIPLE: "multiple",
+    pynvml.NVML_TOPOLOGY_HOSTBRIDGE: "hostbridge",
+    pynvml.NVML_TOPOLOGY_NODE: "node",
+    pynvml.NVML_TOPOLOGY_SYSTEM: "system",
+}
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _gpu(index: int) -> Gpu:
+    h = pynvml.nvmlDeviceGetHandleByIndex(index)
+    mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+    procs = tuple(
+        GpuProcess(p.pid, p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+    )
+    return Gpu(
+        index=index,
+        uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
+        name=_text(pynvml.nvmlDeviceGetName(h)),
+        pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(h).busId),
+        memory_total=mem.total,
+        memory_used=mem.used,
+        utilization=pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+        processes=procs,
+    )
+
+
+def read() -> Inventory:
+    """Snapshot the GPUs.  NVML must be loadable (real driver or simulator)."""
+    pynvml.nvmlInit()
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        gpus = tuple(_gpu(i) for i in range(count))
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        topology = {
+            (a, b): _LEVELS.get(pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]), "unknown")
+            for a in range(count)
+            for b in range(count)
+            if a != b
+        }
+        return Inventory(
+            driver_version=_text(pynvml.nvmlSystemGetDriverVersion()),
+            cuda_version=pynvml.nvmlSystemGetCudaDriverVersion(),
+            gpus=gpus,
+            topology=topology,
+        )
+    finally:
+        pynvml.nvmlShutdown()

@@ -1,0 +1,22 @@
+"""`gpuslice-bench`: run benchmarks and print what they measured."""
+
+from __future__ import annotations
+
+import click
+
+from gpuslice.bench import sim_calls
+
+BENCHMARKS = {"sim-calls": sim_calls.main}
+
+
+@click.command()
+@click.argument("names", nargs=-1, type=click.Choice(sorted(BENCHMARKS)))
+def main(names: tuple[str, ...]) -> None:
+    """Run the named benchmarks (default: all)."""
+    for name in names or tuple(BENCHMARKS):
+        click.echo(f"== {name} ==")
+        BENCHMARKS[name]()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""gpuslice.cdi: CDI spec model, generation, validation and atomic writing."""

@@ -1,0 +1,68 @@
+"""The simulated NVIDIA driver seen from Python: where it is, how a process
+uses it, and config checks through the simulator's own parser."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice.paths import sim_lib_dir
+
+CONFIG_ENV = "GPUSLICE_SIM_CONFIG"
+STATE_DIR_ENV = "GPUSLICE_SIM_STATE_DIR"
+DEFAULT_STATE_DIR = "/tmp/gpuslice-sim"
+
+
+class SimError(RuntimeError):
+    """The simulator is missing or its config is unusable."""
+
+
+@dataclass(frozen=True)
+class SimLibs:
+    cuda: Path
+    nvml: Path
+    default_config: Path
+
+
+def libs() -> SimLibs:
+    d = sim_lib_dir()
+    found = SimLibs(d / "libcuda.so.1", d / "libnvidia-ml.so.1", d / "gpuslice-sim.yaml")
+    if not found.cuda.exists() or not found.nvml.exists():
+        raise SimError(f"simulator libraries not built in {d} (run: make -C libcuda_wrap, or pip install .)")
+    return found
+
+
+def environment(config: str | None = None, state_dir: str | None = None) -> dict[str, str]:
+    """Variables that make a child process load the simulator as its driver."""
+    env = {"LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(sim_lib_dir()), os.environ.get("LD_LIBRARY_PATH")]))}
+    if config:
+        env[CONFIG_ENV] = str(config)
+    if state_dir:
+        env[STATE_DIR_ENV] = str(state_dir)
+    return env
+
+
+def activate() -> SimLibs:
+    """Load the simulator into this process so that NVIDIA's clients
+    (pynvml, cuda.bindings) find it: the dynamic loader reuses an already
+    loaded library with the same soname."""
+    found = libs()
+    ctypes.CDLL(str(found.nvml), mode=ctypes.RTLD_GLOBAL)
+    ctypes.CDLL(str(found.cuda), mode=ctypes.RTLD_GLOBAL)
+    return found
+
+
+def check_config(path: str | None = None) -> int:
+    """Validate a simulator config with the simulator's own parser.
+    Returns the GPU count or raises SimError with the parser's one-line reason."""
+    lib = ctypes.CDLL(str(libs().cuda))
+    fn = lib.gpusliceSimCheckConfig
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t]
+    fn.restype = ctypes.c_int
+    err = ctypes.create_string_buffer(512)
+    n = fn(path.encode() if path else None, err, len(err))
+    if n < 0:
+        raise SimError(err.value.decode(errors="replace"))
+    return n
