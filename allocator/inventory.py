@@ -52,9 +52,7 @@ def _text(value: str | bytes) -> str:
 def _gpu(index: int) -> Gpu:
     h = pynvml.nvmlDeviceGetHandleByIndex(index)
     mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-    procs = tuple(
-        GpuProcess(p.pid, p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)
-    )
+    procs = tuple(GpuProcess(p.pid, p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h))
     return Gpu(
         index=index,
         uuid=_text(pynvml.nvmlDeviceGetUUID(h)),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import click
-
 from gpuslice.bench import sim_calls
 
 BENCHMARKS = {"sim-calls": sim_calls.main}

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Set up everything a fresh Debian/Ubuntu machine needs, then run one thing:
+#   ./dev.sh demo    containers' workloads sharing a simulated GPU
+#   ./dev.sh test    lint + the full test suite
+#   ./dev.sh setup   set up only
+# As root it installs the system packages itself; as a normal user it says
+# which are missing.
+set -euo pipefail
+cd "$(dirname "$(readlink -f "$0")")"
+
+what=${1:-}
+case "$what" in demo|test|setup) ;; *) echo "usage: $0 demo|test|setup" >&2; exit 2 ;; esac
+
+APT_PACKAGES=(gcc make libc6-dev libyaml-dev python3 python3-venv python3-dev)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        echo "dev.sh: missing system packages: ${missing[*]} (run as root, or: sudo apt-get install ${missing[*]})" >&2
+        exit 1
+    fi
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+# builds libcuda_wrap/ (make) and places the libraries inside the package
+.venv/bin/python -m pip install -q -e '.[demo,test]'
+
+case "$what" in
+    setup) echo "dev.sh: ready (.venv)";;
+    demo) exec .venv/bin/gpuslice demo ;;
+    test)
+        .venv/bin/ruff check .
+        .venv/bin/ruff format --check .
+        exec .venv/bin/python -m pytest "${@:2}"
+        ;;
+esac

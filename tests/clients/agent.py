@@ -1,0 +1,247 @@
+"""A test client that drives the driver through NVIDIA's own Python clients
+only (cuda.bindings.driver and pynvml), never through gpuslice code.
+
+It reads one JSON command per line on stdin and answers one JSON line on
+stdout, so a test can hold several of these processes at once, make them
+allocate, and SIGKILL one of them."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import threading
+import time
+
+import pynvml
+from cuda.bindings import driver as cu
+
+PTX = b".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry spin()\n{\n ret;\n}\n"
+
+
+def name_of(err: cu.CUresult) -> str:
+    return cu.cuGetErrorName(err)[1].decode()
+
+
+class Agent:
+    def __init__(self) -> None:
+        self.objects: dict[int, tuple[str, object]] = {}
+        self.next_id = 1
+        self.ctx = None
+        self.stream = None
+        self.worker: threading.Thread | None = None
+
+    def keep(self, kind: str, obj: object) -> int:
+        oid = self.next_id
+        self.next_id += 1
+        self.objects[oid] = (kind, obj)
+        return oid
+
+    # -- setup --------------------------------------------------------------
+    def init(self, device: int = 0) -> dict:
+        err, = cu.cuInit(0)
+        if err:
+            return {"error": name_of(err)}
+        _, dev = cu.cuDeviceGet(device)
+        _, self.ctx = cu.cuDevicePrimaryCtxRetain(dev)
+        cu.cuCtxSetCurrent(self.ctx)
+        _, self.stream = cu.cuStreamCreate(0)
+        return {"pid": os.getpid()}
+
+    def meminfo(self) -> dict:
+        err, free, total = cu.cuMemGetInfo()
+        return {"error": name_of(err), "free": free, "total": total}
+
+    # -- every allocation path -----------------------------------------------
+    def alloc(self, path: str, size: int) -> dict:
+        err, obj = getattr(self, "_alloc_" + path)(size)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            return {"error": name_of(err)}
+        return {"error": "CUDA_SUCCESS", "id": self.keep(path, obj)}
+
+    def _alloc_mem(self, size: int):
+        return cu.cuMemAlloc(size)
+
+    def _alloc_pitch(self, size: int):
+        # width 512 keeps pitch == width, so the allocation is exactly size
+        err, ptr, _pitch = cu.cuMemAllocPitch(512, size // 512, 4)
+        return err, ptr
+
+    def _alloc_managed(self, size: int):
+        return cu.cuMemAllocManaged(size, cu.CUmemAttach_flags.CU_MEM_ATTACH_GLOBAL)
+
+    def _alloc_host(self, size: int):
+        return cu.cuMemAllocHost(size)
+
+    def _alloc_async(self, size: int):
+        err, ptr = cu.cuMemAllocAsync(size, self.stream)
+        return err, ptr
+
+    def _alloc_pool(self, size: int):
+        props = cu.CUmemPoolProps()
+        props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        props.location.id = 0
+        err, pool = cu.cuMemPoolCreate(props)
+        if err:
+            return err, None
+        err, ptr = cu.cuMemAllocFromPoolAsync(size, pool, self.stream)
+        if err:
+            cu.cuMemPoolDestroy(pool)
+        return err, (pool, ptr)
+
+    def _alloc_vmm(self, size: int):
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = 0
+        err, handle = cu.cuMemCreate(size, prop, 0)
+        if err:
+            return err, None
+        _, va = cu.cuMemAddressReserve(size, 0, 0, 0)
+        cu.cuMemMap(va, size, 0, handle, 0)
+        access = cu.CUmemAccessDesc()
+        access.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        access.location.id = 0
+        access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        cu.cuMemSetAccess(va, size, [access], 1)
+        return cu.CUresult.CUDA_SUCCESS, (handle, va, size)
+
+    def _alloc_array(self, size: int):
+        desc = cu.CUDA_ARRAY_DESCRIPTOR()
+        desc.Format = cu.CUarray_format.CU_AD_FORMAT_FLOAT
+        desc.NumChannels = 1
+        desc.Width = 1024
+        desc.Height = size // 4096
+        return cu.cuArrayCreate(desc)
+
+    def _alloc_array3d(self, size: int):
+        desc = cu.CUDA_ARRAY3D_DESCRIPTOR()
+        desc.Format = cu.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT8
+        desc.NumChannels = 4
+        desc.Width = 256
+        desc.Height = 256
+        desc.Depth = size // (256 * 256 * 4)
+        return cu.cuArray3DCreate(desc)
+
+    def _alloc_mipmap(self, size: int):
+        desc = cu.CUDA_ARRAY3D_DESCRIPTOR()
+        desc.Format = cu.CUarray_format.CU_AD_FORMAT_UNSIGNED_INT8
+        desc.NumChannels = 1
+        desc.Width = 1024
+        desc.Height = size // 1024
+        return cu.cuMipmappedArrayCreate(desc, 1)
+
+    def free(self, id: int) -> dict:
+        kind, obj = self.objects.pop(id)
+        if kind in ("mem", "pitch", "managed"):
+            (err,) = cu.cuMemFree(obj)
+        elif kind == "host":
+            (err,) = cu.cuMemFreeHost(obj)
+        elif kind == "async":
+            (err,) = cu.cuMemFreeAsync(obj, self.stream)
+        elif kind == "pool":
+            pool, ptr = obj
+            (err,) = cu.cuMemFreeAsync(ptr, self.stream)
+            cu.cuStreamSynchronize(self.stream)
+            cu.cuMemPoolDestroy(pool)
+        elif kind == "vmm":
+            handle, va, size = obj
+            cu.cuMemUnmap(va, size)
+            cu.cuMemAddressFree(va, size)
+            (err,) = cu.cuMemRelease(handle)
+        elif kind in ("array", "array3d"):
+            (err,) = cu.cuArrayDestroy(obj)
+        else:
+            (err,) = cu.cuMipmappedArrayDestroy(obj)
+        return {"error": name_of(err)}
+
+    # -- data and kernels ----------------------------------------------------
+    def roundtrip(self, size: int) -> dict:
+        _, ptr = cu.cuMemAlloc(size)
+        data = os.urandom(size)
+        (e1,) = cu.cuMemcpyHtoD(ptr, data, size)
+        back = bytearray(size)
+        (e2,) = cu.cuMemcpyDtoH(back, ptr, size)
+        cu.cuMemFree(ptr)
+        return {"error": name_of(e1 or e2), "same": bytes(back) == data}
+
+    def launch_for(self, seconds: float, grid: int = 864) -> dict:
+        """Launch kernels back to back in the background for `seconds`."""
+        _, mod = cu.cuModuleLoadData(PTX)
+        _, fn = cu.cuModuleGetFunction(mod, b"spin")
+        ctx = self.ctx
+
+        def loop() -> None:
+            cu.cuCtxSetCurrent(ctx)
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                cu.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, self.stream, 0, 0)
+            cu.cuStreamSynchronize(self.stream)
+
+        self.worker = threading.Thread(target=loop)
+        self.worker.start()
+        return {"started": True}
+
+    def join(self) -> dict:
+        if self.worker:
+            self.worker.join()
+        return {}
+
+    # -- cuGetProcAddress ------------------------------------------------------
+    def procaddr(self, symbol: str, version: int, flags: int) -> dict:
+        err, pfn, status = cu.cuGetProcAddress(symbol.encode(), version, flags)
+        return {"error": name_of(err), "pfn": int(pfn) if pfn else 0, "status": int(status)}
+
+    def dlsym(self, names: list[str]) -> dict:
+        lib = ctypes.CDLL("libcuda.so.1")
+        out = {}
+        for n in names:
+            try:
+                out[n] = ctypes.cast(getattr(lib, n), ctypes.c_void_p).value
+            except AttributeError:
+                out[n] = None
+        return out
+
+    # -- NVML -----------------------------------------------------------------
+    def nvml(self, device: int = 0) -> dict:
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(device)
+        m1 = pynvml.nvmlDeviceGetMemoryInfo(h)
+        m2 = pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2)
+        procs = {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)}
+        util = pynvml.nvmlDeviceGetUtilizationRates(h).gpu
+        try:
+            samples = {s.pid: s.smUtil for s in pynvml.nvmlDeviceGetProcessUtilization(h, 0)}
+        except pynvml.NVMLError_NotFound:
+            samples = {}
+        pynvml.nvmlShutdown()
+        return {
+            "total": m1.total,
+            "used": m1.used,
+            "free": m1.free,
+            "v2": [m2.total, m2.used, m2.free],
+            "procs": {str(k): v for k, v in procs.items()},
+            "util": util,
+            "samples": {str(k): v for k, v in samples.items()},
+        }
+
+
+def main() -> None:
+    agent = Agent()
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        op = cmd.pop("op")
+        if op == "exit":
+            break
+        try:
+            reply = getattr(agent, op)(**cmd)
+        except Exception as e:  # report, keep serving
+            reply = {"exception": f"{type(e).__name__}: {e}"}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

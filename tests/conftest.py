@@ -1,0 +1,120 @@
+"""Shared fixtures: a simulated machine per test (config + state directory)
+and client processes that drive it through NVIDIA's own Python clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuslice.paths import sim_lib_dir
+
+AGENT = Path(__file__).parent / "clients" / "agent.py"
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass
+class SimMachine:
+    config: Path
+    state_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def python(self, code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-c", code], env=self.env, capture_output=True, text=True, timeout=timeout
+        )
+
+
+class Agent:
+    """One client process; call(op, **args) -> its JSON reply."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, str(AGENT)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def call(self, op: str, **args) -> dict:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"agent died: {self.proc.stderr.read() if self.proc.stderr else ''}")
+        reply = json.loads(line)
+        if "exception" in reply:
+            raise RuntimeError(reply["exception"])
+        return reply
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # type: ignore[union-attr]  # EOF ends the agent
+                self.proc.wait(10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def gpu(memory: str = "16Gi", **extra) -> dict:
+    return {"memory": memory, **extra}
+
+
+@pytest.fixture
+def make_machine(tmp_path: Path):
+    """make_machine(gpus=[...], topology=[...]) -> SimMachine with its own state."""
+    count = 0
+
+    def make(gpus: list[dict] | None = None, **top) -> SimMachine:
+        nonlocal count
+        count += 1
+        config = tmp_path / f"sim{count}.yaml"
+        config.write_text(yaml.safe_dump({"gpus": gpus or [gpu()], **top}))
+        state = tmp_path / f"state{count}"
+        env = {
+            **os.environ,
+            "LD_LIBRARY_PATH": str(sim_lib_dir()),
+            "GPUSLICE_SIM_CONFIG": str(config),
+            "GPUSLICE_SIM_STATE_DIR": str(state),
+        }
+        return SimMachine(config, state, env)
+
+    return make
+
+
+@pytest.fixture
+def agents() -> Iterator:
+    """agents(machine) -> a started client process; all are closed at the end."""
+    started: list[Agent] = []
+
+    def start(machine: SimMachine, init: bool = True, device: int = 0) -> Agent:
+        a = Agent(machine.env)
+        started.append(a)
+        if init:
+            a.call("init", device=device)
+        return a
+
+    yield start
+    for a in started:
+        a.close()
