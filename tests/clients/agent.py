@@ -192,7 +192,7 @@ class Agent:
     # -- cuGetProcAddress ------------------------------------------------------
     def procaddr(self, symbol: str, version: int, flags: int) -> dict:
         err, pfn, status = cu.cuGetProcAddress(symbol.encode(), version, flags)
-        return {"error": name_of(err), "pfn": int(pfn) if pfn else 0, "status": int(status)}
+        return {"error": name_of(err), "pfn": int(pfn) if pfn else 0, "status": None if status is None else int(status)}
 
     def dlsym(self, names: list[str]) -> dict:
         lib = ctypes.CDLL("libcuda.so.1")

@@ -1,0 +1,109 @@
+"""Kernels, streams, events and graphs on the simulated GPU, and the
+utilisation NVML derives from them."""
+
+from __future__ import annotations
+
+import time
+
+from tests.conftest import gpu
+
+
+def test_back_to_back_kernels_show_near_full_utilization(make_machine, agents):
+    m = make_machine([gpu("16Gi")])
+    busy, watcher = agents(m), agents(m, init=False)
+    assert watcher.call("nvml")["util"] <= 2  # idle GPU
+    busy.call("launch_for", seconds=2.5)
+    time.sleep(1.6)
+    nv = watcher.call("nvml")
+    busy.call("join")
+    assert nv["util"] >= 90
+    assert nv["samples"].get(str(busy.pid), 0) >= 85
+
+
+def test_idle_gpu_reads_near_zero(make_machine, agents):
+    m = make_machine([gpu("16Gi")])
+    a = agents(m)
+    time.sleep(0.2)
+    nv = a.call("nvml")
+    assert nv["util"] <= 2 and nv["samples"] == {}
+
+
+SCRIPT = r"""
+import time
+from cuda.bindings import driver as cu
+
+def ok(r):
+    err, *rest = r
+    assert err == cu.CUresult.CUDA_SUCCESS, cu.cuGetErrorName(err)[1]
+    return rest[0] if len(rest) == 1 else rest
+
+ok(cu.cuInit(0))
+dev = ok(cu.cuDeviceGet(0))
+ctx = ok(cu.cuCtxCreate(None, 0, dev))
+ptx = b".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{\n ret;\n}\n"
+mod = ok(cu.cuModuleLoadData(ptx))
+fn = ok(cu.cuModuleGetFunction(mod, b"k"))
+err, _ = cu.cuModuleGetFunction(mod, b"missing")
+assert err == cu.CUresult.CUDA_ERROR_NOT_FOUND
+stream = ok(cu.cuStreamCreate(0))
+start, end = ok(cu.cuEventCreate(0)), ok(cu.cuEventCreate(0))
+sms = ok(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev))
+# 1000 waves of 256-thread blocks at 10 us a wave = 10 ms of GPU time
+ok(cu.cuEventRecord(start, stream))
+ok(cu.cuLaunchKernel(fn, sms * 8 * 1000, 1, 1, 256, 1, 1, 0, stream, 0, 0))
+ok(cu.cuEventRecord(end, stream))
+assert cu.cuStreamQuery(stream)[0] == cu.CUresult.CUDA_ERROR_NOT_READY
+ok(cu.cuEventSynchronize(end))
+ms = ok(cu.cuEventElapsedTime(start, end))
+assert 10.0 <= ms < 10.5, ms  # plus the host's gap between record and launch
+assert cu.cuStreamQuery(stream)[0] == cu.CUresult.CUDA_SUCCESS
+
+# a captured graph of 5 such kernels takes 50 ms
+ok(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+for _ in range(5):
+    ok(cu.cuLaunchKernel(fn, sms * 8 * 1000, 1, 1, 256, 1, 1, 0, stream, 0, 0))
+graph = ok(cu.cuStreamEndCapture(stream))
+exe = ok(cu.cuGraphInstantiate(graph, 0))
+ok(cu.cuEventRecord(start, stream))
+ok(cu.cuGraphLaunch(exe, stream))
+ok(cu.cuEventRecord(end, stream))
+ok(cu.cuStreamSynchronize(stream))
+ms = ok(cu.cuEventElapsedTime(start, end))
+assert 50.0 <= ms < 50.5, ms
+
+# cooperative launches must fit in one wave; bad block shapes are refused
+err, = cu.cuLaunchCooperativeKernel(fn, sms * 8 + 1, 1, 1, 256, 1, 1, 0, stream, 0)
+assert err == cu.CUresult.CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE
+err, = cu.cuLaunchKernel(fn, 1, 1, 1, 2048, 1, 1, 0, stream, 0, 0)
+assert err == cu.CUresult.CUDA_ERROR_INVALID_VALUE
+cfg = cu.CUlaunchConfig()
+cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = sms * 8, 1, 1
+cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = 256, 1, 1
+cfg.hStream = stream
+ok(cu.cuLaunchKernelEx(cfg, fn, 0, 0))
+
+t0 = time.monotonic()
+ok(cu.cuCtxSynchronize())
+ok(cu.cuCtxDestroy(ctx))
+assert cu.cuMemAlloc(16)[0] == cu.CUresult.CUDA_ERROR_INVALID_CONTEXT
+name = cu.cuGetErrorName(cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY)[1]
+text = cu.cuGetErrorString(cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY)[1]
+assert name == b"CUDA_ERROR_OUT_OF_MEMORY" and text == b"out of memory", (name, text)
+print("OK")
+"""
+
+
+def test_streams_events_graphs_and_launch_checks(make_machine):
+    r = make_machine().python(SCRIPT)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "OK"
+
+
+def test_calls_before_init_fail_cleanly(make_machine):
+    code = (
+        "from cuda.bindings import driver as cu\n"
+        "print(cu.cuMemAlloc(16)[0].name, cu.cuDeviceGetCount()[0].name)\n"
+    )
+    r = make_machine().python(code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["CUDA_ERROR_NOT_INITIALIZED", "CUDA_ERROR_NOT_INITIALIZED"]

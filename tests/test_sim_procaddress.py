@@ -1,0 +1,59 @@
+"""cuGetProcAddress on the simulator, through cuda.bindings."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.test_declarations import def_entries
+
+DEFAULT, PTDS = 0, 2  # CU_GET_PROC_ADDRESS_DEFAULT / _PER_THREAD_DEFAULT_STREAM
+
+
+@pytest.fixture
+def agent(make_machine, agents):
+    return agents(make_machine())
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "flags", "symbol"),
+    [
+        ("cuMemAlloc", 3000, DEFAULT, "cuMemAlloc"),
+        ("cuMemAlloc", 3020, DEFAULT, "cuMemAlloc_v2"),
+        ("cuMemAlloc", 13000, PTDS, "cuMemAlloc_v2"),
+        ("cuStreamSynchronize", 13000, DEFAULT, "cuStreamSynchronize"),
+        ("cuStreamSynchronize", 13000, PTDS, "cuStreamSynchronize_ptsz"),
+        ("cuStreamSynchronize", 6050, PTDS, "cuStreamSynchronize"),
+        ("cuMemcpyHtoD", 13000, PTDS, "cuMemcpyHtoD_v2_ptds"),
+        ("cuCtxCreate", 11040, DEFAULT, "cuCtxCreate_v3"),
+        ("cuCtxCreate", 13000, DEFAULT, "cuCtxCreate_v4"),
+        ("cuGetProcAddress", 12000, DEFAULT, "cuGetProcAddress_v2"),
+        ("cuGetProcAddress", 11080, DEFAULT, "cuGetProcAddress"),
+    ],
+)
+def test_variant_by_version_and_flag(agent, name, version, flags, symbol):
+    got = agent.call("procaddr", symbol=name, version=version, flags=flags)
+    want = agent.call("dlsym", names=[symbol])[symbol]
+    assert got["error"] == "CUDA_SUCCESS" and want
+    assert got["pfn"] == want
+
+
+def test_unknown_names_and_too_old_versions_are_not_found(agent):
+    unknown = agent.call("procaddr", symbol="cuNoSuchFunction", version=13000, flags=DEFAULT)
+    assert unknown["error"] == "CUDA_ERROR_NOT_FOUND" and unknown["pfn"] == 0
+    old = agent.call("procaddr", symbol="cuMemAllocAsync", version=11000, flags=DEFAULT)
+    assert old["error"] == "CUDA_ERROR_NOT_FOUND" and old["pfn"] == 0
+
+
+def test_every_table_entry_resolves_to_its_exported_symbol(agent):
+    entries = def_entries()
+    addrs = agent.call("dlsym", names=[e[3] for e in entries])
+    newest: dict[tuple[str, str], int] = {}
+    for name, ver, kind, _ in entries:
+        newest[(name, kind)] = max(ver, newest.get((name, kind), 0))
+    for name, ver, kind, sym in entries:
+        assert addrs[sym], f"{sym} is not exported"
+        flags = PTDS if kind == "PTDS" else DEFAULT
+        got = agent.call("procaddr", symbol=name, version=ver, flags=flags)
+        if ver == newest[(name, kind)] or kind == "DEFAULT":
+            # asking at exactly this version yields this variant
+            assert got["pfn"] == addrs[sym], f"{name}@{ver} {kind} -> expected {sym}"
