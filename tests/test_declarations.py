@@ -21,13 +21,31 @@ CUDA_STRUCTS = {
     "CUuuid": ["bytes"],
     "CUDA_ARRAY_DESCRIPTOR": ["Width", "Height", "Format", "NumChannels"],
     "CUDA_ARRAY3D_DESCRIPTOR": ["Width", "Height", "Depth", "Format", "NumChannels", "Flags"],
-    "CUDA_MEMCPY2D": ["srcXInBytes", "srcMemoryType", "srcDevice", "srcPitch", "dstXInBytes", "dstHost",
-                      "dstArray", "dstPitch", "WidthInBytes", "Height"],
+    "CUDA_MEMCPY2D": [
+        "srcXInBytes",
+        "srcMemoryType",
+        "srcDevice",
+        "srcPitch",
+        "dstXInBytes",
+        "dstHost",
+        "dstArray",
+        "dstPitch",
+        "WidthInBytes",
+        "Height",
+    ],
     "CUmemLocation": ["type", "id"],
     "CUmemAllocationProp": ["type", "requestedHandleTypes", "location", "win32HandleMetaData", "allocFlags"],
     "CUmemAccessDesc": ["location", "flags"],
-    "CUmemPoolProps": ["allocType", "handleTypes", "location", "win32SecurityAttributes", "maxSize", "usage",
-                       "gpuDirectRDMACapable", "reserved"],
+    "CUmemPoolProps": [
+        "allocType",
+        "handleTypes",
+        "location",
+        "win32SecurityAttributes",
+        "maxSize",
+        "usage",
+        "gpuDirectRDMACapable",
+        "reserved",
+    ],
     "CUlaunchAttribute": ["id", "value"],
     "CUlaunchConfig": ["gridDimX", "blockDimZ", "sharedMemBytes", "hStream", "attrs", "numAttrs"],
     "CUDA_KERNEL_NODE_PARAMS_v1": ["func", "gridDimX", "blockDimZ", "sharedMemBytes", "kernelParams", "extra"],
@@ -67,8 +85,9 @@ def run_c(tmp_path: Path, name: str, source: str, includes: list[Path]) -> str:
     src.write_text(source)
     exe = tmp_path / name
     flags = [f"-I{d}" for d in includes]
-    subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", *flags, "-o", exe, src], check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        ["cc", "-std=c11", "-Wall", "-Werror", *flags, "-o", exe, src], check=True, capture_output=True, text=True
+    )
     return subprocess.run([exe], check=True, capture_output=True, text=True).stdout
 
 

@@ -100,10 +100,7 @@ def test_streams_events_graphs_and_launch_checks(make_machine):
 
 
 def test_calls_before_init_fail_cleanly(make_machine):
-    code = (
-        "from cuda.bindings import driver as cu\n"
-        "print(cu.cuMemAlloc(16)[0].name, cu.cuDeviceGetCount()[0].name)\n"
-    )
+    code = "from cuda.bindings import driver as cu\nprint(cu.cuMemAlloc(16)[0].name, cu.cuDeviceGetCount()[0].name)\n"
     r = make_machine().python(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["CUDA_ERROR_NOT_INITIALIZED", "CUDA_ERROR_NOT_INITIALIZED"]

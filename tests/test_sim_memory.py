@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -72,13 +74,8 @@ def test_memcpy_round_trip_64mib(make_machine, agents):
 def test_large_gpu_costs_no_host_memory_until_touched(make_machine, agents):
     a = agents(make_machine([gpu("80Gi")]))
     assert a.call("alloc", path="mem", size=79 * GiB)["error"] == "CUDA_SUCCESS"
-    rss_kib = int(
-        next(
-            line.split()[1]
-            for line in open(f"/proc/{a.pid}/status").read().splitlines()
-            if line.startswith("VmRSS")
-        )
-    )
+    status = Path(f"/proc/{a.pid}/status").read_text().splitlines()
+    rss_kib = int(next(line.split()[1] for line in status if line.startswith("VmRSS")))
     assert rss_kib < 1024 * 1024  # far below the 79 GiB it holds
 
 
@@ -94,3 +91,38 @@ def test_context_memory_is_charged_per_context(make_machine, agents):
     while other.call("nvml")["used"] and time.monotonic() < deadline:
         time.sleep(0.05)
     assert other.call("nvml")["used"] == 0
+
+
+FORK = r"""
+import os, pynvml
+from cuda.bindings import driver as cu
+cu.cuInit(0)
+_, dev = cu.cuDeviceGet(0)
+_, ctx = cu.cuDevicePrimaryCtxRetain(dev)
+cu.cuCtxSetCurrent(ctx)
+err, p = cu.cuMemAlloc(1 << 30)
+assert not err
+pid = os.fork()
+if pid == 0:
+    # CUDA state does not cross fork: the child starts over with its own slot
+    assert cu.cuMemAlloc(1)[0] == cu.CUresult.CUDA_ERROR_NOT_INITIALIZED
+    cu.cuInit(0)
+    _, ctx = cu.cuDevicePrimaryCtxRetain(dev)
+    cu.cuCtxSetCurrent(ctx)
+    assert not cu.cuMemAlloc(512 << 20)[0]
+    os._exit(0)  # no cleanup, like a crash
+os.waitpid(pid, 0)
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+import json
+procs = [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+print(json.dumps({"used": pynvml.nvmlDeviceGetMemoryInfo(h).used, "pids": procs, "me": os.getpid()}))
+"""
+
+
+def test_fork_child_is_its_own_process_and_its_exit_frees_only_its_memory(make_machine):
+    r = make_machine().python(FORK)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["used"] == 1 << 30
+    assert out["pids"] == [out["me"]]

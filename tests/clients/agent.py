@@ -40,7 +40,7 @@ class Agent:
 
     # -- setup --------------------------------------------------------------
     def init(self, device: int = 0) -> dict:
-        err, = cu.cuInit(0)
+        (err,) = cu.cuInit(0)
         if err:
             return {"error": name_of(err)}
         _, dev = cu.cuDeviceGet(device)
