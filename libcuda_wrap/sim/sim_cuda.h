@@ -84,6 +84,19 @@ struct sim_kernel_launch {
     unsigned shmem;
 };
 
+/* A stream's completion time is read and raised from any thread. */
+static inline uint64_t sim_ready(const struct sim_stream *s)
+{
+    return __atomic_load_n(&s->ready, __ATOMIC_ACQUIRE);
+}
+
+static inline void sim_ready_raise(struct sim_stream *s, uint64_t t)
+{
+    uint64_t cur = sim_ready(s);
+    while (t > cur && !__atomic_compare_exchange_n(&s->ready, &cur, t, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        ;
+}
+
 /* process state (sim_cuda_core.c) */
 extern pthread_mutex_t sim_mu;
 extern int sim_initialized;

@@ -576,14 +576,14 @@ CUAPI cuCtxGetDevice(CUdevice *dev)
 static uint64_t ctx_ready(struct sim_ctx *c)
 {
     pthread_mutex_lock(&sim_mu);
-    uint64_t t = c->legacy.ready;
+    uint64_t t = sim_ready(&c->legacy);
     for (struct sim_stream *s = c->streams; s; s = s->next)
-        if (s->ready > t)
-            t = s->ready;
+        if (sim_ready(s) > t)
+            t = sim_ready(s);
     pthread_mutex_unlock(&sim_mu);
     for (size_t i = 0; i < sizeof ptds / sizeof ptds[0]; i++)
-        if (ptds[i].ctx == c && ptds[i].s->ready > t)
-            t = ptds[i].s->ready;
+        if (ptds[i].ctx == c && sim_ready(ptds[i].s) > t)
+            t = sim_ready(ptds[i].s);
     return t;
 }
 
@@ -798,18 +798,18 @@ struct sim_stream *sim_stream_resolve(CUstream h, int ptds_default, CUresult *er
  * blocking stream and they wait for it; non-blocking streams wait for none. */
 uint64_t sim_stream_not_before(struct sim_stream *s)
 {
-    uint64_t t = s->ready;
+    uint64_t t = sim_ready(s);
     struct sim_ctx *c = s->ctx;
     if (s->flags & CU_STREAM_NON_BLOCKING)
         return t;
     if (s == &c->legacy) {
         pthread_mutex_lock(&sim_mu);
         for (struct sim_stream *i = c->streams; i; i = i->next)
-            if (!(i->flags & CU_STREAM_NON_BLOCKING) && i->ready > t)
-                t = i->ready;
+            if (!(i->flags & CU_STREAM_NON_BLOCKING) && sim_ready(i) > t)
+                t = sim_ready(i);
         pthread_mutex_unlock(&sim_mu);
-    } else if (c->legacy.ready > t) {
-        t = c->legacy.ready;
+    } else if (sim_ready(&c->legacy) > t) {
+        t = sim_ready(&c->legacy);
     }
     return t;
 }
@@ -1067,8 +1067,8 @@ static CUresult stream_wait_event(CUstream hs, CUevent h, unsigned flags, int pt
     struct sim_stream *s = sim_stream_resolve(hs, ptds_default, &r);
     if (!s)
         return r;
-    if (e->recorded && e->time > s->ready)
-        s->ready = e->time;
+    if (e->recorded)
+        sim_ready_raise(s, e->time);
     return CUDA_SUCCESS;
 }
 

@@ -400,7 +400,7 @@ static CUresult graph_add(struct sim_graph *g, const struct sim_kernel_launch *k
 static void run_on_stream(struct sim_stream *s, uint64_t ns)
 {
     uint64_t end = sim_gpu_run(s->ctx->dev, sim_stream_not_before(s), ns);
-    s->ready = end;
+    sim_ready_raise(s, end);
     uint64_t now = sim_now_ns();
     if (end > now + QUEUE_AHEAD_NS) /* a full launch queue makes the CPU wait */
         sim_sleep_until(end - QUEUE_AHEAD_NS);
@@ -673,9 +673,7 @@ static CUresult graph_launch(CUgraphExec h, CUstream hs, int ptds)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     for (int d = 0; d < SIM_MAX_GPUS; d++)
         if (e->ns_by_dev[d]) {
-            uint64_t end = sim_gpu_run(d, sim_stream_not_before(s), e->ns_by_dev[d]);
-            if (end > s->ready)
-                s->ready = end;
+            sim_ready_raise(s, sim_gpu_run(d, sim_stream_not_before(s), e->ns_by_dev[d]));
         }
     return CUDA_SUCCESS;
 }
