@@ -1,0 +1,71 @@
+"""The annotation contract (DESIGN.md), parsed in one place."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuslice.request import ComputePolicy, MemoryLimit, Priority, RequestError, SliceRequest, parse
+from gpuslice.units import format_bytes, parse_bytes
+
+UUID = "GPU-5e1c0a1d-0000-4000-8000-000000000000"
+
+
+def test_no_annotations_means_no_request():
+    assert parse({"io.kubernetes.pod.name": "x"}) is None
+
+
+def test_full_request():
+    r = parse(
+        {
+            "gpuslice.io/gpus": "2",
+            "gpuslice.io/memory": "4Gi",
+            "gpuslice.io/cores": "30",
+            "gpuslice.io/compute-policy": "hard",
+            "gpuslice.io/priority": "high",
+            "gpuslice.io/device": f"0,{UUID}",
+        }
+    )
+    assert r == SliceRequest(2, MemoryLimit(bytes=4 << 30), 30, ComputePolicy.HARD, Priority.HIGH, ("0", UUID))
+    assert not r.whole_gpus
+
+
+def test_defaults_and_percent_memory():
+    r = parse({"gpuslice.io/memory": "25%"})
+    assert r == SliceRequest(memory=MemoryLimit(percent=25))
+    assert r.memory.resolve(16 << 30) == 4 << 30
+    assert parse({"gpuslice.io/gpus": "1"}).whole_gpus
+    assert parse({"gpuslice.io/device": "0,1"}).gpus == 2
+
+
+@pytest.mark.parametrize(
+    ("annotations", "fragment"),
+    [
+        ({"gpuslice.io/memory": "lots"}, 'annotation gpuslice.io/memory: "lots" is not valid; accepted: bytes'),
+        ({"gpuslice.io/memory": "0"}, "gpuslice.io/memory"),
+        ({"gpuslice.io/memory": "150%"}, "percentage of the GPU from 1% to 100%"),
+        ({"gpuslice.io/cores": "150"}, 'annotation gpuslice.io/cores: "150" is not valid; accepted: a whole number'),
+        ({"gpuslice.io/cores": "0"}, "from 1 to 100"),
+        ({"gpuslice.io/gpus": "-1"}, 'annotation gpuslice.io/gpus: "-1" is not valid'),
+        ({"gpuslice.io/gpus": "two"}, "a whole number from 1 to 64"),
+        ({"gpuslice.io/compute-policy": "fair"}, "accepted: elastic or hard"),
+        ({"gpuslice.io/priority": "urgent"}, "accepted: high or normal or low"),
+        ({"gpuslice.io/device": "gpu0"}, "GPU indices or UUIDs"),
+        ({"gpuslice.io/device": "0,0"}, "each once"),
+        ({"gpuslice.io/device": "0", "gpuslice.io/gpus": "2"}, "more GPUs than gpuslice.io/device pins (1)"),
+        ({"gpuslice.io/memroy": "4Gi"}, "annotation gpuslice.io/memroy: unknown; accepted annotations:"),
+    ],
+)
+def test_bad_values_give_one_line(annotations, fragment):
+    with pytest.raises(RequestError) as e:
+        parse(annotations)
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_units():
+    assert parse_bytes("1500Mi") == 1500 << 20
+    assert parse_bytes("2G") == 2 * 10**9
+    assert parse_bytes("17179869184") == 16 << 30
+    with pytest.raises(ValueError):
+        parse_bytes("4 gigs")
+    assert format_bytes(3 << 30) == "3.0 GiB" and format_bytes(512) == "512 B"
