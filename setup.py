@@ -16,17 +16,22 @@ class BuildWithNative(build_py):
     def run(self) -> None:
         super().run()
         subprocess.run(["make", "-C", str(ROOT / "libcuda_wrap")], check=True)
-        # editable installs import gpuslice/ from the source tree
-        targets = [ROOT / "gpuslice" / "_native"]
-        if not getattr(self, "editable_mode", False):
-            targets.append(Path(self.build_lib) / "gpuslice" / "_native")
-        for target in targets:
-            for part in NATIVE_PARTS:
-                src = ROOT / "libcuda_wrap" / "build" / part
-                dst = target / part
-                if dst.exists():
-                    shutil.rmtree(dst)
-                shutil.copytree(src, dst)
+        built = ROOT / "libcuda_wrap" / "build"
+        if getattr(self, "editable_mode", False):
+            # editable installs import gpuslice/ from the source tree: link the
+            # build directory, so a later `make` is seen without reinstalling
+            link = ROOT / "gpuslice" / "_native"
+            if link.is_symlink() or link.is_file():
+                link.unlink()
+            elif link.exists():
+                shutil.rmtree(link)
+            link.symlink_to(Path("..") / "libcuda_wrap" / "build", target_is_directory=True)
+            return
+        for part in NATIVE_PARTS:
+            dst = Path(self.build_lib) / "gpuslice" / "_native" / part
+            if dst.exists():
+                shutil.rmtree(dst)
+            shutil.copytree(built / part, dst)
 
 
 setup(cmdclass={"build_py": BuildWithNative})

@@ -14,7 +14,7 @@ def test_stress_is_clean_under_sanitizers(tmp_path):
         ["make", "-C", ROOT / "libcuda_wrap", f"BUILD={tmp_path}", "check-sanitizers"],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=300,
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("sim_stress: ok") == 2

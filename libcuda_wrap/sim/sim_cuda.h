@@ -101,6 +101,11 @@ static inline void sim_ready_raise(struct sim_stream *s, uint64_t t)
 extern pthread_mutex_t sim_mu;
 extern int sim_initialized;
 CUresult sim_check_init(void);
+/* Opens every API call that needs cuInit first; leaves its result in r. */
+#define SIM_ENTER()                     \
+    CUresult r = sim_check_init();      \
+    if (r)                              \
+    return r
 struct sim_ctx *sim_current_ctx(void);
 CUresult sim_ctx_or_error(struct sim_ctx **out);
 int sim_valid_ctx(struct sim_ctx *c);

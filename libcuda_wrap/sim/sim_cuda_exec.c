@@ -102,9 +102,7 @@ CUAPI cuModuleLoadFatBinary(CUmodule *mod, const void *fatbin)
 
 CUAPI cuModuleLoad(CUmodule *mod, const char *fname)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!mod || !fname)
         return CUDA_ERROR_INVALID_VALUE;
     FILE *f = fopen(fname, "rb");
@@ -144,9 +142,7 @@ static struct sim_module *module_of(CUmodule h)
 
 CUAPI cuModuleUnload(CUmodule h)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_module *m = module_of(h);
     if (!m)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -173,9 +169,7 @@ static int has_entry(const struct sim_module *m, const char *name)
 
 CUAPI cuModuleGetFunction(CUfunction *out, CUmodule h, const char *name)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_module *m = module_of(h);
     if (!m)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -204,9 +198,7 @@ CUAPI cuModuleGetFunction(CUfunction *out, CUmodule h, const char *name)
 CUAPI cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule h, const char *name)
 {
     (void)dptr, (void)bytes, (void)name;
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     return module_of(h) ? CUDA_ERROR_NOT_FOUND : CUDA_ERROR_INVALID_HANDLE; /* globals are not modelled */
 }
 
@@ -230,9 +222,7 @@ CUAPI cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name)
 
 CUAPI cuKernelGetFunction(CUfunction *f, CUkernel k)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!f)
         return CUDA_ERROR_INVALID_VALUE;
     struct sim_func *fn = (struct sim_func *)k;
@@ -244,9 +234,7 @@ CUAPI cuKernelGetFunction(CUfunction *f, CUkernel k)
 
 CUAPI cuLibraryGetModule(CUmodule *mod, CUlibrary lib)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!mod)
         return CUDA_ERROR_INVALID_VALUE;
     if (!module_of((CUmodule)lib))
@@ -263,9 +251,7 @@ static struct sim_func *func_of(CUfunction h)
 
 CUAPI cuFuncGetAttribute(int *v, CUfunction_attribute attr, CUfunction h)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_func *f = func_of(h);
     if (!f)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -291,9 +277,7 @@ CUAPI cuFuncGetAttribute(int *v, CUfunction_attribute attr, CUfunction h)
 
 CUAPI cuFuncSetAttribute(CUfunction h, CUfunction_attribute attr, int v)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_func *f = func_of(h);
     if (!f)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -309,9 +293,7 @@ CUAPI cuFuncSetAttribute(CUfunction h, CUfunction_attribute attr, int v)
 
 CUAPI cuFuncSetCacheConfig(CUfunction h, int config)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (config < 0 || config > 3)
         return CUDA_ERROR_INVALID_VALUE;
     return func_of(h) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
@@ -408,9 +390,7 @@ static void run_on_stream(struct sim_stream *s, uint64_t ns)
 
 static CUresult launch(const struct sim_kernel_launch *k, CUstream hs, int cooperative, int ptds)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
     if (!s)
         return r;
@@ -459,9 +439,7 @@ CUAPI cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, uns
 
 static CUresult launch_ex(const CUlaunchConfig *c, CUfunction f, int ptds)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!c || (c->numAttrs && !c->attrs))
         return CUDA_ERROR_INVALID_VALUE;
     int coop = 0;
@@ -488,9 +466,7 @@ CUAPI cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params
 /* Host functions run on the calling thread once the stream reaches them. */
 static CUresult host_func(CUstream hs, CUhostFn fn, void *data, int ptds)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
     if (!s)
         return r;
@@ -526,9 +502,7 @@ static struct sim_graph *graph_new(void)
 
 CUAPI cuGraphCreate(CUgraph *out, unsigned int flags)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!out || flags)
         return CUDA_ERROR_INVALID_VALUE;
     struct sim_graph *g = graph_new();
@@ -540,9 +514,7 @@ CUAPI cuGraphCreate(CUgraph *out, unsigned int flags)
 
 CUAPI cuGraphDestroy(CUgraph h)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_graph *g = graph_of(h);
     if (!g)
         return CUDA_ERROR_INVALID_VALUE;
@@ -559,9 +531,7 @@ CUAPI cuGraphDestroy(CUgraph h)
 static CUresult add_node(CUgraphNode *out, CUgraph h, const CUgraphNode *deps, size_t ndeps,
                          const struct sim_kernel_launch *k)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_graph *g = graph_of(h);
     if (!out || !g || (ndeps && !deps))
         return CUDA_ERROR_INVALID_VALUE;
@@ -603,9 +573,7 @@ CUAPI cuGraphAddKernelNode_v2(CUgraphNode *out, CUgraph g, const CUgraphNode *de
 
 CUAPI cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph h, unsigned long long flags)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     (void)flags;
     struct sim_graph *g = graph_of(h);
     if (!out || !g)
@@ -647,9 +615,7 @@ static struct sim_exec *exec_of(CUgraphExec h)
 
 CUAPI cuGraphExecDestroy(CUgraphExec h)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_exec *e = exec_of(h);
     if (!e)
         return CUDA_ERROR_INVALID_VALUE;
@@ -660,9 +626,7 @@ CUAPI cuGraphExecDestroy(CUgraphExec h)
 
 static CUresult graph_launch(CUgraphExec h, CUstream hs, int ptds)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_exec *e = exec_of(h);
     if (!e)
         return CUDA_ERROR_INVALID_VALUE;
@@ -685,9 +649,7 @@ CUAPI cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return graph_launch(e, s, 
 
 static CUresult begin_capture(CUstream hs, int mode, int ptds)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
     if (!s)
         return r;
@@ -708,9 +670,7 @@ CUAPI cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) { return begin_capture(
 
 static CUresult end_capture(CUstream hs, CUgraph *out, int ptds)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
     if (!s)
         return r;
@@ -728,9 +688,7 @@ CUAPI cuStreamEndCapture_ptsz(CUstream s, CUgraph *g) { return end_capture(s, g,
 
 static CUresult is_capturing(CUstream hs, CUstreamCaptureStatus *st, int ptds)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
     if (!s)
         return r;

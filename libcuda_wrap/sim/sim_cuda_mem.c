@@ -233,9 +233,7 @@ CUAPI cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags)
 
 static CUresult free_kind(CUdeviceptr dptr, int want_pool_ok)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (dptr == 0)
         return CUDA_SUCCESS;
     pthread_mutex_lock(&sim_mu);
@@ -323,9 +321,7 @@ CUAPI cuMemAllocHost_v2(void **pp, size_t size)
 
 CUAPI cuMemFreeHost(void *p)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     pthread_mutex_lock(&sim_mu);
     struct alloc *a = find_alloc((uint64_t)(uintptr_t)p);
     if (!a || a->base != (uint64_t)(uintptr_t)p || a->kind != K_HOST) {
@@ -341,9 +337,7 @@ CUAPI cuMemFreeHost(void *p)
 
 CUAPI cuMemHostGetDevicePointer_v2(CUdeviceptr *dptr, void *p, unsigned int flags)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!dptr || flags)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&sim_mu);
@@ -382,9 +376,7 @@ CUAPI cuMemHostRegister(void *p, size_t size, unsigned int flags)
 
 CUAPI cuMemHostUnregister(void *p)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     pthread_mutex_lock(&sim_mu);
     struct alloc *a = find_alloc((uint64_t)(uintptr_t)p);
     int ok = a && a->base == (uint64_t)(uintptr_t)p && a->kind == K_REGISTERED;
@@ -396,9 +388,7 @@ CUAPI cuMemHostUnregister(void *p)
 
 CUAPI cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     pthread_mutex_lock(&sim_mu);
     struct alloc *a = find_alloc(dptr);
     struct alloc copy = a ? *a : (struct alloc){0};
@@ -414,9 +404,7 @@ CUAPI cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
 
 CUAPI cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!data)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&sim_mu);
@@ -465,9 +453,7 @@ static int check_side(uint64_t p, size_t n, enum side s)
 static CUresult do_copy(uint64_t dst, enum side ds, uint64_t src, enum side ss, size_t n, CUstream hs, int async,
                         int ptds)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
     if (!s)
         return r;
@@ -505,9 +491,7 @@ CUAPI cuMemcpyDtoDAsync_v2_ptsz(CUdeviceptr d, CUdeviceptr s, size_t n, CUstream
 
 static CUresult do_set(CUdeviceptr d, unsigned value, unsigned width, size_t count, CUstream hs, int async, int ptds)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
     if (!s)
         return r;
@@ -552,9 +536,7 @@ static int valid_prop(const CUmemAllocationProp *p)
 
 CUAPI cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!g || !valid_prop(prop) || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM && option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
         return CUDA_ERROR_INVALID_VALUE;
     *g = GRANULARITY;
@@ -564,9 +546,7 @@ CUAPI cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, 
 CUAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
                   unsigned long long flags)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!handle || !valid_prop(prop) || size == 0 || size % GRANULARITY || flags)
         return CUDA_ERROR_INVALID_VALUE;
     int dev = prop->location.id;
@@ -594,9 +574,7 @@ static struct vmm_handle *vmm_of(CUmemGenericAllocationHandle handle)
 
 CUAPI cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     pthread_mutex_lock(&sim_mu);
     struct vmm_handle *h = vmm_of(handle);
     if (h) {
@@ -609,9 +587,7 @@ CUAPI cuMemRelease(CUmemGenericAllocationHandle handle)
 
 CUAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr, unsigned long long flags)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!ptr || size == 0 || size % GRANULARITY || flags || (align & (align - 1)))
         return CUDA_ERROR_INVALID_VALUE;
     if (align < GRANULARITY)
@@ -654,9 +630,7 @@ static int in_reservation(uint64_t p, size_t n)
 
 CUAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     pthread_mutex_lock(&sim_mu);
     size_t i = 0;
     while (i < n_resv && !(resv[i].base == ptr && resv[i].size == size))
@@ -677,9 +651,7 @@ CUAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
 CUAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                unsigned long long flags)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     pthread_mutex_lock(&sim_mu);
     struct vmm_handle *h = vmm_of(handle);
     r = CUDA_SUCCESS;
@@ -703,9 +675,7 @@ CUAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocati
 
 CUAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     pthread_mutex_lock(&sim_mu);
     struct alloc *a = find_alloc(ptr);
     int ok = a && a->kind == K_VMM && a->base == ptr && a->size == size;
@@ -720,9 +690,7 @@ CUAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
 
 CUAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!desc || count == 0)
         return CUDA_ERROR_INVALID_VALUE;
     int prot = PROT_NONE;
@@ -780,9 +748,7 @@ static struct sim_pool *device_pool(int dev)
 
 CUAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!pool)
         return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= sim_machine()->gpu_count)
@@ -794,9 +760,7 @@ CUAPI cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev)
 
 CUAPI cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!pool)
         return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= sim_machine()->gpu_count)
@@ -807,9 +771,7 @@ CUAPI cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev)
 
 CUAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_pool *p = pool_of(pool);
     if (dev < 0 || dev >= sim_machine()->gpu_count)
         return CUDA_ERROR_INVALID_DEVICE;
@@ -821,9 +783,7 @@ CUAPI cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool)
 
 CUAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED ||
         props->location.type != CU_MEM_LOCATION_TYPE_DEVICE || props->location.id < 0 ||
         props->location.id >= sim_machine()->gpu_count)
@@ -838,9 +798,7 @@ CUAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 
 CUAPI cuMemPoolDestroy(CUmemoryPool pool)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_pool *p = pool_of(pool);
     if (!p || p == &default_pool[p->dev])
         return CUDA_ERROR_INVALID_VALUE;
@@ -878,9 +836,7 @@ CUAPI cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t n, CUstream s) { return pool_a
 
 static CUresult from_pool(CUdeviceptr *d, size_t n, CUmemoryPool pool, CUstream s, int ptds)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_pool *p = pool_of(pool);
     return p ? pool_alloc(d, n, p, s, ptds) : CUDA_ERROR_INVALID_VALUE;
 }
@@ -911,9 +867,7 @@ CUAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t keep)
 
 CUAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_pool *p = pool_of(pool);
     if (!p || !value)
         return CUDA_ERROR_INVALID_VALUE;
@@ -935,9 +889,7 @@ CUAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *v
 
 CUAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_pool *p = pool_of(pool);
     if (!p || !value)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1052,9 +1004,7 @@ static struct sim_array *array_of(CUarray h)
 
 CUAPI cuArrayDestroy(CUarray h)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_array *a = array_of(h);
     if (!a)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -1064,9 +1014,7 @@ CUAPI cuArrayDestroy(CUarray h)
 
 CUAPI cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR *d, CUarray h)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_array *a = array_of(h);
     if (!a)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -1090,9 +1038,7 @@ CUAPI cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR *d, CUarray h)
 
 CUAPI cuMipmappedArrayCreate(CUmipmappedArray *h, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     if (!h || !d || levels == 0 || levels > 32)
         return CUDA_ERROR_INVALID_VALUE;
     struct sim_mipmap *m = calloc(1, sizeof *m);
@@ -1125,9 +1071,7 @@ static struct sim_mipmap *mipmap_of(CUmipmappedArray h)
 
 CUAPI cuMipmappedArrayDestroy(CUmipmappedArray h)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_mipmap *m = mipmap_of(h);
     if (!m)
         return CUDA_ERROR_INVALID_HANDLE;
@@ -1140,9 +1084,7 @@ CUAPI cuMipmappedArrayDestroy(CUmipmappedArray h)
 
 CUAPI cuMipmappedArrayGetLevel(CUarray *out, CUmipmappedArray h, unsigned int level)
 {
-    CUresult r = sim_check_init();
-    if (r)
-        return r;
+    SIM_ENTER();
     struct sim_mipmap *m = mipmap_of(h);
     if (!m)
         return CUDA_ERROR_INVALID_HANDLE;

@@ -98,9 +98,8 @@ int main(void)
     size_t free0, total;
     CHECK(cuMemGetInfo_v2(&free0, &total));
 
-    pthread_t t[8];
-    for (uintptr_t i = 0; i < 8; i++)
-        pthread_create(&t[i], NULL, worker, (void *)(i + 1));
+    /* fork before the threads start: forking a threaded process can hang
+     * under TSan's own locks */
     pid_t child = fork();
     if (child == 0) { /* the child starts uninitialised and gets its own slot */
         CUdeviceptr p;
@@ -111,6 +110,9 @@ int main(void)
             _exit(4);
         _exit(0);
     }
+    pthread_t t[8];
+    for (uintptr_t i = 0; i < 8; i++)
+        pthread_create(&t[i], NULL, worker, (void *)(i + 1));
     for (int i = 0; i < 8; i++)
         pthread_join(t[i], NULL);
     int status;
