@@ -1,0 +1,133 @@
+"""A slice's shared ledger files, seen from Python through cffi.
+
+The layout is libcuda_wrap/include/gpuslice_slice.h itself (the part between
+its cdef markers), and the atomic updates are the C helpers the interposer
+links: one definition of both, not a Python copy."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from cffi import FFI
+
+from gpuslice.paths import native_dir
+
+LEDGER_FUNCTIONS = """
+int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpuslice_limits *l, uint32_t slot,
+                          uint32_t gpu, uint64_t bytes);
+void gpuslice_usage_uncharge(struct gpuslice_usage *u, uint32_t slot, uint32_t gpu, uint64_t bytes);
+uint64_t gpuslice_usage_release_proc(struct gpuslice_usage *u, uint32_t slot);
+"""
+
+
+def _header_cdef(header: Path) -> str:
+    text = header.read_text()
+    return text.split("/* cdef-begin */", 1)[1].split("/* cdef-end */", 1)[0]
+
+
+@cache
+def ffi_and_lib() -> tuple[FFI, object]:
+    d = native_dir() / "ledger"
+    ffi = FFI()
+    ffi.cdef(_header_cdef(d / "gpuslice_slice.h") + LEDGER_FUNCTIONS)
+    return ffi, ffi.dlopen(str(d / "libgpuslice-ledger.so"))
+
+
+def constant(name: str) -> int:
+    ffi, lib = ffi_and_lib()
+    return int(getattr(lib, name))
+
+
+@dataclass(frozen=True)
+class GpuLimit:
+    uuid: str
+    memory_limit: int
+    cores: int
+    hard: bool
+
+
+class SliceFiles:
+    """<dir>/<slice>.limits (daemon writes, processes read) and
+    <dir>/<slice>.usage (processes and daemon update atomically)."""
+
+    def __init__(self, directory: Path, slice_id: str) -> None:
+        self.ffi, self.lib = ffi_and_lib()
+        self.limits_path = directory / f"{slice_id}.limits"
+        self.usage_path = directory / f"{slice_id}.usage"
+        self.slice_id = slice_id
+        self._limits_map = self._map(self.limits_path, "struct gpuslice_limits")
+        self._usage_map = self._map(self.usage_path, "struct gpuslice_usage")
+        self.limits = self.ffi.from_buffer("struct gpuslice_limits *", self._limits_map)
+        self.usage = self.ffi.from_buffer("struct gpuslice_usage *", self._usage_map)
+        if self.usage.magic != constant("GPUSLICE_USAGE_MAGIC"):  # new: counters start at zero
+            self.usage.version = constant("GPUSLICE_SLICE_VERSION")
+            self.usage.magic = constant("GPUSLICE_USAGE_MAGIC")
+
+    def _map(self, path: Path, ctype: str) -> mmap.mmap:
+        size = self.ffi.sizeof(ctype)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            if os.fstat(fd).st_size != size:
+                os.ftruncate(fd, 0)  # a stale layout is never reinterpreted
+                os.ftruncate(fd, size)
+            return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+
+    def write_limits(self, gpus: list[GpuLimit]) -> None:
+        lim = self.limits
+        lim.magic = 0  # readers see a consistent record or none while it changes
+        lim.version = constant("GPUSLICE_SLICE_VERSION")
+        lim.slice_id = self.slice_id.encode()[:39]
+        lim.gpu_count = len(gpus)
+        for i, g in enumerate(gpus):
+            lim.gpu[i].uuid = g.uuid.encode()[:47]
+            lim.gpu[i].memory_limit = g.memory_limit
+            lim.gpu[i].cores = g.cores
+            lim.gpu[i].policy = constant("GPUSLICE_POLICY_HARD" if g.hard else "GPUSLICE_POLICY_ELASTIC")
+        lim.generation += 1
+        lim.magic = constant("GPUSLICE_LIMITS_MAGIC")
+
+    # -- usage -----------------------------------------------------------------
+    def used(self) -> list[int]:
+        return [int(self.usage.used[g]) for g in range(int(self.limits.gpu_count))]
+
+    def claim_slot(self, pid: int) -> int | None:
+        """A free process row for pid (daemon side, single writer of pids)."""
+        rows = self.usage.proc
+        for i in range(constant("GPUSLICE_SLICE_MAX_PROCS")):
+            if rows[i].pid == pid:
+                return i
+        for i in range(constant("GPUSLICE_SLICE_MAX_PROCS")):
+            if rows[i].pid == 0:
+                rows[i].pid = pid
+                return i
+        return None
+
+    def slot_pids(self) -> dict[int, int]:
+        rows = self.usage.proc
+        return {i: int(rows[i].pid) for i in range(constant("GPUSLICE_SLICE_MAX_PROCS")) if rows[i].pid}
+
+    def release_slot(self, slot: int) -> int:
+        return int(self.lib.gpuslice_usage_release_proc(self.usage, slot))
+
+    def charge(self, slot: int, gpu: int, nbytes: int) -> bool:
+        return self.lib.gpuslice_usage_charge(self.usage, self.limits, slot, gpu, nbytes) == 0
+
+    def uncharge(self, slot: int, gpu: int, nbytes: int) -> None:
+        self.lib.gpuslice_usage_uncharge(self.usage, slot, gpu, nbytes)
+
+    def open_fds(self) -> tuple[int, int]:
+        """fds to pass to a process: limits read-only, usage read-write."""
+        return (
+            os.open(self.limits_path, os.O_RDONLY | os.O_CLOEXEC),
+            os.open(self.usage_path, os.O_RDWR | os.O_CLOEXEC),
+        )
+
+    def remove(self) -> None:
+        for p in (self.limits_path, self.usage_path):
+            p.unlink(missing_ok=True)

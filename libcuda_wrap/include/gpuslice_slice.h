@@ -1,0 +1,85 @@
+/*
+ * The slice socket protocol and a slice's shared ledger: the contract between
+ * the daemon (Python, which reads this very file through cffi) and the
+ * interposer (C).  Only plain structs and integer #defines between the cdef
+ * markers, so both sides use one definition.  Described in docs/slice-protocol.md.
+ */
+#ifndef GPUSLICE_SLICE_H
+#define GPUSLICE_SLICE_H
+#include <stdint.h>
+
+/* cdef-begin */
+#define GPUSLICE_SLICE_VERSION 1
+#define GPUSLICE_SLICE_MAX_GPUS 8
+#define GPUSLICE_SLICE_MAX_PROCS 64
+#define GPUSLICE_LIMITS_MAGIC 0x534c4d54
+#define GPUSLICE_USAGE_MAGIC 0x53555347
+#define GPUSLICE_REQUEST_MAGIC 0x47534c51
+#define GPUSLICE_REPLY_MAGIC 0x47534c52
+
+/* status in a reply */
+#define GPUSLICE_OK 0
+#define GPUSLICE_NO_SLICE 1
+#define GPUSLICE_BAD_REQUEST 2
+#define GPUSLICE_SLICE_FULL 3
+
+/* ops in a request */
+#define GPUSLICE_OP_ATTACH 1
+
+/* policy of a slice GPU */
+#define GPUSLICE_POLICY_ELASTIC 0
+#define GPUSLICE_POLICY_HARD 1
+
+struct gpuslice_request {
+    uint32_t magic;   /* GPUSLICE_REQUEST_MAGIC */
+    uint16_t version; /* GPUSLICE_SLICE_VERSION */
+    uint16_t op;      /* GPUSLICE_OP_ATTACH */
+};
+
+/* An OK reply to ATTACH carries two fds (SCM_RIGHTS): limits (read-only),
+ * then usage (read-write). */
+struct gpuslice_reply {
+    uint32_t magic;   /* GPUSLICE_REPLY_MAGIC */
+    uint16_t version;
+    uint16_t status;  /* GPUSLICE_OK, ... */
+    uint32_t proc_slot; /* this process's row in usage.proc */
+    uint32_t gpu_count;
+    char message[240];  /* one line, NUL-terminated, for errors */
+};
+
+struct gpuslice_slice_gpu {
+    char uuid[48];
+    uint64_t memory_limit; /* bytes */
+    uint32_t cores;        /* compute share, 1-100 */
+    uint32_t policy;       /* GPUSLICE_POLICY_* */
+};
+
+/* Written by the daemon only; processes map it read-only. */
+struct gpuslice_limits {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t generation; /* bumped by every change (Resize) */
+    char slice_id[40];
+    uint32_t gpu_count;
+    uint32_t pad;
+    struct gpuslice_slice_gpu gpu[GPUSLICE_SLICE_MAX_GPUS];
+};
+
+struct gpuslice_proc_usage {
+    int32_t pid;    /* in the daemon's pid namespace; 0 = free row */
+    uint32_t pad;
+    uint64_t used[GPUSLICE_SLICE_MAX_GPUS]; /* bytes this process holds */
+};
+
+/* Shared read-write by every process of the slice; updated with atomics:
+ * used[g] is the slice's total and is raised with compare-and-swap against
+ * the limit before an allocation reaches the driver. */
+struct gpuslice_usage {
+    uint32_t magic;
+    uint32_t version;
+    uint64_t used[GPUSLICE_SLICE_MAX_GPUS];
+    struct gpuslice_proc_usage proc[GPUSLICE_SLICE_MAX_PROCS];
+};
+/* cdef-end */
+
+#endif

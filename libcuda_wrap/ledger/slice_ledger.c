@@ -1,0 +1,53 @@
+/* Atomic updates of a slice's shared usage ledger (gpuslice_slice.h).
+ * One implementation for the interposer (linked in) and the daemon (through
+ * cffi): charge against the limit with compare-and-swap, give back, and clear
+ * a dead process's row. */
+#include <stdint.h>
+
+#include "gpuslice_slice.h"
+
+#define LEDGER_API __attribute__((visibility("default")))
+
+LEDGER_API int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpuslice_limits *l, uint32_t slot,
+                                     uint32_t gpu, uint64_t bytes)
+{
+    if (gpu >= GPUSLICE_SLICE_MAX_GPUS || slot >= GPUSLICE_SLICE_MAX_PROCS)
+        return -1;
+    uint64_t limit = __atomic_load_n(&l->gpu[gpu].memory_limit, __ATOMIC_ACQUIRE);
+    uint64_t cur = __atomic_load_n(&u->used[gpu], __ATOMIC_ACQUIRE);
+    do {
+        if (bytes > limit || cur > limit - bytes)
+            return -1;
+    } while (!__atomic_compare_exchange_n(&u->used[gpu], &cur, cur + bytes, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    __atomic_add_fetch(&u->proc[slot].used[gpu], bytes, __ATOMIC_ACQ_REL);
+    return 0;
+}
+
+/* Never below zero: a double free cannot corrupt the slice's total. */
+LEDGER_API void gpuslice_usage_uncharge(struct gpuslice_usage *u, uint32_t slot, uint32_t gpu, uint64_t bytes)
+{
+    if (gpu >= GPUSLICE_SLICE_MAX_GPUS || slot >= GPUSLICE_SLICE_MAX_PROCS)
+        return;
+    uint64_t mine = __atomic_load_n(&u->proc[slot].used[gpu], __ATOMIC_ACQUIRE);
+    do {
+        if (bytes > mine)
+            bytes = mine;
+    } while (!__atomic_compare_exchange_n(&u->proc[slot].used[gpu], &mine, mine - bytes, 1, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE));
+    __atomic_sub_fetch(&u->used[gpu], bytes, __ATOMIC_ACQ_REL);
+}
+
+/* The process of `slot` is gone: its bytes leave the slice's totals. */
+LEDGER_API uint64_t gpuslice_usage_release_proc(struct gpuslice_usage *u, uint32_t slot)
+{
+    if (slot >= GPUSLICE_SLICE_MAX_PROCS)
+        return 0;
+    uint64_t freed = 0;
+    for (int g = 0; g < GPUSLICE_SLICE_MAX_GPUS; g++) {
+        uint64_t x = __atomic_exchange_n(&u->proc[slot].used[g], 0, __ATOMIC_ACQ_REL);
+        __atomic_sub_fetch(&u->used[g], x, __ATOMIC_ACQ_REL);
+        freed += x;
+    }
+    __atomic_store_n(&u->proc[slot].pid, 0, __ATOMIC_RELEASE);
+    return freed;
+}
