@@ -33,6 +33,16 @@ class Inventory:
     gpus: tuple[Gpu, ...]
     #: topology[(a, b)] = NVML common-ancestor level name for a != b
     topology: dict[tuple[int, int], str]
+    #: nvlink[(a, b)]: NVML reports NVLink peer-to-peer between a and b
+    nvlink: dict[tuple[int, int], bool] = field(default_factory=dict)
+
+    def distance(self, a: int, b: int) -> int:
+        """Smaller is closer: NVLink beats every PCIe path."""
+        if a == b:
+            return 0
+        if self.nvlink.get((a, b)):
+            return 1
+        return _DISTANCE.get(self.topology.get((a, b), "system"), 60)
 
 
 _LEVELS = {
@@ -43,6 +53,9 @@ _LEVELS = {
     pynvml.NVML_TOPOLOGY_NODE: "node",
     pynvml.NVML_TOPOLOGY_SYSTEM: "system",
 }
+
+
+_DISTANCE = {"internal": 5, "single": 10, "multiple": 20, "hostbridge": 30, "node": 40, "system": 50}
 
 
 def _text(value: str | bytes) -> str:
@@ -78,11 +91,17 @@ def read() -> Inventory:
             for b in range(count)
             if a != b
         }
+        nvlink = {
+            (a, b): pynvml.nvmlDeviceGetP2PStatus(handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+            == pynvml.NVML_P2P_STATUS_OK
+            for a, b in topology
+        }
         return Inventory(
             driver_version=_text(pynvml.nvmlSystemGetDriverVersion()),
             cuda_version=pynvml.nvmlSystemGetCudaDriverVersion(),
             gpus=gpus,
             topology=topology,
+            nvlink=nvlink,
         )
     finally:
         pynvml.nvmlShutdown()

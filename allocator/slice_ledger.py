@@ -38,7 +38,7 @@ def ffi_and_lib() -> tuple[FFI, object]:
 
 
 def constant(name: str) -> int:
-    ffi, lib = ffi_and_lib()
+    _, lib = ffi_and_lib()
     return int(getattr(lib, name))
 
 

@@ -34,10 +34,58 @@ def gpus(use_sim: bool, as_json: bool) -> None:
         raise click.ClickException(f"cannot read GPUs through NVML: {e}") from e
     if as_json:
         data = asdict(inv)
-        data["topology"] = [{"gpus": list(k), "level": v} for k, v in inv.topology.items()]
+        data["topology"] = [
+            {"gpus": list(k), "level": v, "nvlink": inv.nvlink.get(k, False)} for k, v in inv.topology.items()
+        ]
+        data.pop("nvlink")
         click.echo(json.dumps(data, indent=2))
     else:
         click.echo(render(inv))
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="daemon config (YAML)")
+@click.option("-v", "--verbose", is_flag=True, help="log at debug level")
+def daemon(config_path: str | None, verbose: bool) -> None:
+    """Run the allocator daemon (gRPC control socket, slice socket, metrics)."""
+    import logging
+
+    from gpuslice.allocator import config as daemon_config
+    from gpuslice.allocator.daemon import Daemon
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="gpuslice-daemon: %(message)s")
+    try:
+        cfg = daemon_config.load(config_path)
+    except daemon_config.ConfigError as e:
+        click.echo(str(e), err=True)
+        sys.exit(2)
+    Daemon(cfg).serve()
+
+
+@main.command()
+@click.option("--socket", "socket_path", type=click.Path(), help="daemon socket (default $GPUSLICE_SOCKET or /run/...)")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def status(socket_path: str | None, as_json: bool) -> None:
+    """GPUs and slices as the daemon sees them (nvidia-smi for slices)."""
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from gpuslice.client import AllocatorClient
+    from gpuslice.status_table import render_status
+
+    try:
+        with AllocatorClient(socket_path, timeout=5) as c:
+            inv, slices = c.inventory(), c.list()
+    except grpc.RpcError as e:
+        raise click.ClickException(f"cannot reach the daemon: {e.details()}") from e
+    if as_json:
+        data = {
+            "inventory": MessageToDict(inv, preserving_proto_field_name=True),
+            "slices": [MessageToDict(s, preserving_proto_field_name=True) for s in slices],
+        }
+        click.echo(json.dumps(data, indent=2))
+    else:
+        click.echo(render_status(inv, slices))
 
 
 @main.group("sim")

@@ -1,0 +1,98 @@
+"""The daemon's config: one YAML file validated with jsonschema; every bad
+key or value is reported with its path."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "socket": {"type": "string", "minLength": 1},
+        "slice_socket": {"type": "string", "minLength": 1},
+        "state_dir": {"type": "string", "minLength": 1},
+        "ledger_dir": {"type": "string", "minLength": 1},
+        "metrics": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "address": {"type": "string"},
+                "port": {"type": "integer", "minimum": 0, "maximum": 65535},
+            },
+        },
+        "sweep_interval": {"type": "number", "exclusiveMinimum": 0},
+        "reservation_timeout": {"type": "number", "exclusiveMinimum": 0},
+        "memory_oversubscription": {"type": "number", "minimum": 1, "maximum": 16},
+        "nvml": {"enum": ["driver", "sim"]},
+        "sim": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {"config": {"type": "string"}, "state_dir": {"type": "string"}},
+        },
+    },
+}
+
+
+class ConfigError(ValueError):
+    """str() is one line per problem."""
+
+
+@dataclass(frozen=True)
+class Config:
+    socket: Path = Path("/run/gpuslice/gpuslice.sock")
+    slice_socket: Path = Path("/run/gpuslice/slice/slice.sock")
+    state_dir: Path = Path("/var/lib/gpuslice")
+    ledger_dir: Path = Path("/run/gpuslice/ledgers")
+    metrics_address: str = "127.0.0.1"
+    metrics_port: int = 9400  # 0 turns the endpoint off
+    sweep_interval: float = 5.0
+    reservation_timeout: float = 300.0
+    memory_oversubscription: float = 1.0
+    nvml: str = "driver"
+    sim_config: str | None = None
+    sim_state_dir: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def ledger_db(self) -> Path:
+        return self.state_dir / "state.db"
+
+
+def _where(err: jsonschema.ValidationError) -> str:
+    return ".".join(str(p) for p in err.absolute_path) or "(top level)"
+
+
+def load(path: str | Path | None) -> Config:
+    if path is None:
+        return Config()
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as e:
+        raise ConfigError(f"config {path}: cannot read: {e.strerror}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config {path}: not valid YAML: {e}".replace("\n", " ")) from e
+    errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise ConfigError("\n".join(f"config {path}: {_where(e)}: {e.message}" for e in errors))
+    metrics = data.get("metrics", {})
+    sim = data.get("sim", {})
+    d = Config()
+    return Config(
+        socket=Path(data.get("socket", d.socket)),
+        slice_socket=Path(data.get("slice_socket", d.slice_socket)),
+        state_dir=Path(data.get("state_dir", d.state_dir)),
+        ledger_dir=Path(data.get("ledger_dir", d.ledger_dir)),
+        metrics_address=metrics.get("address", d.metrics_address),
+        metrics_port=metrics.get("port", d.metrics_port),
+        sweep_interval=float(data.get("sweep_interval", d.sweep_interval)),
+        reservation_timeout=float(data.get("reservation_timeout", d.reservation_timeout)),
+        memory_oversubscription=float(data.get("memory_oversubscription", d.memory_oversubscription)),
+        nvml=data.get("nvml", d.nvml),
+        sim_config=sim.get("config"),
+        sim_state_dir=sim.get("state_dir"),
+    )

@@ -1,0 +1,99 @@
+"""`gpuslice daemon`: the node's single authority over who holds which part
+of which GPU."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from concurrent import futures
+
+import grpc
+from gpuslice.allocator import inventory, metrics
+from gpuslice.allocator.config import Config
+from gpuslice.allocator.ledger import Ledger
+from gpuslice.allocator.service import AllocatorService
+from gpuslice.allocator.slice_socket import SliceSocketServer
+from gpuslice.allocator.slices import SliceManager
+from gpuslice.allocator.watcher import ProcessWatcher
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+from gpuslice import sim
+from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+
+def _load_nvml(cfg: Config) -> inventory.Inventory:
+    if cfg.nvml == "sim":
+        if cfg.sim_config:
+            os.environ[sim.CONFIG_ENV] = cfg.sim_config
+        if cfg.sim_state_dir:
+            os.environ[sim.STATE_DIR_ENV] = cfg.sim_state_dir
+        sim.activate()
+    return inventory.read()
+
+
+class Daemon:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.inventory = _load_nvml(cfg)
+        cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.ledger = Ledger(cfg.ledger_db)
+        self.manager = SliceManager(self.ledger, self.inventory, cfg.ledger_dir, cfg.memory_oversubscription)
+        self.watcher = ProcessWatcher()
+        self.manager.on_release.append(self.watcher.forget)
+        self._stop = threading.Event()
+
+    def _reattach(self) -> None:
+        """Processes that attached before a restart are watched again."""
+        for f in list(self.manager.files.values()):
+            for slot, pid in f.slot_pids().items():
+                self.watcher.watch(pid, f, slot)
+
+    def _sweeper(self) -> None:
+        while not self._stop.wait(self.cfg.sweep_interval):
+            try:
+                self.manager.sweep(self.cfg.reservation_timeout)
+            except Exception:
+                log.exception("sweep failed")
+
+    def serve(self) -> None:
+        self.manager.restore()
+        self.watcher.start()
+        self._reattach()
+        self.manager.sweep(self.cfg.reservation_timeout)
+
+        self.cfg.socket.parent.mkdir(parents=True, exist_ok=True)
+        self.cfg.socket.unlink(missing_ok=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        pb_grpc.add_AllocatorServicer_to_server(AllocatorService(self.manager), server)
+        health_servicer = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+        old = os.umask(0o077)  # the control socket is root-only from its first moment
+        try:
+            server.add_insecure_port(f"unix:{self.cfg.socket}")
+            server.start()
+        finally:
+            os.umask(old)
+        slice_server = SliceSocketServer(self.cfg.slice_socket, self.manager, self.watcher)
+        slice_server.start()
+        if self.cfg.metrics_port:
+            metrics.register(self.manager)
+            start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_address)
+        threading.Thread(target=self._sweeper, name="sweeper", daemon=True).start()
+        health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+        health_servicer.set("gpuslice.v1.Allocator", health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "serving %d GPUs on %s (slice socket %s)", len(self.inventory.gpus), self.cfg.socket, self.cfg.slice_socket
+        )
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self._stop.set())
+        self._stop.wait()
+        health_servicer.enter_graceful_shutdown()
+        server.stop(2).wait()
+        slice_server.stop()
+        self.watcher.stop()
+        self.ledger.close()

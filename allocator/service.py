@@ -1,0 +1,128 @@
+"""The gpuslice.v1 Allocator service: gRPC in front of the SliceManager, with
+proper status codes and one-line details."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import grpc
+from gpuslice.allocator import metrics
+from gpuslice.allocator.placement import PlacementError
+from gpuslice.allocator.slices import Conflict, Invalid, NotFound, SliceManager, SliceView
+
+from gpuslice.proto import gpuslice_pb2 as pb
+from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
+from gpuslice.request import RequestError
+
+log = logging.getLogger(__name__)
+
+
+def slice_message(view: SliceView) -> pb.Slice:
+    r = view.record
+    return pb.Slice(
+        id=r.id,
+        container_id=r.container_id,
+        state=r.state,
+        gpus=[
+            pb.SliceGpu(index=a.gpu_index, uuid=a.gpu_uuid, memory_limit=a.memory, cores=a.cores) for a in r.allocations
+        ],
+        policy=r.policy,
+        priority=r.priority,
+        whole=r.whole,
+        created_unix_ms=r.created_ms,
+        pid=r.pid or 0,
+        pid_ns=r.pid_ns or 0,
+        cgroup=r.cgroup or "",
+        memory_used=view.memory_used,
+        processes=view.processes,
+    )
+
+
+def _status_of(e: Exception) -> grpc.StatusCode:
+    if isinstance(e, (RequestError, Invalid)):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(e, PlacementError):
+        return grpc.StatusCode.RESOURCE_EXHAUSTED if e.code == "exhausted" else grpc.StatusCode.INVALID_ARGUMENT
+    if isinstance(e, NotFound):
+        return grpc.StatusCode.NOT_FOUND
+    if isinstance(e, Conflict):
+        return grpc.StatusCode.FAILED_PRECONDITION
+    return grpc.StatusCode.INTERNAL
+
+
+def _rpc(name: str) -> Callable:
+    """Time the call, count it by status, and turn our errors into gRPC statuses."""
+
+    def wrap(fn: Callable) -> Callable:
+        def handler(self: AllocatorService, request, context: grpc.ServicerContext):  # type: ignore[no-untyped-def]
+            start = time.perf_counter()
+            code = grpc.StatusCode.OK
+            try:
+                return fn(self, request, context)
+            except (RequestError, Invalid, PlacementError, NotFound, Conflict) as e:
+                code = _status_of(e)
+                context.abort(code, str(e))
+            except Exception as e:
+                code = grpc.StatusCode.INTERNAL
+                log.exception("%s failed", name)
+                context.abort(code, f"{name}: internal error: {e}")
+            finally:
+                metrics.RPC_SECONDS.labels(name).observe(time.perf_counter() - start)
+                metrics.RPCS.labels(name, code.name).inc()
+
+        return handler
+
+    return wrap
+
+
+class AllocatorService(pb_grpc.AllocatorServicer):
+    def __init__(self, manager: SliceManager) -> None:
+        self.m = manager
+
+    @_rpc("Inventory")
+    def Inventory(self, request, context):
+        inv = self.m.inventory
+        caps = {c.uuid: c for c in self.m.capacities()}
+        gpus = [
+            pb.Gpu(
+                index=g.index, uuid=g.uuid, name=g.name, pci_bus_id=g.pci_bus_id, memory_total=g.memory_total,
+                memory_reserved=caps[g.uuid].memory_reserved, cores_reserved=caps[g.uuid].cores_reserved,
+                slices=caps[g.uuid].slices, exclusive=caps[g.uuid].exclusive,
+            )
+            for g in inv.gpus
+        ]  # fmt: skip
+        links = [
+            pb.Link(a=a, b=b, pcie=level, nvlinks=1 if inv.nvlink.get((a, b)) else 0)
+            for (a, b), level in sorted(inv.topology.items())
+            if a < b
+        ]
+        return pb.InventoryReply(gpus=gpus, links=links, driver_version=inv.driver_version)
+
+    @_rpc("Reserve")
+    def Reserve(self, request, context):
+        rec = self.m.reserve(request.container_id, dict(request.annotations), request.owner)
+        return slice_message(self.m.get(rec.container_id))
+
+    @_rpc("Bind")
+    def Bind(self, request, context):
+        self.m.bind(request.container_id, request.pid)
+        return slice_message(self.m.get(request.container_id))
+
+    @_rpc("Release")
+    def Release(self, request, context):
+        return pb.ReleaseReply(released=self.m.release(request.container_id))
+
+    @_rpc("Get")
+    def Get(self, request, context):
+        return slice_message(self.m.get(request.container_id))
+
+    @_rpc("List")
+    def List(self, request, context):
+        return pb.ListReply(slices=[slice_message(v) for v in self.m.list()])
+
+    @_rpc("Resize")
+    def Resize(self, request, context):
+        self.m.resize(request.container_id, dict(request.annotations))
+        return slice_message(self.m.get(request.container_id))

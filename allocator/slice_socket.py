@@ -1,0 +1,100 @@
+"""The slice socket: a tiny versioned binary protocol (gpuslice_slice.h) for
+the interposer.  The caller is identified by SO_PEERCRED, never by what it
+says; it learns only about its own container's slice and gets that slice's
+ledger as file descriptors (SCM_RIGHTS)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import struct
+import threading
+from pathlib import Path
+
+from gpuslice.allocator import identity
+from gpuslice.allocator.slice_ledger import constant, ffi_and_lib
+from gpuslice.allocator.slices import SliceManager
+from gpuslice.allocator.watcher import ProcessWatcher
+
+log = logging.getLogger(__name__)
+
+
+class SliceSocketServer:
+    def __init__(self, path: Path, manager: SliceManager, watcher: ProcessWatcher) -> None:
+        self.path = path
+        self.manager = manager
+        self.watcher = watcher
+        self.ffi, _ = ffi_and_lib()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o755)
+        path.unlink(missing_ok=True)
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+        self.sock.bind(str(path))
+        os.chmod(path, 0o666)  # any uid inside a container may ask about its own slice
+        self.sock.listen(128)
+        self._thread = threading.Thread(target=self._serve, name="slice-socket", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.sock.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2.0)
+                try:
+                    self._handle(conn)
+                except (OSError, ValueError) as e:
+                    log.warning("slice socket client: %s", e)
+
+    def _reply(self, conn: socket.socket, status: str, message: str = "", slot: int = 0, gpus: int = 0,
+               fds: tuple[int, ...] = ()) -> None:  # fmt: skip
+        rep = self.ffi.new("struct gpuslice_reply *")
+        rep.magic = constant("GPUSLICE_REPLY_MAGIC")
+        rep.version = constant("GPUSLICE_SLICE_VERSION")
+        rep.status = constant(status)
+        rep.proc_slot = slot
+        rep.gpu_count = gpus
+        rep.message = message.encode()[:239]
+        data = bytes(self.ffi.buffer(rep))
+        if fds:
+            socket.send_fds(conn, [data], list(fds))
+        else:
+            conn.sendall(data)
+
+    def _handle(self, conn: socket.socket) -> None:
+        size = self.ffi.sizeof("struct gpuslice_request")
+        raw = conn.recv(size, socket.MSG_WAITALL)
+        req = self.ffi.from_buffer("struct gpuslice_request *", bytearray(raw)) if len(raw) == size else None
+        if req is None or req.magic != constant("GPUSLICE_REQUEST_MAGIC") or req.op != constant("GPUSLICE_OP_ATTACH"):
+            return self._reply(conn, "GPUSLICE_BAD_REQUEST", "expected an ATTACH request (gpuslice_slice.h)")
+        if req.version != constant("GPUSLICE_SLICE_VERSION"):
+            return self._reply(
+                conn, "GPUSLICE_BAD_REQUEST",
+                f"protocol version {req.version} unsupported; this daemon speaks {constant('GPUSLICE_SLICE_VERSION')}",
+            )  # fmt: skip
+        pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        try:
+            rec = self.manager.slice_of_process(pid)
+        except identity.NoSuchProcess:
+            rec = None
+        if rec is None:
+            return self._reply(conn, "GPUSLICE_NO_SLICE", "this process belongs to no container with a GPU slice")
+        files = self.manager.files.get(rec.id)
+        slot = files.claim_slot(pid) if files else None
+        if files is None or slot is None:
+            return self._reply(conn, "GPUSLICE_SLICE_FULL", f"slice {rec.id} has no free process slot")
+        self.watcher.watch(pid, files, slot)
+        fds = files.open_fds()
+        try:
+            self._reply(conn, "GPUSLICE_OK", slot=slot, gpus=len(rec.allocations), fds=fds)
+        finally:
+            for fd in fds:
+                os.close(fd)

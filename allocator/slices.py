@@ -1,0 +1,232 @@
+"""The daemon's operations on slices: reserve, bind, release, resize, and the
+per-slice shared ledger files, on top of the durable ledger and placement."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice.allocator import identity
+from gpuslice.allocator.inventory import Inventory
+from gpuslice.allocator.ledger import Allocation, Ledger, SliceRecord, now_ms
+from gpuslice.allocator.placement import GpuCapacity, PlacementError, fits, place
+from gpuslice.allocator.slice_ledger import GpuLimit, SliceFiles
+
+from gpuslice import request as requests
+from gpuslice.units import format_bytes
+
+log = logging.getLogger(__name__)
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Conflict(Exception):
+    """The request contradicts what the ledger holds (e.g. another pid, other limits)."""
+
+
+class Invalid(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SliceView:
+    record: SliceRecord
+    memory_used: int
+    processes: int
+
+
+def _ours(annotations: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in annotations.items() if k.startswith(requests.PREFIX)}
+
+
+class SliceManager:
+    def __init__(self, ledger: Ledger, inventory: Inventory, ledger_dir: Path, oversubscription: float = 1.0) -> None:
+        self.ledger = ledger
+        self.inventory = inventory
+        self.ledger_dir = ledger_dir
+        self.oversubscription = oversubscription
+        self.files: dict[str, SliceFiles] = {}
+        self._lock = threading.RLock()
+        self.on_release: list = []  # callbacks(slice_id) for the process watcher
+        ledger_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.own_pid_ns = identity.of_pid(os.getpid()).pid_ns
+        self.own_cgroup = identity.of_pid(os.getpid()).cgroup
+
+    # -- capacity ------------------------------------------------------------------
+    def capacities(self, exclude: str | None = None) -> list[GpuCapacity]:
+        used = self.ledger.usage_by_gpu()
+        if exclude:  # a resize measures against everything but the slice itself
+            rec = self.ledger.get(exclude)
+            for a in rec.allocations if rec else ():
+                m, c, n, w = used[a.gpu_uuid]
+                used[a.gpu_uuid] = (m - a.memory, c - a.cores, n - 1, w and n > 1)
+        return [
+            GpuCapacity(g.index, g.uuid, g.memory_total, *used.get(g.uuid, (0, 0, 0, False)))
+            for g in self.inventory.gpus
+        ]
+
+    # -- files -----------------------------------------------------------------------
+    def _files_for(self, rec: SliceRecord) -> SliceFiles:
+        with self._lock:
+            f = self.files.get(rec.id)
+            if f is None:
+                f = self.files[rec.id] = SliceFiles(self.ledger_dir, rec.id)
+            hard = rec.policy == requests.ComputePolicy.HARD.value
+            f.write_limits([GpuLimit(a.gpu_uuid, a.memory, a.cores, hard) for a in rec.allocations])
+            return f
+
+    def restore(self) -> None:
+        """After a (re)start: files for every slice in the ledger, stale files gone."""
+        keep = set()
+        for rec in self.ledger.all():
+            self._files_for(rec)
+            keep.add(rec.id)
+        for p in self.ledger_dir.iterdir():
+            if p.suffix in (".limits", ".usage") and p.stem not in keep:
+                p.unlink(missing_ok=True)
+
+    # -- operations ----------------------------------------------------------------------
+    def reserve(self, container_id: str, annotations: dict[str, str], owner: str = "") -> SliceRecord:
+        if not container_id:
+            raise Invalid("container_id: must not be empty")
+        ours = _ours(annotations)
+        req = requests.parse(ours)
+        if req is None:
+            raise Invalid(f"no {requests.PREFIX}* annotation: the container asks for no GPU")
+
+        def tx(ledger: Ledger) -> SliceRecord:
+            existing = ledger.get(container_id)
+            if existing:
+                if existing.request != ours:
+                    raise Conflict(
+                        f"container {container_id} already holds slice {existing.id} with other annotations "
+                        f"{existing.request}"
+                    )
+                return existing
+            placed = place(req, self.capacities(), self.inventory.distance, self.oversubscription)
+            allocs = [Allocation(p.index, p.uuid, p.memory, p.cores) for p in placed]
+            ledger.insert(container_id, ours, req.policy.value, req.priority.value, req.whole_gpus, owner, allocs)
+            return ledger.get(container_id)  # type: ignore[return-value]
+
+        with self._lock:
+            rec = self.ledger.transaction(tx)
+            self._files_for(rec)
+        return rec
+
+    def bind(self, container_id: str, pid: int) -> SliceRecord:
+        try:
+            who = identity.of_pid(pid)
+        except identity.NoSuchProcess as e:
+            raise Invalid(f"pid {pid}: no such process to bind container {container_id} to") from e
+
+        def tx(ledger: Ledger) -> SliceRecord:
+            rec = ledger.get(container_id)
+            if rec is None:
+                raise NotFound(f"container {container_id} has no reservation; Reserve it first")
+            if rec.state == "bound":
+                if rec.pid == pid and rec.pid_start == who.start_time:
+                    return rec
+                raise Conflict(f"container {container_id} is already bound to pid {rec.pid}")
+            ledger.bind(container_id, who.pid, who.pid_ns, who.cgroup, who.start_time)
+            return ledger.get(container_id)  # type: ignore[return-value]
+
+        with self._lock:
+            return self.ledger.transaction(tx)
+
+    def release(self, container_id: str) -> bool:
+        with self._lock:
+            rec = self.ledger.transaction(lambda ledger: ledger.delete(container_id))
+            if rec is None:
+                return False
+            f = self.files.pop(rec.id, None)
+            if f:
+                f.remove()
+            for cb in self.on_release:
+                cb(rec.id)
+        log.info("released slice %s of container %s", rec.id, container_id)
+        return True
+
+    def resize(self, container_id: str, annotations: dict[str, str]) -> SliceRecord:
+        changes = _ours(annotations)
+        allowed = {requests.MEMORY, requests.CORES}
+        if not changes or set(changes) - allowed:
+            raise Invalid(f"resize takes {requests.MEMORY} and/or {requests.CORES}, got {sorted(annotations)}")
+
+        def tx(ledger: Ledger) -> SliceRecord:
+            rec = ledger.get(container_id)
+            if rec is None:
+                raise NotFound(f"container {container_id} has no slice")
+            merged = {**rec.request, **changes}
+            req = requests.parse(merged)
+            assert req is not None
+            caps = {c.uuid: c for c in self.capacities(exclude=container_id)}
+            f = self.files.get(rec.id)
+            used = f.used() if f else [0] * len(rec.allocations)
+            new = []
+            for i, a in enumerate(rec.allocations):
+                cap = caps[a.gpu_uuid]
+                if not fits(req, cap, self.oversubscription):
+                    raise PlacementError("exhausted", f"GPU {a.gpu_index} ({a.gpu_uuid}) has no room for the new size")
+                memory = req.memory.resolve(cap.memory_total) if req.memory else cap.memory_total * req.cores // 100
+                if i < len(used) and memory < used[i]:
+                    raise Conflict(
+                        f"slice uses {format_bytes(used[i])} on GPU {a.gpu_index}, more than the new limit "
+                        f"{format_bytes(memory)}"
+                    )
+                new.append(Allocation(a.gpu_index, a.gpu_uuid, memory, req.cores))
+            ledger.resize(rec.id, new, merged)
+            return ledger.get(container_id)  # type: ignore[return-value]
+
+        with self._lock:
+            rec = self.ledger.transaction(tx)
+            self._files_for(rec)
+        return rec
+
+    def get(self, container_id: str) -> SliceView:
+        rec = self.ledger.get(container_id)
+        if rec is None:
+            raise NotFound(f"container {container_id} has no slice")
+        return self._view(rec)
+
+    def list(self) -> list[SliceView]:
+        return [self._view(r) for r in self.ledger.all()]
+
+    def _view(self, rec: SliceRecord) -> SliceView:
+        f = self.files.get(rec.id)
+        if f is None:
+            return SliceView(rec, 0, 0)
+        return SliceView(rec, sum(f.used()), len(f.slot_pids()))
+
+    # -- containers' processes ------------------------------------------------------------
+    def slice_of_process(self, pid: int) -> SliceRecord | None:
+        """The bound slice whose container this process belongs to: same pid
+        namespace (a container's own), else same cgroup; never the daemon's."""
+        who = identity.of_pid(pid)
+        bound = [r for r in self.ledger.all() if r.state == "bound"]
+        if who.pid_ns != self.own_pid_ns:
+            for r in bound:
+                if r.pid_ns == who.pid_ns:
+                    return r
+        if who.cgroup not in ("", "/", self.own_cgroup):
+            for r in bound:
+                if r.cgroup == who.cgroup:
+                    return r
+        return None
+
+    def sweep(self, reservation_timeout: float) -> list[str]:
+        """Release slices whose container is gone and reservations never bound."""
+        gone = []
+        for r in self.ledger.all():
+            if (r.state == "bound" and not identity.alive(r.pid or 0, r.pid_start or -1)) or (
+                r.state == "reserved" and now_ms() - r.created_ms > reservation_timeout * 1000
+            ):
+                gone.append(r.container_id)
+        for cid in gone:
+            log.info("reclaiming slice of container %s (gone or never bound)", cid)
+            self.release(cid)
+        return gone

@@ -1,0 +1,29 @@
+"""`gpuslice status` as text: GPUs with what slices hold, then the slices."""
+
+from __future__ import annotations
+
+from gpuslice.proto import gpuslice_pb2 as pb
+from gpuslice.units import format_bytes
+
+
+def render_status(inv: pb.InventoryReply, slices: list[pb.Slice]) -> str:
+    lines = [f"{'GPU':>3}  {'uuid':<40} {'reserved / total':>24} {'cores':>5} {'slices':>6}"]
+    for g in inv.gpus:
+        held = f"{format_bytes(g.memory_reserved)} / {format_bytes(g.memory_total)}"
+        cores = "whole" if g.exclusive else str(g.cores_reserved)
+        lines.append(f"{g.index:>3}  {g.uuid:<40} {held:>24} {cores:>5} {g.slices:>6}")
+    lines.append("")
+    if not slices:
+        lines.append("no slices")
+        return "\n".join(lines)
+    lines.append(
+        f"{'container':<24} {'slice':<16} {'state':<8} {'GPU':>4} {'limit':>10} {'used':>10} {'cores':>5}  policy"
+    )
+    for s in slices:
+        for i, g in enumerate(s.gpus):
+            used = format_bytes(s.memory_used) if i == 0 else ""
+            lines.append(
+                f"{s.container_id[:24]:<24} {s.id:<16} {s.state:<8} {g.index:>4} {format_bytes(g.memory_limit):>10} "
+                f"{used:>10} {g.cores:>5}  {s.policy}"
+            )
+    return "\n".join(lines)
