@@ -47,9 +47,10 @@ def demand(req: SliceRequest, gpu: GpuCapacity) -> tuple[int, int]:
     """Memory and cores the request needs on this GPU."""
     if req.whole_gpus:
         return gpu.memory_total, 100
+    cores = req.cores or 0  # memory only: no guaranteed share, idle compute only
     if req.memory is None:  # only a compute share: memory in proportion
-        return gpu.memory_total * req.cores // 100, req.cores
-    return req.memory.resolve(gpu.memory_total), req.cores
+        return gpu.memory_total * cores // 100, cores
+    return req.memory.resolve(gpu.memory_total), cores
 
 
 def fits(req: SliceRequest, gpu: GpuCapacity, oversubscription: float) -> bool:

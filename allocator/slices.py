@@ -12,7 +12,7 @@ from pathlib import Path
 from gpuslice.allocator import identity
 from gpuslice.allocator.inventory import Inventory
 from gpuslice.allocator.ledger import Allocation, Ledger, SliceRecord, now_ms
-from gpuslice.allocator.placement import GpuCapacity, PlacementError, fits, place
+from gpuslice.allocator.placement import GpuCapacity, PlacementError, demand, fits, place
 from gpuslice.allocator.slice_ledger import GpuLimit, SliceFiles
 
 from gpuslice import request as requests
@@ -172,13 +172,13 @@ class SliceManager:
                 cap = caps[a.gpu_uuid]
                 if not fits(req, cap, self.oversubscription):
                     raise PlacementError("exhausted", f"GPU {a.gpu_index} ({a.gpu_uuid}) has no room for the new size")
-                memory = req.memory.resolve(cap.memory_total) if req.memory else cap.memory_total * req.cores // 100
+                memory, cores = demand(req, cap)
                 if i < len(used) and memory < used[i]:
                     raise Conflict(
                         f"slice uses {format_bytes(used[i])} on GPU {a.gpu_index}, more than the new limit "
                         f"{format_bytes(memory)}"
                     )
-                new.append(Allocation(a.gpu_index, a.gpu_uuid, memory, req.cores))
+                new.append(Allocation(a.gpu_index, a.gpu_uuid, memory, cores))
             ledger.resize(rec.id, new, merged)
             return ledger.get(container_id)  # type: ignore[return-value]
 

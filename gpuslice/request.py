@@ -56,14 +56,15 @@ class MemoryLimit:
 class SliceRequest:
     gpus: int = 1
     memory: MemoryLimit | None = None  # None: the whole memory of each GPU
-    cores: int = 100  # compute share per GPU, 1-100
+    cores: int | None = None  # compute share per GPU, 1-100; None: no guaranteed share
     policy: ComputePolicy = ComputePolicy.ELASTIC
     priority: Priority = Priority.NORMAL
     devices: tuple[str, ...] = ()  # pinned GPU indices or UUIDs
 
     @property
     def whole_gpus(self) -> bool:
-        return self.cores == 100 and self.memory is None
+        """Neither a memory limit nor a partial share: whole GPUs."""
+        return self.memory is None and self.cores in (None, 100)
 
 
 def _bad(key: str, value: str, accepted: str) -> RequestError:
@@ -132,7 +133,7 @@ def parse(annotations: Mapping[str, str]) -> SliceRequest | None:
         memory=_memory(ours[MEMORY]) if MEMORY in ours else None,
         cores=_int_in(CORES, ours[CORES], 1, 100, "a whole number from 1 to 100 (100 = the whole GPU)")
         if CORES in ours
-        else 100,
+        else None,
         policy=_choice(POLICY, ours[POLICY], ComputePolicy) if POLICY in ours else ComputePolicy.ELASTIC,  # type: ignore[arg-type]
         priority=_choice(PRIORITY, ours[PRIORITY], Priority) if PRIORITY in ours else Priority.NORMAL,  # type: ignore[arg-type]
         devices=devices,

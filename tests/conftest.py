@@ -129,3 +129,28 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     if report.skipped and os.environ.get("CI") == "true" and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true (missing install step?): {report.longrepr}"
+
+
+@pytest.fixture
+def daemon(tmp_path: Path):
+    """daemon(gpus=[...], topology=[...], **config) -> a running daemon on the simulator."""
+    from tests import daemon_fixture
+
+    running = []
+
+    def run(gpus: list[dict] | None = None, topology: list | None = None, **overrides):
+        d = tmp_path / f"d{len(running)}"
+        d.mkdir()
+        config = daemon_fixture.write_config(d, gpus or [gpu("16Gi"), gpu("16Gi")], topology, **overrides)
+        rd = daemon_fixture.start(d, config)
+        running.append(rd)
+        return rd
+
+    yield run
+    for rd in running:
+        if rd.proc.poll() is None:
+            rd.proc.terminate()
+            try:
+                rd.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                rd.proc.kill()

@@ -34,6 +34,8 @@ def test_defaults_and_percent_memory():
     assert r == SliceRequest(memory=MemoryLimit(percent=25))
     assert r.memory.resolve(16 << 30) == 4 << 30
     assert parse({"gpuslice.io/gpus": "1"}).whole_gpus
+    assert parse({"gpuslice.io/cores": "100"}).whole_gpus
+    assert not parse({"gpuslice.io/cores": "30"}).whole_gpus
     assert parse({"gpuslice.io/device": "0,1"}).gpus == 2
 
 

@@ -1,0 +1,92 @@
+"""Run the allocator daemon on a simulated machine, as a real process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gpuslice.client import AllocatorClient
+
+
+@dataclass
+class RunningDaemon:
+    dir: Path
+    config: Path
+    proc: subprocess.Popen
+    socket: Path
+    slice_socket: Path
+    metrics_port: int
+
+    def client(self) -> AllocatorClient:
+        return AllocatorClient(self.socket, timeout=10)
+
+    def log(self) -> str:
+        return (self.dir / "daemon.log").read_text()
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        self.proc.send_signal(sig)
+        self.proc.wait(20)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(d: Path, gpus: list[dict], topology: list | None = None, **overrides) -> Path:
+    sim_cfg = d / "sim.yaml"
+    sim_cfg.write_text(yaml.safe_dump({"gpus": gpus, **({"topology": topology} if topology else {})}))
+    cfg = {
+        "socket": str(d / "gpuslice.sock"),
+        "slice_socket": str(d / "slice" / "slice.sock"),
+        "state_dir": str(d / "state"),
+        "ledger_dir": str(d / "ledgers"),
+        "metrics": {"port": 0},
+        "nvml": "sim",
+        "sim": {"config": str(sim_cfg), "state_dir": str(d / "sim")},
+        "sweep_interval": 0.2,
+        **overrides,
+    }
+    path = d / "daemon.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def start(d: Path, config: Path) -> RunningDaemon:
+    cfg = yaml.safe_load(config.read_text())
+    log = open(d / "daemon.log", "a")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuslice.cli", "daemon", "--config", str(config)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    sock = Path(cfg["socket"])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"daemon exited {proc.returncode}: {(d / 'daemon.log').read_text()}")
+        if sock.exists():
+            try:
+                with grpc.insecure_channel(f"unix:{sock}") as ch:
+                    reply = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=1)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    break
+            except grpc.RpcError:
+                pass
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        raise RuntimeError("daemon did not become healthy in 30 s")
+    return RunningDaemon(d, config, proc, sock, Path(cfg["slice_socket"]), cfg.get("metrics", {}).get("port", 0))

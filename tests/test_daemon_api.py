@@ -1,0 +1,181 @@
+"""The daemon on the simulator, driven through its gRPC client."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import grpc
+import pytest
+
+from tests.conftest import GiB, gpu
+from tests.daemon_fixture import free_port
+
+MEM = "gpuslice.io/memory"
+CORES = "gpuslice.io/cores"
+GPUS = "gpuslice.io/gpus"
+DEVICE = "gpuslice.io/device"
+
+
+def code_of(call) -> tuple[grpc.StatusCode, str]:
+    with pytest.raises(grpc.RpcError) as e:
+        call()
+    return e.value.code(), e.value.details()
+
+
+def test_fractional_slices_go_best_fit(daemon):
+    c = daemon().client()
+    assert c.reserve("a", {MEM: "10Gi", CORES: "20"}).gpus[0].index == 0
+    # GPU 0 has 6 GiB left, GPU 1 16: the tighter fit wins, the big hole stays
+    assert c.reserve("b", {MEM: "4Gi", CORES: "20"}).gpus[0].index == 0
+    assert c.reserve("c", {MEM: "8Gi", CORES: "20"}).gpus[0].index == 1
+    assert c.reserve("d", {MEM: "25%"}).gpus[0].memory_limit == 4 * GiB
+    inv = {g.index: g for g in c.inventory().gpus}
+    assert inv[0].memory_reserved == 14 * GiB and inv[0].cores_reserved == 40 and inv[0].slices == 2
+
+
+def test_whole_and_multi_gpu_requests_are_all_or_nothing(daemon):
+    c = daemon([gpu("16Gi")] * 4).client()
+    c.reserve("small", {MEM: "1Gi", CORES: "10", DEVICE: "3"})
+    code, msg = code_of(lambda: c.reserve("four", {GPUS: "4"}))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "GPU 3 (GPU-" in msg and "free" in msg and "\n" not in msg
+    assert [s.container_id for s in c.list()] == ["small"]  # nothing half-reserved
+    three = c.reserve("three", {GPUS: "3"})
+    assert sorted(g.index for g in three.gpus) == [0, 1, 2] and three.whole
+    code, _ = code_of(lambda: c.reserve("more", {MEM: "1Gi", DEVICE: "0"}))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED  # whole GPUs take no company
+
+
+def test_multi_gpu_prefers_the_closest_gpus(daemon):
+    topo = [
+        {"gpus": [0, 1], "pcie": "system", "nvlinks": 0},
+        {"gpus": [1, 2], "pcie": "system", "nvlinks": 0},
+        {"gpus": [2, 3], "pcie": "system", "nvlinks": 0},
+        {"gpus": [0, 3], "pcie": "system", "nvlinks": 0},
+        {"gpus": [0, 2], "pcie": "hostbridge", "nvlinks": 0},
+        {"gpus": [1, 3], "pcie": "single", "nvlinks": 4},
+    ]
+    c = daemon([gpu("16Gi")] * 4, topology=topo).client()
+    first = c.reserve("pair1", {GPUS: "2"})
+    assert sorted(g.index for g in first.gpus) == [1, 3]  # NVLink
+    second = c.reserve("pair2", {GPUS: "2"})
+    assert sorted(g.index for g in second.gpus) == [0, 2]  # same host bridge
+    links = {(link.a, link.b): (link.pcie, link.nvlinks) for link in c.inventory().links}
+    assert links[(1, 3)] == ("single", 1) and links[(0, 2)] == ("hostbridge", 0)
+
+
+def test_pinning_is_honoured_or_refused_with_a_reason(daemon):
+    c = daemon().client()
+    uuid1 = c.inventory().gpus[1].uuid
+    assert c.reserve("p1", {MEM: "1Gi", DEVICE: "1"}).gpus[0].index == 1
+    assert c.reserve("p2", {MEM: "1Gi", DEVICE: uuid1}).gpus[0].index == 1
+    code, msg = code_of(lambda: c.reserve("p3", {MEM: "1Gi", DEVICE: "7"}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "no GPU 7 on this node" in msg
+    code, msg = code_of(lambda: c.reserve("p4", {MEM: "17Gi"}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "more than any GPU holds" in msg
+
+
+@pytest.mark.parametrize(
+    ("annotations", "fragment"),
+    [
+        ({MEM: "lots"}, 'annotation gpuslice.io/memory: "lots" is not valid'),
+        ({CORES: "150"}, 'annotation gpuslice.io/cores: "150" is not valid'),
+        ({GPUS: "-1"}, 'annotation gpuslice.io/gpus: "-1" is not valid'),
+        ({"other": "x"}, "asks for no GPU"),
+    ],
+)
+def test_bad_requests_reserve_nothing(daemon, annotations, fragment):
+    c = daemon().client()
+    code, msg = code_of(lambda: c.reserve("bad", annotations))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and fragment in msg
+    assert c.list() == [] and all(g.memory_reserved == 0 for g in c.inventory().gpus)
+
+
+def test_reserve_is_idempotent_and_release_too(daemon):
+    c = daemon().client()
+    one = c.reserve("x", {MEM: "2Gi"})
+    assert c.reserve("x", {MEM: "2Gi"}).id == one.id
+    code, _ = code_of(lambda: c.reserve("x", {MEM: "3Gi"}))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    assert c.release("x") is True
+    assert c.release("x") is False
+    code, _ = code_of(lambda: c.get("x"))
+    assert code == grpc.StatusCode.NOT_FOUND
+    assert all(g.memory_reserved == 0 for g in c.inventory().gpus)
+
+
+def test_resize_when_capacity_allows(daemon):
+    d = daemon([gpu("16Gi")])
+    c = d.client()
+    c.reserve("r", {MEM: "4Gi", CORES: "30"})
+    c.reserve("other", {MEM: "8Gi", CORES: "30"})
+    grown = c.resize("r", {MEM: "8Gi", CORES: "60"})
+    assert grown.gpus[0].memory_limit == 8 * GiB and grown.gpus[0].cores == 60
+    code, msg = code_of(lambda: c.resize("r", {MEM: "9Gi"}))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, msg
+    code, _ = code_of(lambda: c.resize("r", {GPUS: "2"}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    # the slice's shared ledger carries the new limit for its processes
+    from gpuslice.allocator.slice_ledger import SliceFiles
+
+    files = SliceFiles(d.dir / "ledgers", grown.id)
+    assert files.limits.gpu[0].memory_limit == 8 * GiB and files.limits.gpu[0].cores == 60
+
+
+def test_bind_and_the_sweep_reclaims_gone_containers(daemon):
+    c = daemon(reservation_timeout=1.0).client()
+    sleeper = subprocess.Popen(["sleep", "30"])
+    c.reserve("alive", {MEM: "1Gi"})
+    bound = c.bind("alive", sleeper.pid)
+    assert bound.state == "bound" and bound.pid == sleeper.pid
+    assert bound.pid_ns == os.stat(f"/proc/{sleeper.pid}/ns/pid").st_ino
+    code, _ = code_of(lambda: c.bind("alive", os.getpid()))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION
+    code, _ = code_of(lambda: c.bind("nobody", os.getpid()))
+    assert code == grpc.StatusCode.NOT_FOUND
+    c.reserve("never-bound", {MEM: "1Gi"})
+    sleeper.kill()
+    sleeper.wait()
+    deadline = time.monotonic() + 5
+    while c.list() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert c.list() == []
+
+
+def test_health_metrics_and_status(daemon):
+    port = free_port()
+    d = daemon(metrics={"port": port})
+    c = d.client()
+    c.reserve("m", {MEM: "3Gi", CORES: "25"})
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'gpuslice_slice_memory_limit_bytes{container="m"' in body
+    assert 'gpuslice_gpu_memory_reserved_bytes{gpu="0"' in body
+    assert 'gpuslice_rpc_total{code="OK",method="Reserve"} 1.0' in body
+    assert "gpuslice_rpc_duration_seconds_bucket" in body
+    out = subprocess.run(
+        [sys.executable, "-m", "gpuslice.cli", "status", "--socket", str(d.socket)], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "m " in out.stdout and "3.0 GiB" in out.stdout
+    js = subprocess.run(
+        [sys.executable, "-m", "gpuslice.cli", "status", "--json", "--socket", str(d.socket)],
+        capture_output=True,
+        text=True,
+    )
+    assert '"container_id": "m"' in js.stdout
+
+
+def test_bad_daemon_config_names_each_problem(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("socket: 5\nmetrics: {port: -1}\nnvml: gpu\nsurprise: 1\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuslice.cli", "daemon", "--config", str(cfg)], capture_output=True, text=True
+    )
+    assert r.returncode == 2
+    lines = r.stderr.strip().splitlines()
+    assert any("metrics.port" in line for line in lines)
+    assert any(line.startswith(f"config {cfg}: socket:") for line in lines)
+    assert any("nvml:" in line for line in lines) and any("surprise" in line for line in lines)
