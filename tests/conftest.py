@@ -131,26 +131,43 @@ def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
         report.longrepr = f"skipped under CI=true (missing install step?): {report.longrepr}"
 
 
-@pytest.fixture
-def daemon(tmp_path: Path):
-    """daemon(gpus=[...], topology=[...], **config) -> a running daemon on the simulator."""
-    from tests import daemon_fixture
+class DaemonFactory:
+    """daemon(gpus=[...], topology=[...], **config) -> a running daemon on the
+    simulator; daemon.restart(d) starts it again on the same state."""
 
-    running = []
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.running: list = []
 
-    def run(gpus: list[dict] | None = None, topology: list | None = None, **overrides):
-        d = tmp_path / f"d{len(running)}"
+    def __call__(self, gpus: list[dict] | None = None, topology: list | None = None, **overrides):
+        from tests import daemon_fixture
+
+        d = self.tmp_path / f"d{len(self.running)}"
         d.mkdir()
         config = daemon_fixture.write_config(d, gpus or [gpu("16Gi"), gpu("16Gi")], topology, **overrides)
-        rd = daemon_fixture.start(d, config)
-        running.append(rd)
+        return self._track(daemon_fixture.start(d, config))
+
+    def restart(self, rd):  # type: ignore[no-untyped-def]
+        from tests import daemon_fixture
+
+        return self._track(daemon_fixture.start(rd.dir, rd.config))
+
+    def _track(self, rd):  # type: ignore[no-untyped-def]
+        self.running.append(rd)
         return rd
 
-    yield run
-    for rd in running:
-        if rd.proc.poll() is None:
-            rd.proc.terminate()
-            try:
-                rd.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                rd.proc.kill()
+    def stop_all(self) -> None:
+        for rd in self.running:
+            if rd.proc.poll() is None:
+                rd.proc.terminate()
+                try:
+                    rd.proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    rd.proc.kill()
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[DaemonFactory]:
+    factory = DaemonFactory(tmp_path)
+    yield factory
+    factory.stop_all()
