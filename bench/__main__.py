@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import click
-from gpuslice.bench import sim_calls
+from gpuslice.bench import daemon_rpc, sim_calls
 
-BENCHMARKS = {"sim-calls": sim_calls.main}
+BENCHMARKS = {"sim-calls": sim_calls.main, "daemon-rpc": daemon_rpc.main}
 
 
 @click.command()

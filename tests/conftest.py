@@ -140,7 +140,7 @@ class DaemonFactory:
         self.running: list = []
 
     def __call__(self, gpus: list[dict] | None = None, topology: list | None = None, **overrides):
-        from tests import daemon_fixture
+        from gpuslice.allocator import sim_daemon as daemon_fixture
 
         d = self.tmp_path / f"d{len(self.running)}"
         d.mkdir()
@@ -148,7 +148,7 @@ class DaemonFactory:
         return self._track(daemon_fixture.start(d, config))
 
     def restart(self, rd):  # type: ignore[no-untyped-def]
-        from tests import daemon_fixture
+        from gpuslice.allocator import sim_daemon as daemon_fixture
 
         return self._track(daemon_fixture.start(rd.dir, rd.config))
 

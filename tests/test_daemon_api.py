@@ -10,9 +10,9 @@ import urllib.request
 
 import grpc
 import pytest
+from gpuslice.allocator.sim_daemon import free_port
 
 from tests.conftest import GiB, gpu
-from tests.daemon_fixture import free_port
 
 MEM = "gpuslice.io/memory"
 CORES = "gpuslice.io/cores"

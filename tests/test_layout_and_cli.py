@@ -48,6 +48,9 @@ def test_wheel_maps_components_into_one_package_with_the_libraries(tmp_path):
         assert f"gpuslice/{part}/__init__.py" in names
     for lib in ("libcuda.so.1", "libnvidia-ml.so.1", "gpuslice-sim.yaml"):
         assert f"gpuslice/_native/sim/{lib}" in names
+    for part in ("ledger/libgpuslice-ledger.so", "ledger/gpuslice_slice.h"):
+        assert f"gpuslice/_native/{part}" in names
+    assert "gpuslice/proto/gpuslice_pb2_grpc.py" in names and "gpuslice/proto/gpuslice.proto" in names
     # installed elsewhere, the code finds the libraries beside itself
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, wheel], check=True)

@@ -1,4 +1,5 @@
-"""Run the allocator daemon on a simulated machine, as a real process."""
+"""Run the allocator daemon on a simulated machine as a real process: for the
+demo, the tests and the benchmarks."""
 
 from __future__ import annotations
 
