@@ -54,12 +54,22 @@ def daemon(config_path: str | None, verbose: bool) -> None:
     from gpuslice.allocator.daemon import Daemon
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="gpuslice-daemon: %(message)s")
+    import pynvml
+
     try:
         cfg = daemon_config.load(config_path)
     except daemon_config.ConfigError as e:
         click.echo(str(e), err=True)
         sys.exit(2)
-    Daemon(cfg).serve()
+    try:
+        node = Daemon(cfg)
+    except (pynvml.NVMLError, sim.SimError) as e:
+        click.echo(f"gpuslice daemon: cannot read the GPUs through NVML (nvml: {cfg.nvml}): {e}", err=True)
+        sys.exit(2)
+    except OSError as e:
+        click.echo(f"gpuslice daemon: {e.filename or ''}: {e.strerror}", err=True)
+        sys.exit(2)
+    node.serve()
 
 
 @main.command()
