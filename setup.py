@@ -9,7 +9,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-NATIVE_PARTS = ("sim", "ledger")
+NATIVE_PARTS = ("sim", "ledger", "wrap")
 
 
 class BuildWithNative(build_py):

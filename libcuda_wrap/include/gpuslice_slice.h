@@ -67,7 +67,7 @@ struct gpuslice_limits {
 
 struct gpuslice_proc_usage {
     int32_t pid;    /* in the daemon's pid namespace; 0 = free row */
-    uint32_t pad;
+    int32_t ns_pid; /* the same process in its own pid namespace (it writes this) */
     uint64_t used[GPUSLICE_SLICE_MAX_GPUS]; /* bytes this process holds */
 };
 

@@ -6,7 +6,9 @@
 
 #include "gpuslice_slice.h"
 
+#ifndef LEDGER_API /* the interposer links these in, hidden */
 #define LEDGER_API __attribute__((visibility("default")))
+#endif
 
 LEDGER_API int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpuslice_limits *l, uint32_t slot,
                                      uint32_t gpu, uint64_t bytes)

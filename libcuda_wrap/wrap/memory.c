@@ -1,0 +1,612 @@
+/* Every allocation path reserves in the slice's shared ledger before the
+ * driver sees it, gives it back when the driver fails or the memory is freed,
+ * and the memory queries show the slice.  No lock, syscall or scan on these
+ * paths: an atomic compare-and-swap on the ledger and the lock-free table. */
+#define _GNU_SOURCE
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "gpuslice_cuda.h"
+#include "wrap.h"
+
+#define FWD(name) extern void *gs_real_##name;
+#include "../symbols/cuda_exports.def"
+#undef FWD
+
+/* The real function of the same name, with the exact type of our hook. */
+#define REAL(name) ((__typeof__(&name))gs_real_##name)
+
+enum kind { K_MEM = 1, K_ARRAY, K_MIPMAP, K_VMM_HANDLE, K_VMM_MAP, K_IPC, K_EXT, K_POOL };
+
+/* Is the slice in force?  1: account; 0: pass through (unsliced); <0: no GPU. */
+static inline int enforcing(void)
+{
+    int mode = __atomic_load_n(&gs.mode, __ATOMIC_ACQUIRE);
+    return mode == GS_SLICE ? 1 : mode == GS_UNSLICED ? 0 : -1;
+}
+
+/* ---- devices ------------------------------------------------------------ */
+
+#define MAX_DEVICES 64
+static int8_t dev_map[MAX_DEVICES]; /* 0: unknown, else slice GPU + 1, or -1: not in the slice */
+
+CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
+CUresult cuCtxGetDevice(CUdevice *dev);
+
+static int slice_gpu_of_device(CUdevice dev)
+{
+    if (dev < 0 || dev >= MAX_DEVICES)
+        return -1;
+    int8_t m = __atomic_load_n(&dev_map[dev], __ATOMIC_ACQUIRE);
+    if (m == 0) {
+        CUuuid u;
+        int g = REAL(cuDeviceGetUuid_v2)(&u, dev) == CUDA_SUCCESS ? gs_gpu_of_uuid((unsigned char *)u.bytes) : -1;
+        m = (int8_t)(g < 0 ? -1 : g + 1);
+        __atomic_store_n(&dev_map[dev], m, __ATOMIC_RELEASE);
+    }
+    return m < 0 ? -1 : m - 1;
+}
+
+static CUresult current_gpu(int *g)
+{
+    CUdevice dev;
+    CUresult r = REAL(cuCtxGetDevice)(&dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    *g = slice_gpu_of_device(dev);
+    return CUDA_SUCCESS;
+}
+
+/* ---- the ledger --------------------------------------------------------- */
+
+static inline int charge(int g, uint64_t bytes)
+{
+    if (g < 0) /* a GPU outside the slice has no memory for us */
+        return -1;
+    return gpuslice_usage_charge(gs.usage, gs.limits, gs.slot, (uint32_t)g, bytes);
+}
+
+static inline void uncharge(int g, uint64_t bytes)
+{
+    if (g >= 0)
+        gpuslice_usage_uncharge(gs.usage, gs.slot, (uint32_t)g, bytes);
+}
+
+static void remember(uint64_t key, uint64_t bytes, int g, enum kind k)
+{
+    if (gs_table_put(key, bytes, (uint32_t)g, k) != 0)
+        gs_log(1, "allocation table full: %llu bytes stay charged until the process exits",
+               (unsigned long long)bytes);
+}
+
+static int forget(uint64_t key, enum kind k, struct gs_entry *e)
+{
+    e->kind = k;
+    return gs_table_take(key, e);
+}
+
+/* Reserve, call, record or undo: the shape of every allocation path. */
+#define ALLOCATE(g, bytes, call, key_expr, kind)                           \
+    do {                                                                   \
+        int on_ = enforcing();                                             \
+        if (on_ < 0)                                                       \
+            return CUDA_ERROR_NOT_INITIALIZED;                             \
+        if (on_ == 0)                                                      \
+            return (call);                                                 \
+        if (charge((g), (bytes)) != 0)                                     \
+            return CUDA_ERROR_OUT_OF_MEMORY;                               \
+        CUresult r_ = (call);                                              \
+        if (r_ != CUDA_SUCCESS)                                            \
+            uncharge((g), (bytes));                                        \
+        else                                                               \
+            remember((uint64_t)(key_expr), (bytes), (g), (kind));          \
+        return r_;                                                         \
+    } while (0)
+
+#define CURRENT_GPU(g)                                                     \
+    int g = -1;                                                            \
+    if (enforcing() > 0) {                                                 \
+        CUresult rg_ = current_gpu(&g);                                    \
+        if (rg_ != CUDA_SUCCESS)                                           \
+            return rg_;                                                    \
+    }
+
+static CUresult release(uint64_t key, enum kind k, CUresult r)
+{
+    struct gs_entry e;
+    if (r == CUDA_SUCCESS && enforcing() > 0 && forget(key, k, &e) == 0)
+        uncharge((int)e.gpu, e.bytes);
+    return r;
+}
+
+/* ---- init and queries ---------------------------------------------------- */
+
+WRAP_API CUresult cuInit(unsigned int flags)
+{
+    if (!gs_real_loaded()) {
+        gs_log(1, "cannot load the real CUDA driver %s (set GPUSLICE_REAL_LIBCUDA)", gs_real_path());
+        return CUDA_ERROR_NO_DEVICE;
+    }
+    if (gs_attach() != 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return REAL(cuInit)(flags);
+}
+
+static void slice_view(int g, size_t *free_b, size_t *total)
+{
+    uint64_t limit = __atomic_load_n(&gs.limits->gpu[g].memory_limit, __ATOMIC_ACQUIRE);
+    uint64_t used = __atomic_load_n(&gs.usage->used[g], __ATOMIC_ACQUIRE);
+    *total = limit;
+    *free_b = used >= limit ? 0 : limit - used;
+}
+
+WRAP_API CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total)
+{
+    CUresult r = REAL(cuMemGetInfo_v2)(free_b, total);
+    int g;
+    if (r != CUDA_SUCCESS || enforcing() <= 0 || current_gpu(&g) != CUDA_SUCCESS)
+        return r;
+    if (g < 0)
+        *free_b = *total = 0;
+    else
+        slice_view(g, free_b, total);
+    return CUDA_SUCCESS;
+}
+
+WRAP_API CUresult cuMemGetInfo(unsigned int *free_b, unsigned int *total)
+{
+    size_t f, t;
+    if (!free_b || !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuMemGetInfo_v2(&f, &t);
+    if (r == CUDA_SUCCESS) {
+        *free_b = f > 0xffffffffu ? 0xffffffffu : (unsigned)f;
+        *total = t > 0xffffffffu ? 0xffffffffu : (unsigned)t;
+    }
+    return r;
+}
+
+WRAP_API CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev)
+{
+    CUresult r = REAL(cuDeviceTotalMem_v2)(bytes, dev);
+    if (r == CUDA_SUCCESS && enforcing() > 0) {
+        int g = slice_gpu_of_device(dev);
+        *bytes = g < 0 ? 0 : __atomic_load_n(&gs.limits->gpu[g].memory_limit, __ATOMIC_ACQUIRE);
+    }
+    return r;
+}
+
+WRAP_API CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev)
+{
+    size_t b;
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = cuDeviceTotalMem_v2(&b, dev);
+    if (r == CUDA_SUCCESS)
+        *bytes = b > 0xffffffffu ? 0xffffffffu : (unsigned)b;
+    return r;
+}
+
+/* ---- linear memory -------------------------------------------------------- */
+
+WRAP_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytes)
+{
+    if (!dptr || bytes == 0)
+        return REAL(cuMemAlloc_v2)(dptr, bytes);
+    CURRENT_GPU(g);
+    ALLOCATE(g, bytes, REAL(cuMemAlloc_v2)(dptr, bytes), *dptr, K_MEM);
+}
+
+WRAP_API CUresult cuMemAlloc(CUdeviceptr_v1 *dptr, unsigned int bytes)
+{
+    if (!dptr || bytes == 0)
+        return REAL(cuMemAlloc)(dptr, bytes);
+    CURRENT_GPU(g);
+    ALLOCATE(g, bytes, REAL(cuMemAlloc)(dptr, bytes), *dptr, K_MEM);
+}
+
+WRAP_API CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytes, unsigned int flags)
+{
+    if (!dptr || bytes == 0)
+        return REAL(cuMemAllocManaged)(dptr, bytes, flags);
+    CURRENT_GPU(g);
+    ALLOCATE(g, bytes, REAL(cuMemAllocManaged)(dptr, bytes, flags), *dptr, K_MEM);
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr);
+
+#define PITCH_ALIGN 512u
+
+WRAP_API CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width, size_t height,
+                                     unsigned int elem)
+{
+    int on = enforcing();
+    if (on < 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (on == 0 || !dptr || !pitch || width == 0 || height == 0)
+        return REAL(cuMemAllocPitch_v2)(dptr, pitch, width, height, elem);
+    CURRENT_GPU(g);
+    /* the driver chooses the pitch: reserve for the usual alignment, then settle */
+    size_t guess_row = (width + PITCH_ALIGN - 1) / PITCH_ALIGN * PITCH_ALIGN;
+    if (height > SIZE_MAX / guess_row)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t guess = (uint64_t)guess_row * height;
+    if (charge(g, guess) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = REAL(cuMemAllocPitch_v2)(dptr, pitch, width, height, elem);
+    if (r != CUDA_SUCCESS) {
+        uncharge(g, guess);
+        return r;
+    }
+    uint64_t actual = (uint64_t)*pitch * height;
+    if (actual > guess && charge(g, actual - guess) != 0) {
+        uncharge(g, guess);
+        REAL(cuMemFree_v2)(*dptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (actual < guess)
+        uncharge(g, guess - actual);
+    remember(*dptr, actual, g, K_MEM);
+    return CUDA_SUCCESS;
+}
+
+WRAP_API CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    return release(dptr, K_MEM, REAL(cuMemFree_v2)(dptr));
+}
+
+WRAP_API CUresult cuMemFree(CUdeviceptr_v1 dptr)
+{
+    return release(dptr, K_MEM, REAL(cuMemFree)(dptr));
+}
+
+/* ---- stream-ordered allocation and pools ----------------------------------- */
+
+CUresult cuStreamGetCtx(CUstream h, CUcontext *ctx);
+CUresult cuCtxGetDevice_v2(CUdevice *dev, CUcontext ctx);
+
+static CUresult stream_gpu(CUstream s, int *g)
+{
+    if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD)
+        return current_gpu(g);
+    CUcontext ctx;
+    CUdevice dev;
+    CUresult r = REAL(cuStreamGetCtx)(s, &ctx);
+    if (r == CUDA_SUCCESS)
+        r = REAL(cuCtxGetDevice_v2)(&dev, ctx);
+    if (r != CUDA_SUCCESS)
+        return current_gpu(g); /* older drivers: the stream's context is current */
+    *g = slice_gpu_of_device(dev);
+    return CUDA_SUCCESS;
+}
+
+#define STREAM_GPU(g, s)                                                   \
+    int g = -1;                                                            \
+    if (enforcing() > 0) {                                                 \
+        CUresult rg_ = stream_gpu((s), &g);                                \
+        if (rg_ != CUDA_SUCCESS)                                           \
+            return rg_;                                                    \
+    }
+
+WRAP_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytes, CUstream s)
+{
+    if (!dptr || bytes == 0)
+        return REAL(cuMemAllocAsync)(dptr, bytes, s);
+    STREAM_GPU(g, s);
+    ALLOCATE(g, bytes, REAL(cuMemAllocAsync)(dptr, bytes, s), *dptr, K_MEM);
+}
+
+WRAP_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUstream s)
+{
+    if (!dptr || bytes == 0)
+        return REAL(cuMemAllocAsync_ptsz)(dptr, bytes, s);
+    STREAM_GPU(g, s);
+    ALLOCATE(g, bytes, REAL(cuMemAllocAsync_ptsz)(dptr, bytes, s), *dptr, K_MEM);
+}
+
+WRAP_API CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s)
+{
+    return release(dptr, K_MEM, REAL(cuMemFreeAsync)(dptr, s));
+}
+
+WRAP_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
+{
+    return release(dptr, K_MEM, REAL(cuMemFreeAsync_ptsz)(dptr, s));
+}
+
+/* A pool's device comes from its properties, remembered at creation. */
+WRAP_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    CUresult r = REAL(cuMemPoolCreate)(pool, props);
+    if (r == CUDA_SUCCESS && enforcing() > 0 && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        remember((uint64_t)(uintptr_t)*pool, 0, slice_gpu_of_device(props->location.id), K_POOL);
+    return r;
+}
+
+WRAP_API CUresult cuMemPoolDestroy(CUmemoryPool pool)
+{
+    struct gs_entry e;
+    CUresult r = REAL(cuMemPoolDestroy)(pool);
+    if (r == CUDA_SUCCESS && enforcing() > 0)
+        forget((uint64_t)(uintptr_t)pool, K_POOL, &e);
+    return r;
+}
+
+static CUresult pool_gpu(CUmemoryPool pool, CUstream s, int *g)
+{
+    struct gs_entry e = {.kind = K_POOL};
+    if (gs_table_get((uint64_t)(uintptr_t)pool, &e) == 0) {
+        *g = (int)e.gpu;
+        return CUDA_SUCCESS;
+    }
+    return stream_gpu(s, g); /* a device's own pool */
+}
+
+#define POOL_GPU(g, pool, s)                                               \
+    int g = -1;                                                            \
+    if (enforcing() > 0) {                                                 \
+        CUresult rg_ = pool_gpu((pool), (s), &g);                          \
+        if (rg_ != CUDA_SUCCESS)                                           \
+            return rg_;                                                    \
+    }
+
+WRAP_API CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s)
+{
+    if (!dptr || bytes == 0)
+        return REAL(cuMemAllocFromPoolAsync)(dptr, bytes, pool, s);
+    POOL_GPU(g, pool, s);
+    ALLOCATE(g, bytes, REAL(cuMemAllocFromPoolAsync)(dptr, bytes, pool, s), *dptr, K_MEM);
+}
+
+WRAP_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s)
+{
+    if (!dptr || bytes == 0)
+        return REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytes, pool, s);
+    POOL_GPU(g, pool, s);
+    ALLOCATE(g, bytes, REAL(cuMemAllocFromPoolAsync_ptsz)(dptr, bytes, pool, s), *dptr, K_MEM);
+}
+
+/* ---- virtual memory management --------------------------------------------- */
+/* Physical memory is charged at cuMemCreate and given back only when the
+ * handle is released *and* no mapping of it is left, as the driver frees it. */
+
+struct vmm_state {
+    uint64_t bytes;
+    int gpu;
+    int released;
+    int maps;
+};
+
+WRAP_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
+                              unsigned long long flags)
+{
+    if (!h || !prop || size == 0)
+        return REAL(cuMemCreate)(h, size, prop, flags);
+    int g = enforcing() > 0 && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
+                ? slice_gpu_of_device(prop->location.id)
+                : -1;
+    ALLOCATE(g, size, REAL(cuMemCreate)(h, size, prop, flags), *h, K_VMM_HANDLE);
+}
+
+/* mappings count per handle: kept in the table under the handle, kind K_VMM_MAP
+ * entries per mapped address point back to the handle */
+static int vmm_adjust(uint64_t handle, int release, int map_delta)
+{
+    struct gs_entry e;
+    if (forget(handle, K_VMM_HANDLE, &e) != 0)
+        return -1;
+    /* bytes keep the size; gpu's high bits carry the map count and released flag */
+    uint32_t maps = e.gpu >> 8, gpu = e.gpu & 0xff, released = maps >> 23;
+    maps &= 0x7fffff;
+    if (release)
+        released = 1;
+    maps = (uint32_t)((int)maps + map_delta);
+    if (released && maps == 0) {
+        uncharge((int)(int8_t)gpu, e.bytes);
+        return 0;
+    }
+    gs_table_put(handle, e.bytes, gpu | (maps << 8) | (released << 31), K_VMM_HANDLE);
+    return 0;
+}
+
+WRAP_API CUresult cuMemRelease(CUmemGenericAllocationHandle h)
+{
+    CUresult r = REAL(cuMemRelease)(h);
+    if (r == CUDA_SUCCESS && enforcing() > 0)
+        vmm_adjust(h, 1, 0);
+    return r;
+}
+
+WRAP_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                           unsigned long long flags)
+{
+    CUresult r = REAL(cuMemMap)(ptr, size, offset, h, flags);
+    if (r == CUDA_SUCCESS && enforcing() > 0 && vmm_adjust(h, 0, +1) == 0)
+        gs_table_put(ptr, h, 0, K_VMM_MAP); /* the mapping remembers its handle */
+    return r;
+}
+
+WRAP_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    CUresult r = REAL(cuMemUnmap)(ptr, size);
+    struct gs_entry e;
+    if (r == CUDA_SUCCESS && enforcing() > 0 && forget(ptr, K_VMM_MAP, &e) == 0)
+        vmm_adjust(e.bytes, 0, -1);
+    return r;
+}
+
+/* ---- arrays ---------------------------------------------------------------- */
+
+static uint64_t format_bytes(int f)
+{
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8: return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF: return 2;
+    default: return 4; /* 32-bit formats; wider packed ones are charged at least this */
+    }
+}
+
+static uint64_t array3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    uint64_t h = d->Height ? d->Height : 1, z = d->Depth ? d->Depth : 1;
+    return format_bytes(d->Format) * (d->NumChannels ? d->NumChannels : 1) * d->Width * h * z;
+}
+
+WRAP_API CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d)
+{
+    if (!a || !d)
+        return REAL(cuArray3DCreate_v2)(a, d);
+    CURRENT_GPU(g);
+    uint64_t bytes = array3d_bytes(d);
+    ALLOCATE(g, bytes, REAL(cuArray3DCreate_v2)(a, d), *a, K_ARRAY);
+}
+
+WRAP_API CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d)
+{
+    if (!a || !d)
+        return REAL(cuArrayCreate_v2)(a, d);
+    CURRENT_GPU(g);
+    CUDA_ARRAY3D_DESCRIPTOR d3 = {.Width = d->Width, .Height = d->Height, .Format = d->Format,
+                                  .NumChannels = d->NumChannels};
+    uint64_t bytes = array3d_bytes(&d3);
+    ALLOCATE(g, bytes, REAL(cuArrayCreate_v2)(a, d), *a, K_ARRAY);
+}
+
+WRAP_API CUresult cuArrayDestroy(CUarray a)
+{
+    return release((uint64_t)(uintptr_t)a, K_ARRAY, REAL(cuArrayDestroy)(a));
+}
+
+WRAP_API CUresult cuMipmappedArrayCreate(CUmipmappedArray *m, const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned int levels)
+{
+    if (!m || !d || levels == 0 || levels > 32)
+        return REAL(cuMipmappedArrayCreate)(m, d, levels);
+    CURRENT_GPU(g);
+    uint64_t bytes = 0;
+    CUDA_ARRAY3D_DESCRIPTOR l = *d;
+    for (unsigned i = 0; i < levels; i++) {
+        bytes += array3d_bytes(&l);
+        l.Width = l.Width > 1 ? l.Width / 2 : 1;
+        l.Height = l.Height > 1 ? l.Height / 2 : l.Height;
+        l.Depth = l.Depth > 1 ? l.Depth / 2 : l.Depth;
+    }
+    ALLOCATE(g, bytes, REAL(cuMipmappedArrayCreate)(m, d, levels), *m, K_MIPMAP);
+}
+
+WRAP_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray m)
+{
+    return release((uint64_t)(uintptr_t)m, K_MIPMAP, REAL(cuMipmappedArrayDestroy)(m));
+}
+
+/* ---- imports --------------------------------------------------------------- */
+
+typedef struct {
+    int type;
+    union {
+        int fd;
+        struct {
+            void *handle;
+            const void *name;
+        } win32;
+        const void *nvSciBufObject;
+    } handle;
+    unsigned long long size;
+    unsigned int flags;
+    unsigned int reserved[16];
+} gs_external_memory_desc;
+typedef struct CUextMemory_st *CUexternalMemory;
+
+WRAP_API CUresult cuImportExternalMemory(CUexternalMemory *ext, const gs_external_memory_desc *desc)
+{
+    if (!ext || !desc)
+        return REAL(cuImportExternalMemory)(ext, desc);
+    CURRENT_GPU(g);
+    ALLOCATE(g, desc->size, REAL(cuImportExternalMemory)(ext, desc), *ext, K_EXT);
+}
+
+WRAP_API CUresult cuDestroyExternalMemory(CUexternalMemory ext)
+{
+    return release((uint64_t)(uintptr_t)ext, K_EXT, REAL(cuDestroyExternalMemory)(ext));
+}
+
+typedef struct {
+    char reserved[64];
+} gs_ipc_mem_handle;
+CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
+
+/* The size of an IPC import is known only once it is open: charge then, and
+ * close it again if the slice has no room. */
+static CUresult ipc_opened(CUdeviceptr *dptr, CUresult r, CUresult (*close_fn)(CUdeviceptr))
+{
+    if (r != CUDA_SUCCESS || enforcing() <= 0)
+        return r;
+    int g;
+    CUdeviceptr base;
+    size_t size;
+    if (current_gpu(&g) != CUDA_SUCCESS || REAL(cuMemGetAddressRange_v2)(&base, &size, *dptr) != CUDA_SUCCESS ||
+        charge(g, size) != 0) {
+        close_fn(*dptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    remember(*dptr, size, g, K_IPC);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
+
+WRAP_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, gs_ipc_mem_handle h, unsigned int flags)
+{
+    if (enforcing() < 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return ipc_opened(dptr, REAL(cuIpcOpenMemHandle_v2)(dptr, h, flags), REAL(cuIpcCloseMemHandle));
+}
+
+WRAP_API CUresult cuIpcOpenMemHandle(CUdeviceptr *dptr, gs_ipc_mem_handle h, unsigned int flags)
+{
+    if (enforcing() < 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return ipc_opened(dptr, REAL(cuIpcOpenMemHandle)(dptr, h, flags), REAL(cuIpcCloseMemHandle));
+}
+
+WRAP_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    return release(dptr, K_IPC, REAL(cuIpcCloseMemHandle)(dptr));
+}
+
+/* ---- paths gpuslice cannot account yet: refused, never escaped -------------- */
+
+#define REFUSE(name, params, why)                                                        \
+    WRAP_API CUresult name params                                                        \
+    {                                                                                    \
+        if (enforcing() == 0)                                                            \
+            return ((CUresult(*) params)gs_real_##name) args_of_##name;                  \
+        gs_log(1, #name " is refused: " why);                                            \
+        return CUDA_ERROR_NOT_SUPPORTED;                                                 \
+    }
+
+typedef struct {
+    unsigned int Width, Height;
+    int Format;
+    unsigned int NumChannels;
+} gs_array_desc_v1;
+
+#define args_of_cuMemAllocPitch (dptr, pitch, w, h, e)
+REFUSE(cuMemAllocPitch, (CUdeviceptr_v1 * dptr, unsigned *pitch, unsigned w, unsigned h, unsigned e),
+       "the 32-bit legacy API cannot be accounted; use cuMemAllocPitch_v2")
+#define args_of_cuArrayCreate (a, d)
+REFUSE(cuArrayCreate, (CUarray * a, const gs_array_desc_v1 *d), "the 32-bit legacy API; use cuArrayCreate_v2")
+#define args_of_cuArray3DCreate (a, d)
+REFUSE(cuArray3DCreate, (CUarray * a, const void *d), "the 32-bit legacy API; use cuArray3DCreate_v2")
+#define args_of_cuGraphAddMemAllocNode (n, g, deps, nd, p)
+REFUSE(cuGraphAddMemAllocNode, (void *n, void *g, const void *deps, size_t nd, void *p),
+       "graph memory nodes allocate at launch, outside the slice's ledger")
+#define args_of_cuMemPoolImportPointer (p, pool, d)
+REFUSE(cuMemPoolImportPointer, (CUdeviceptr * p, CUmemoryPool pool, void *d),
+       "imported pool memory cannot be accounted yet")
+#define args_of_cuMulticastCreate (h, p)
+REFUSE(cuMulticastCreate, (CUmemGenericAllocationHandle * h, const void *p),
+       "multicast objects cannot be accounted yet")

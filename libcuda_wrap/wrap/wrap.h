@@ -1,0 +1,51 @@
+/* The interposer: shared declarations. */
+#ifndef GPUSLICE_WRAP_H
+#define GPUSLICE_WRAP_H
+
+#include <stdint.h>
+
+#include "gpuslice_slice.h"
+
+#define WRAP_API __attribute__((visibility("default")))
+
+/* real.c: the real library's functions.  gs_real_<name> is what the
+ * trampoline of <name> jumps through. */
+void *gs_real_lookup(const char *name);
+int gs_real_loaded(void);
+const char *gs_real_path(void);
+void gs_load_real(void);
+
+/* log.c: one line on stderr, quiet by default (GPUSLICE_LOG=1 raises it). */
+void gs_log(int always, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* slice.c: this process's slice. */
+enum gs_mode { GS_UNATTACHED = 0, GS_SLICE = 1, GS_UNSLICED = 2, GS_REFUSED = 3 };
+struct gs_slice {
+    int mode;
+    uint32_t slot;
+    const struct gpuslice_limits *limits;
+    struct gpuslice_usage *usage;
+};
+extern struct gs_slice gs;
+int gs_attach(void); /* 0: GS_SLICE or GS_UNSLICED; -1: refused (already said why) */
+int gs_gpu_of_uuid(const unsigned char uuid[16]); /* slice GPU index or -1 */
+int gs_gpu_of_uuid_text(const char *uuid);
+
+/* ledger (ledger/slice_ledger.c) */
+int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpuslice_limits *l, uint32_t slot, uint32_t gpu,
+                          uint64_t bytes);
+void gpuslice_usage_uncharge(struct gpuslice_usage *u, uint32_t slot, uint32_t gpu, uint64_t bytes);
+
+/* memory.c: what the process holds, for frees. */
+struct gs_entry {
+    uint64_t key;
+    uint64_t bytes;
+    uint32_t gpu;
+    uint32_t kind;
+};
+int gs_table_put(uint64_t key, uint64_t bytes, uint32_t gpu, uint32_t kind);
+int gs_table_take(uint64_t key, struct gs_entry *out); /* out->kind selects */
+int gs_table_get(uint64_t key, struct gs_entry *out);
+void gs_table_reset(void);
+
+#endif
