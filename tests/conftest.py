@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,9 +38,9 @@ class SimMachine:
 class Agent:
     """One client process; call(op, **args) -> its JSON reply."""
 
-    def __init__(self, env: dict[str, str]) -> None:
+    def __init__(self, env: dict[str, str], prefix: list[str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, str(AGENT)],
+            [*(prefix or []), sys.executable, str(AGENT)],
             env=env,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -59,12 +60,15 @@ class Agent:
         if not line:
             raise RuntimeError(f"agent died: {self.proc.stderr.read() if self.proc.stderr else ''}")
         reply = json.loads(line)
+        if op == "init" and "host_pid" in reply:
+            self.host_pid = reply["host_pid"]
         if "exception" in reply:
             raise RuntimeError(reply["exception"])
         return reply
 
     def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
+        """SIGKILL the client itself (under nsenter, the process we started is its parent)."""
+        os.kill(getattr(self, "host_pid", self.proc.pid), signal.SIGKILL)
         self.proc.wait(10)
 
     def close(self) -> None:
@@ -75,6 +79,45 @@ class Agent:
             except (OSError, subprocess.TimeoutExpired):
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create pid namespaces (unshare)")
+
+
+class Container:
+    """A process in a new pid namespace, standing for a container's init."""
+
+    def __init__(self) -> None:
+        self.unshare = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "600"])
+        deadline = time.monotonic() + 5
+        self.init_pid = 0
+        while not self.init_pid and time.monotonic() < deadline:
+            children = Path(f"/proc/{self.unshare.pid}/task/{self.unshare.pid}/children").read_text().split()
+            self.init_pid = int(children[0]) if children else 0
+            time.sleep(0.02)
+        assert self.init_pid, "unshare did not start its child"
+
+    def command(self, argv: list[str]) -> list[str]:
+        """argv run inside this container's pid namespace."""
+        return ["nsenter", "--target", str(self.init_pid), "--pid", "--", *argv]
+
+    def stop(self) -> None:
+        self.unshare.kill()
+        self.unshare.wait(10)
+
+
+@pytest.fixture
+def containers():
+    made: list[Container] = []
+
+    def make() -> Container:
+        c = Container()
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
 
 
 def gpu(memory: str = "16Gi", **extra) -> dict:

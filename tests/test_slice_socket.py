@@ -11,66 +11,20 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import GiB
+from tests.conftest import GiB, needs_root
 
 CLIENT = Path(__file__).parent / "clients" / "slice_client.py"
 ROOT = Path(__file__).resolve().parents[1]
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create pid namespaces (unshare)")
 
-
-class Container:
-    """A process in a new pid namespace, standing for a container's init."""
-
-    def __init__(self) -> None:
-        self.unshare = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "600"])
-        deadline = time.monotonic() + 5
-        self.init_pid = 0
-        while not self.init_pid and time.monotonic() < deadline:
-            children = Path(f"/proc/{self.unshare.pid}/task/{self.unshare.pid}/children").read_text().split()
-            self.init_pid = int(children[0]) if children else 0
-            time.sleep(0.02)
-        assert self.init_pid, "unshare did not start its child"
-
-    def run_client(self, socket: Path, charge: int, linger: float = 0) -> subprocess.Popen:
-        return subprocess.Popen(
-            [
-                "nsenter",
-                "--target",
-                str(self.init_pid),
-                "--pid",
-                "--",
-                sys.executable,
-                str(CLIENT),
-                str(socket),
-                str(charge),
-                str(linger),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-
-    def stop(self) -> None:
-        self.unshare.kill()
-        self.unshare.wait(10)
-
-
-@pytest.fixture
-def containers():
-    made: list[Container] = []
-
-    def make() -> Container:
-        c = Container()
-        made.append(c)
-        return c
-
-    yield make
-    for c in made:
-        c.stop()
+def run_client(box, socket: Path, charge: int, linger: float = 0) -> subprocess.Popen:
+    return subprocess.Popen(
+        box.command([sys.executable, str(CLIENT), str(socket), str(charge), str(linger)]),
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
 
 
 def read_reply(proc: subprocess.Popen) -> dict:
@@ -87,7 +41,7 @@ def test_container_process_gets_its_slice_and_dies_to_zero_usage(daemon, contain
     box = containers()
     c.reserve("box", {"gpuslice.io/memory": "2Gi", "gpuslice.io/cores": "50"})
     c.bind("box", box.init_pid)
-    proc = box.run_client(d.slice_socket, GiB, linger=60)
+    proc = run_client(box, d.slice_socket, GiB, linger=60)
     reply = read_reply(proc)
     assert reply["status"] == 0, reply
     assert reply["limit"] == 2 * GiB and reply["charged"] is True
@@ -111,9 +65,9 @@ def test_over_limit_charges_fail_and_other_namespaces_are_refused(daemon, contai
     box, stranger = containers(), containers()
     c.reserve("box", {"gpuslice.io/memory": "1Gi"})
     c.bind("box", box.init_pid)
-    assert read_reply(box.run_client(d.slice_socket, 2 * GiB))["charged"] is False
+    assert read_reply(run_client(box, d.slice_socket, 2 * GiB))["charged"] is False
     # a process in a namespace bound to no slice learns nothing
-    reply = read_reply(stranger.run_client(d.slice_socket, 1))
+    reply = read_reply(run_client(stranger, d.slice_socket, 1))
     assert reply["status"] == 1 and "no container with a GPU slice" in reply["message"]
     assert "limit" not in reply
 
@@ -138,7 +92,7 @@ def test_attached_processes_survive_a_daemon_restart(daemon, containers):
     box = containers()
     c.reserve("box", {"gpuslice.io/memory": "2Gi"})
     c.bind("box", box.init_pid)
-    proc = box.run_client(d.slice_socket, GiB, linger=60)
+    proc = run_client(box, d.slice_socket, GiB, linger=60)
     reply = read_reply(proc)
     d.kill()
     d = daemon.restart(d)

@@ -47,7 +47,8 @@ class Agent:
         _, self.ctx = cu.cuDevicePrimaryCtxRetain(dev)
         cu.cuCtxSetCurrent(self.ctx)
         _, self.stream = cu.cuStreamCreate(0)
-        return {"pid": os.getpid()}
+        # /proc here is the host's: it names this process as the host sees it
+        return {"pid": os.getpid(), "host_pid": int(os.readlink("/proc/self")), "error": "CUDA_SUCCESS"}
 
     def meminfo(self) -> dict:
         err, free, total = cu.cuMemGetInfo()
@@ -194,8 +195,8 @@ class Agent:
         err, pfn, status = cu.cuGetProcAddress(symbol.encode(), version, flags)
         return {"error": name_of(err), "pfn": int(pfn) if pfn else 0, "status": None if status is None else int(status)}
 
-    def dlsym(self, names: list[str]) -> dict:
-        lib = ctypes.CDLL("libcuda.so.1")
+    def dlsym(self, names: list[str], path: str = "libcuda.so.1") -> dict:
+        lib = ctypes.CDLL(path)
         out = {}
         for n in names:
             try:

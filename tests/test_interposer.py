@@ -1,0 +1,218 @@
+"""The interposer in front of the simulator, the daemon holding the slice,
+driven through cuda.bindings and pynvml from processes in a container's pid
+namespace."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from gpuslice.allocator.slice_ledger import SliceFiles
+
+from gpuslice.paths import native_dir
+from tests.conftest import Agent, Container, GiB, MiB, gpu, needs_root
+from tests.test_sim_memory import DEVICE_PATHS
+
+pytestmark = needs_root
+STRESS = Path(__file__).parent / "clients" / "stress.py"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Slice:
+    """A daemon on the simulator, one container holding a slice, and the
+    environment that puts the interposer in front of the simulator."""
+
+    def __init__(self, daemon, containers, memory: str, gpu_memory: str = "16Gi") -> None:
+        self.d = daemon([gpu(gpu_memory)])
+        self.client = self.d.client()
+        self.box: Container = containers()
+        self.slice = self.client.reserve("box", {"gpuslice.io/memory": memory, "gpuslice.io/cores": "50"})
+        self.client.bind("box", self.box.init_pid)
+        self.files = SliceFiles(self.d.dir / "ledgers", self.slice.id)
+        self.env = wrapped_env(self.d)
+
+    def agent(self, agents_started: list) -> Agent:
+        a = Agent(self.env, prefix=self.box.command([]))
+        agents_started.append(a)
+        assert a.call("init")["error"] == "CUDA_SUCCESS"
+        return a
+
+    def used(self) -> int:
+        return int(self.files.usage.used[0])
+
+
+def wrapped_env(d) -> dict[str, str]:
+    return {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(native_dir() / "wrap"),
+        "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / "libcuda.so.1"),
+        "GPUSLICE_REAL_LIBNVML": str(native_dir() / "sim" / "libnvidia-ml.so.1"),
+        "GPUSLICE_SLICE_SOCKET": str(d.slice_socket),
+        "GPUSLICE_SIM_CONFIG": str(d.dir / "sim.yaml"),
+        "GPUSLICE_SIM_STATE_DIR": str(d.dir / "sim"),
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+@pytest.fixture
+def started():
+    agents: list[Agent] = []
+    yield agents
+    for a in agents:
+        a.close()
+
+
+@pytest.fixture
+def one_gib(daemon, containers):
+    return Slice(daemon, containers, "1Gi")
+
+
+def test_slice_view_and_every_path_stops_at_the_limit(one_gib, started):
+    a = one_gib.agent(started)
+    assert a.call("meminfo") == {"error": "CUDA_SUCCESS", "free": GiB, "total": GiB}
+    nv = a.call("nvml")
+    assert nv["total"] == GiB and nv["free"] == GiB and nv["v2"] == [GiB, 0, GiB]
+    for path in DEVICE_PATHS:
+        full = a.call("alloc", path=path, size=GiB)
+        assert full["error"] == "CUDA_SUCCESS", path
+        assert a.call("meminfo")["free"] == 0, path
+        assert one_gib.used() == GiB, path
+        assert a.call("alloc", path=path, size=2 * MiB)["error"] == "CUDA_ERROR_OUT_OF_MEMORY", path
+        assert a.call("alloc", path="mem", size=1)["error"] == "CUDA_ERROR_OUT_OF_MEMORY", path
+        assert a.call("free", id=full["id"])["error"] == "CUDA_SUCCESS", path
+        assert a.call("meminfo")["free"] == GiB, path
+        assert one_gib.used() == 0, path
+    # the GPU itself had room: the slice, not the GPU, said no
+    assert a.call("alloc", path="host", size=2 * GiB)["error"] == "CUDA_SUCCESS"
+
+
+def run_stress(s: Slice, procs: int, iterations: int, max_hold: int, max_size: int) -> tuple[list[dict], int]:
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], s.used())
+
+    watcher = threading.Thread(target=sample)
+    watcher.start()
+    runs = [
+        subprocess.Popen(
+            s.box.command([sys.executable, str(STRESS), str(iterations), str(max_hold), str(max_size), str(seed)]),
+            env=s.env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for seed in range(procs)
+    ]
+    results = []
+    for r in runs:
+        out, _ = r.communicate(timeout=600)
+        assert r.returncode == 0
+        results.append(json.loads(out))
+    done.set()
+    watcher.join()
+    return results, peak[0]
+
+
+def test_eight_processes_fit_exactly_and_end_at_zero(one_gib):
+    # 8 processes x 4 held x at most 32 MiB never need more than the 1 GiB slice
+    results, peak = run_stress(one_gib, 8, 2000, 4, 32 * MiB)
+    assert sum(r["allocs"] for r in results) > 8 * 1000
+    assert all(r["refused"] == 0 for r in results), results
+    assert 0 < peak <= GiB
+    assert one_gib.used() == 0
+
+
+def test_eight_oversubscribing_processes_never_pass_the_limit(daemon, containers):
+    s = Slice(daemon, containers, "256Mi")
+    results, peak = run_stress(s, 8, 2000, 6, 24 * MiB)
+    assert sum(r["refused"] for r in results) > 0  # the limit was really pressed
+    assert peak <= 256 * MiB
+    assert s.used() == 0
+
+
+def test_sigkill_returns_exactly_the_dead_process_share(one_gib, started):
+    a, b = one_gib.agent(started), one_gib.agent(started)
+    assert a.call("alloc", path="mem", size=300 * MiB)["error"] == "CUDA_SUCCESS"
+    assert b.call("alloc", path="vmm", size=200 * MiB)["error"] == "CUDA_SUCCESS"
+    assert one_gib.used() == 500 * MiB
+    a.kill()
+    deadline = time.monotonic() + 1.0
+    while one_gib.used() != 200 * MiB and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert one_gib.used() == 200 * MiB
+    assert b.call("meminfo")["free"] == GiB - 200 * MiB
+
+
+def test_nvml_lists_only_this_containers_processes(one_gib, started):
+    a, b = one_gib.agent(started), one_gib.agent(started)
+    a_pid, b_pid = a.call("init")["pid"], b.call("init")["pid"]
+    a.call("alloc", path="mem", size=64 * MiB)
+    b.call("alloc", path="mem", size=32 * MiB)
+    outsider = Agent({**one_gib.env, "GPUSLICE_ALLOW_UNSLICED": "1"})
+    started.append(outsider)
+    outsider.call("init")
+    outsider.call("alloc", path="mem", size=128 * MiB)
+    procs = a.call("nvml")["procs"]
+    assert procs == {str(a_pid): 64 * MiB, str(b_pid): 32 * MiB}
+    assert str(outsider.pid) in outsider.call("nvml")["procs"]  # the driver does see it
+
+
+def test_without_a_slice_the_gpu_is_unavailable_with_one_line(daemon):
+    d = daemon()
+    for env in ({**wrapped_env(d), "GPUSLICE_SLICE_SOCKET": "/nonexistent/slice.sock"}, wrapped_env(d)):
+        code = (
+            "import pynvml\nfrom cuda.bindings import driver as cu\nprint(cu.cuInit(0)[0].name)\n"
+            "try:\n    pynvml.nvmlInit()\nexcept pynvml.NVMLError as e:\n    print(type(e).__name__)\n"
+        )
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert r.stdout.split() == ["CUDA_ERROR_NOT_INITIALIZED", "NVMLError_NoPermission"], r.stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 2 and all(line.startswith("gpuslice: no GPU slice for this process: ") for line in lines)
+        assert "GPUSLICE_ALLOW_UNSLICED" in lines[0]
+
+
+def test_fork_child_attaches_as_its_own_process(one_gib):
+    code = r"""
+import os, json
+from cuda.bindings import driver as cu
+cu.cuInit(0); _, dev = cu.cuDeviceGet(0); _, ctx = cu.cuDevicePrimaryCtxRetain(dev); cu.cuCtxSetCurrent(ctx)
+assert cu.cuMemAlloc(100 << 20)[0] == 0
+pid = os.fork()
+if pid == 0:
+    cu.cuInit(0); _, ctx = cu.cuDevicePrimaryCtxRetain(dev); cu.cuCtxSetCurrent(ctx)
+    assert cu.cuMemAlloc(50 << 20)[0] == 0
+    os._exit(0)
+os.waitpid(pid, 0)
+print(json.dumps({"free": cu.cuMemGetInfo()[1]}))
+"""
+    r = subprocess.run(
+        one_gib.box.command([sys.executable, "-c", code]), env=one_gib.env, capture_output=True, text=True, timeout=60
+    )
+    assert r.returncode == 0, r.stderr
+    deadline = time.monotonic() + 1.0
+    while one_gib.used() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert one_gib.used() == 0  # both processes gone, both shares returned
+
+
+def test_no_signal_handlers_installed(one_gib):
+    # SigCgt is the kernel's record of caught signals, whoever installed them
+    code = (
+        "from cuda.bindings import driver as cu\n"
+        "def caught():\n    return [l for l in open('/proc/self/status') if l.startswith('SigCgt')][0]\n"
+        "before = caught()\nassert cu.cuInit(0)[0] == 0\n"
+        "_, d = cu.cuDeviceGet(0)\n_, c = cu.cuDevicePrimaryCtxRetain(d)\ncu.cuCtxSetCurrent(c)\n"
+        "cu.cuMemAlloc(1 << 20)\nprint(before == caught())\n"
+    )
+    r = subprocess.run(
+        one_gib.box.command([sys.executable, "-c", code]), env=one_gib.env, capture_output=True, text=True, timeout=60
+    )
+    assert r.stdout.strip() == "True", r.stderr
