@@ -504,23 +504,8 @@ WRAP_API CUresult cuMipmappedArrayDestroy(CUmipmappedArray m)
 
 /* ---- imports --------------------------------------------------------------- */
 
-typedef struct {
-    int type;
-    union {
-        int fd;
-        struct {
-            void *handle;
-            const void *name;
-        } win32;
-        const void *nvSciBufObject;
-    } handle;
-    unsigned long long size;
-    unsigned int flags;
-    unsigned int reserved[16];
-} gs_external_memory_desc;
-typedef struct CUextMemory_st *CUexternalMemory;
 
-WRAP_API CUresult cuImportExternalMemory(CUexternalMemory *ext, const gs_external_memory_desc *desc)
+WRAP_API CUresult cuImportExternalMemory(CUexternalMemory *ext, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *desc)
 {
     if (!ext || !desc)
         return REAL(cuImportExternalMemory)(ext, desc);
@@ -533,9 +518,6 @@ WRAP_API CUresult cuDestroyExternalMemory(CUexternalMemory ext)
     return release((uint64_t)(uintptr_t)ext, K_EXT, REAL(cuDestroyExternalMemory)(ext));
 }
 
-typedef struct {
-    char reserved[64];
-} gs_ipc_mem_handle;
 CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr);
 
 /* The size of an IPC import is known only once it is open: charge then, and
@@ -558,14 +540,14 @@ static CUresult ipc_opened(CUdeviceptr *dptr, CUresult r, CUresult (*close_fn)(C
 
 CUresult cuIpcCloseMemHandle(CUdeviceptr dptr);
 
-WRAP_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, gs_ipc_mem_handle h, unsigned int flags)
+WRAP_API CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags)
 {
     if (enforcing() < 0)
         return CUDA_ERROR_NOT_INITIALIZED;
     return ipc_opened(dptr, REAL(cuIpcOpenMemHandle_v2)(dptr, h, flags), REAL(cuIpcCloseMemHandle));
 }
 
-WRAP_API CUresult cuIpcOpenMemHandle(CUdeviceptr *dptr, gs_ipc_mem_handle h, unsigned int flags)
+WRAP_API CUresult cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags)
 {
     if (enforcing() < 0)
         return CUDA_ERROR_NOT_INITIALIZED;
@@ -588,25 +570,21 @@ WRAP_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
         return CUDA_ERROR_NOT_SUPPORTED;                                                 \
     }
 
-typedef struct {
-    unsigned int Width, Height;
-    int Format;
-    unsigned int NumChannels;
-} gs_array_desc_v1;
 
 #define args_of_cuMemAllocPitch (dptr, pitch, w, h, e)
 REFUSE(cuMemAllocPitch, (CUdeviceptr_v1 * dptr, unsigned *pitch, unsigned w, unsigned h, unsigned e),
        "the 32-bit legacy API cannot be accounted; use cuMemAllocPitch_v2")
 #define args_of_cuArrayCreate (a, d)
-REFUSE(cuArrayCreate, (CUarray * a, const gs_array_desc_v1 *d), "the 32-bit legacy API; use cuArrayCreate_v2")
+REFUSE(cuArrayCreate, (CUarray * a, const CUDA_ARRAY_DESCRIPTOR_v1 *d), "the 32-bit legacy API; use cuArrayCreate_v2")
 #define args_of_cuArray3DCreate (a, d)
-REFUSE(cuArray3DCreate, (CUarray * a, const void *d), "the 32-bit legacy API; use cuArray3DCreate_v2")
+REFUSE(cuArray3DCreate, (CUarray * a, const CUDA_ARRAY3D_DESCRIPTOR_v1 *d), "the 32-bit legacy API; use cuArray3DCreate_v2")
 #define args_of_cuGraphAddMemAllocNode (n, g, deps, nd, p)
-REFUSE(cuGraphAddMemAllocNode, (void *n, void *g, const void *deps, size_t nd, void *p),
+REFUSE(cuGraphAddMemAllocNode,
+       (CUgraphNode * n, CUgraph g, const CUgraphNode *deps, size_t nd, CUDA_MEM_ALLOC_NODE_PARAMS *p),
        "graph memory nodes allocate at launch, outside the slice's ledger")
 #define args_of_cuMemPoolImportPointer (p, pool, d)
-REFUSE(cuMemPoolImportPointer, (CUdeviceptr * p, CUmemoryPool pool, void *d),
+REFUSE(cuMemPoolImportPointer, (CUdeviceptr * p, CUmemoryPool pool, CUmemPoolPtrExportData *d),
        "imported pool memory cannot be accounted yet")
 #define args_of_cuMulticastCreate (h, p)
-REFUSE(cuMulticastCreate, (CUmemGenericAllocationHandle * h, const void *p),
+REFUSE(cuMulticastCreate, (CUmemGenericAllocationHandle * h, const CUmulticastObjectProp *p),
        "multicast objects cannot be accounted yet")

@@ -1,0 +1,176 @@
+"""The interposer's ABI: its prototypes against NVIDIA's headers, its export
+list against cuda.h/nvml.h, and cuGetProcAddress handing out the hook of
+exactly the variant the driver chose."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuslice.paths import native_dir
+from tests.conftest import Agent, needs_root
+from tests.test_declarations import def_entries, needs
+from tests.test_interposer import Slice
+
+ROOT = Path(__file__).resolve().parents[1]
+WRAP = ROOT / "libcuda_wrap"
+# hooks the simulator's table does not list: the CUDA version of their PFN typedef
+EXTRA_PFN = {
+    "cuMemAllocPitch": "PFN_cuMemAllocPitch_v2000",
+    "cuArrayCreate": "PFN_cuArrayCreate_v2000",
+    "cuArray3DCreate": "PFN_cuArray3DCreate_v2000",
+    "cuImportExternalMemory": "PFN_cuImportExternalMemory_v10000",
+    "cuDestroyExternalMemory": "PFN_cuDestroyExternalMemory_v10000",
+    "cuIpcOpenMemHandle": "PFN_cuIpcOpenMemHandle_v4010",
+    "cuIpcOpenMemHandle_v2": "PFN_cuIpcOpenMemHandle_v11000",
+    "cuIpcCloseMemHandle": "PFN_cuIpcCloseMemHandle_v4010",
+    "cuGraphAddMemAllocNode": "PFN_cuGraphAddMemAllocNode_v11040",
+    "cuMemPoolImportPointer": "PFN_cuMemPoolImportPointer_v11020",
+    "cuMulticastCreate": "PFN_cuMulticastCreate_v12010",
+}
+
+
+def hooks() -> list[str]:
+    return re.findall(r"^HOOK\((\w+)\)$", (WRAP / "wrap/intercepts.def").read_text(), re.M)
+
+
+def pfn_of(symbol: str) -> str:
+    for name, ver, kind, sym in def_entries():
+        if sym == symbol:
+            suffix = "_ptds" if sym.endswith("_ptds") else "_ptsz" if kind == "PTDS" else ""
+            return f"PFN_{name}_v{ver}{suffix}"
+    return EXTRA_PFN[symbol]
+
+
+def our_prototypes(source: str, exports: str, tmp_path: Path) -> dict[str, str]:
+    aux = tmp_path / "aux.txt"
+    subprocess.run(
+        ["cc", "-std=c11", f"-I{WRAP / 'include'}", f"-DEXPORTS=\"{exports}\"", "-aux-info", str(aux),
+         "-fsyntax-only", str(WRAP / "wrap" / source)],
+        check=True,
+    )  # fmt: skip
+    protos = {}
+    for line in aux.read_text().splitlines():
+        m = re.match(rf"/\* {re.escape(str(WRAP / 'wrap' / source))}:\d+:NF \*/ extern (.+?\((.*?)\));", line)
+        if m:
+            name = re.search(r"(\w+) \(", m.group(1)).group(1)
+            protos[name] = m.group(1)
+    return protos
+
+
+def test_hooks_match_the_toolkit_prototypes(tmp_path):
+    inc = needs("cudaTypedefs.h")
+    protos = {}
+    for src in ("memory.c", "procaddr.c"):
+        protos |= our_prototypes(src, "../symbols/cuda_exports.def", tmp_path)
+    lines = ["#include <cuda.h>", "#include <cudaTypedefs.h>"]
+    for hook in hooks():
+        decl = protos[hook].replace(f"{hook} (", f"ours_{hook} (", 1)
+        lines.append(f"{decl};")
+        lines.append(
+            f'_Static_assert(__builtin_types_compatible_p(__typeof__(&ours_{hook}), {pfn_of(hook)}), "{hook}");'
+        )
+    src = tmp_path / "check.c"
+    src.write_text("\n".join(lines) + "\n")
+    r = subprocess.run(
+        ["cc", "-std=gnu11", "-D__CUDA_API_VERSION_INTERNAL", f"-I{inc}", "-fsyntax-only", str(src)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_nvml_hooks_match_nvml_h(tmp_path):
+    inc = needs("nvml.h")
+    protos = our_prototypes("nvml.c", "../symbols/nvml_exports.def", tmp_path)
+    official = (inc / "nvml.h").read_text()
+    lines = ["#include <nvml.h>"]
+    for name, decl in protos.items():
+        if not re.search(rf"\b{name}\s*\(", official):
+            continue
+        lines.append(decl.replace(f"{name} (", f"ours_{name} (", 1) + ";")
+        lines.append(
+            f'_Static_assert(__builtin_types_compatible_p(__typeof__(&ours_{name}), __typeof__(&{name})), "{name}");'
+        )
+    src = tmp_path / "check_nvml.c"
+    src.write_text("\n".join(lines) + "\n")
+    # the legacy (unversioned) entry points are declared only with this set
+    r = subprocess.run(
+        ["cc", "-std=gnu11", "-DNVML_NO_UNVERSIONED_FUNC_DEFS", f"-I{inc}", "-fsyntax-only", str(src)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(lines) > 10
+
+
+@pytest.mark.parametrize(("header", "listing"), [("cuda.h", "cuda_exports.def"), ("nvml.h", "nvml_exports.def")])
+def test_export_lists_cover_the_official_headers(header, listing):
+    needs(header)
+    import tools.gen_exports as gen
+
+    ours = set(re.findall(r"^FWD\((\w+)\)$", (WRAP / "symbols" / listing).read_text(), re.M))
+    missing = set(gen.exported(header)) - ours
+    assert not missing, f"{listing} lacks {sorted(missing)[:10]}: run tools/gen_exports.py"
+
+
+def test_every_export_is_in_the_library():
+    names = set(re.findall(r"^FWD\((\w+)\)$", (WRAP / "symbols/cuda_exports.def").read_text(), re.M))
+    out = subprocess.run(
+        ["nm", "-D", "--defined-only", str(native_dir() / "wrap/libcuda.so.1")], capture_output=True, text=True
+    ).stdout
+    exported = {line.split()[-1]: line.split()[-2] for line in out.splitlines()}
+    assert names <= set(exported)
+    # intercepted functions are strong, the rest are the weak trampolines
+    assert {n for n, t in exported.items() if t == "T"} == set(hooks())
+
+
+def test_missing_symbols_answer_not_found(make_machine):
+    m = make_machine()
+    env = {**wrapped_env_for_machine(m), "GPUSLICE_ALLOW_UNSLICED": "1"}
+    code = (
+        "import ctypes\nlib = ctypes.CDLL('libcuda.so.1')\n"
+        "print(lib.cuDeviceGetLuid(None, None, 0), lib.cuMemPrefetchAsync_v2(0, 0, 0, 0, 0))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.stdout.split() == ["500", "500"], r.stderr  # CUDA_ERROR_NOT_FOUND, no crash
+
+
+def wrapped_env_for_machine(m) -> dict[str, str]:
+    return {
+        **m.env,
+        "LD_LIBRARY_PATH": str(native_dir() / "wrap"),
+        "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / "libcuda.so.1"),
+        "GPUSLICE_REAL_LIBNVML": str(native_dir() / "sim" / "libnvidia-ml.so.1"),
+    }
+
+
+@needs_root
+def test_get_proc_address_hands_out_the_hook_of_the_drivers_variant(daemon, containers):
+    s = Slice(daemon, containers, "1Gi")
+    a = Agent(s.env, prefix=s.box.command([]))
+    try:
+        a.call("init")
+        entries = def_entries()
+        syms = [e[3] for e in entries]
+        ours = a.call("dlsym", names=syms)
+        real = a.call("dlsym", names=syms, path=str(native_dir() / "sim" / "libcuda.so.1"))
+        hooked = set(hooks())
+        newest: dict[tuple[str, str], int] = {}
+        for name, ver, kind, _ in entries:
+            newest[(name, kind)] = max(ver, newest.get((name, kind), 0))
+        checked = 0
+        for name, ver, kind, sym in entries:
+            if kind == "PTDS" and ver != newest[(name, kind)]:
+                continue
+            got = a.call("procaddr", symbol=name, version=ver, flags=2 if kind == "PTDS" else 0)
+            want = ours[sym] if sym in hooked else real[sym]
+            assert got["pfn"] == want, f"{name}@{ver} {kind}: expected {'our hook' if sym in hooked else 'the driver'}"
+            checked += sym in hooked
+        assert checked >= 20
+    finally:
+        a.close()
