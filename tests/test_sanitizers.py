@@ -18,3 +18,4 @@ def test_stress_is_clean_under_sanitizers(tmp_path):
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("sim_stress: ok") == 2
+    assert r.stdout.count("ledger_stress: ok") == 2
