@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import click
-from gpuslice.bench import daemon_rpc, sim_calls
+from gpuslice.bench import daemon_rpc, interposer_calls, sim_calls
 
-BENCHMARKS = {"sim-calls": sim_calls.main, "daemon-rpc": daemon_rpc.main}
+BENCHMARKS = {
+    "sim-calls": sim_calls.main,
+    "daemon-rpc": daemon_rpc.main,
+    "interposer-calls": interposer_calls.main,
+}
 
 
 @click.command()
