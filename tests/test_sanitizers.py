@@ -1,5 +1,6 @@
-"""The simulator under ASan/UBSan and TSan: 8 threads allocating, copying,
-launching and synchronising, plus a fork (libcuda_wrap/tests/sim_stress.c)."""
+"""ASan/UBSan and TSan builds: the simulator under 8 threads allocating,
+copying, launching and synchronising plus a fork (libcuda_wrap/tests/sim_stress.c),
+and the slice ledger's atomics under 8 contending threads (tests/ledger_stress.c)."""
 
 from __future__ import annotations
 
