@@ -11,7 +11,7 @@ cd "$(dirname "$(readlink -f "$0")")"
 what=${1:-}
 case "$what" in demo|test|setup) ;; *) echo "usage: $0 demo|test|setup" >&2; exit 2 ;; esac
 
-APT_PACKAGES=(gcc make libc6-dev libyaml-dev python3 python3-venv python3-dev)
+APT_PACKAGES=(gcc make binutils libc6-dev libyaml-dev python3 python3-venv python3-dev util-linux valgrind)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
