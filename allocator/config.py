@@ -9,6 +9,8 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from gpuslice.units import parse_bytes
+
 SCHEMA = {
     "type": "object",
     "additionalProperties": False,
@@ -28,6 +30,7 @@ SCHEMA = {
         "sweep_interval": {"type": "number", "exclusiveMinimum": 0},
         "reservation_timeout": {"type": "number", "exclusiveMinimum": 0},
         "memory_oversubscription": {"type": "number", "minimum": 1, "maximum": 16},
+        "context_reserve": {"type": ["string", "integer"]},
         "nvml": {"enum": ["driver", "sim"]},
         "sim": {
             "type": "object",
@@ -53,6 +56,7 @@ class Config:
     sweep_interval: float = 5.0
     reservation_timeout: float = 300.0
     memory_oversubscription: float = 1.0
+    context_reserve: int = 0  # bytes the interposer charges per CUDA context
     nvml: str = "driver"
     sim_config: str | None = None
     sim_state_dir: str | None = None
@@ -79,6 +83,11 @@ def load(path: str | Path | None) -> Config:
     errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
         raise ConfigError("\n".join(f"config {path}: {_where(e)}: {e.message}" for e in errors))
+    reserve = data.get("context_reserve", 0)
+    try:
+        reserve = parse_bytes(str(reserve))
+    except ValueError as e:
+        raise ConfigError(f"config {path}: context_reserve: {e}") from e
     metrics = data.get("metrics", {})
     sim = data.get("sim", {})
     d = Config()
@@ -92,6 +101,7 @@ def load(path: str | Path | None) -> Config:
         sweep_interval=float(data.get("sweep_interval", d.sweep_interval)),
         reservation_timeout=float(data.get("reservation_timeout", d.reservation_timeout)),
         memory_oversubscription=float(data.get("memory_oversubscription", d.memory_oversubscription)),
+        context_reserve=reserve,
         nvml=data.get("nvml", d.nvml),
         sim_config=sim.get("config"),
         sim_state_dir=sim.get("state_dir"),

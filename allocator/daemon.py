@@ -42,7 +42,9 @@ class Daemon:
         self.inventory = _load_nvml(cfg)
         cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.ledger = Ledger(cfg.ledger_db)
-        self.manager = SliceManager(self.ledger, self.inventory, cfg.ledger_dir, cfg.memory_oversubscription)
+        self.manager = SliceManager(
+            self.ledger, self.inventory, cfg.ledger_dir, cfg.memory_oversubscription, cfg.context_reserve
+        )
         self.watcher = ProcessWatcher()
         self.manager.on_release.append(self.watcher.forget)
         self._stop = threading.Event()

@@ -48,6 +48,7 @@ class GpuLimit:
     memory_limit: int
     cores: int
     hard: bool
+    context_reserve: int = 0
 
 
 class SliceFiles:
@@ -87,6 +88,7 @@ class SliceFiles:
         for i, g in enumerate(gpus):
             lim.gpu[i].uuid = g.uuid.encode()[:47]
             lim.gpu[i].memory_limit = g.memory_limit
+            lim.gpu[i].context_reserve = g.context_reserve
             lim.gpu[i].cores = g.cores
             lim.gpu[i].policy = constant("GPUSLICE_POLICY_HARD" if g.hard else "GPUSLICE_POLICY_ELASTIC")
         lim.generation += 1

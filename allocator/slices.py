@@ -45,11 +45,15 @@ def _ours(annotations: dict[str, str]) -> dict[str, str]:
 
 
 class SliceManager:
-    def __init__(self, ledger: Ledger, inventory: Inventory, ledger_dir: Path, oversubscription: float = 1.0) -> None:
+    def __init__(
+        self, ledger: Ledger, inventory: Inventory, ledger_dir: Path, oversubscription: float = 1.0,
+        context_reserve: int = 0,
+    ) -> None:  # fmt: skip
         self.ledger = ledger
         self.inventory = inventory
         self.ledger_dir = ledger_dir
         self.oversubscription = oversubscription
+        self.context_reserve = context_reserve
         self.files: dict[str, SliceFiles] = {}
         self._lock = threading.RLock()
         self.on_release: list = []  # callbacks(slice_id) for the process watcher
@@ -77,7 +81,9 @@ class SliceManager:
             if f is None:
                 f = self.files[rec.id] = SliceFiles(self.ledger_dir, rec.id)
             hard = rec.policy == requests.ComputePolicy.HARD.value
-            f.write_limits([GpuLimit(a.gpu_uuid, a.memory, a.cores, hard) for a in rec.allocations])
+            f.write_limits(
+                [GpuLimit(a.gpu_uuid, a.memory, a.cores, hard, self.context_reserve) for a in rec.allocations]
+            )
             return f
 
     def restore(self) -> None:

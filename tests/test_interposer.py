@@ -28,8 +28,8 @@ class Slice:
     """A daemon on the simulator, one container holding a slice, and the
     environment that puts the interposer in front of the simulator."""
 
-    def __init__(self, daemon, containers, memory: str, gpu_memory: str = "16Gi") -> None:
-        self.d = daemon([gpu(gpu_memory)])
+    def __init__(self, daemon, containers, memory: str, gpu_memory: str = "16Gi", **config) -> None:
+        self.d = daemon([gpu(gpu_memory)], **config)
         self.client = self.d.client()
         self.box: Container = containers()
         self.slice = self.client.reserve("box", {"gpuslice.io/memory": memory, "gpuslice.io/cores": "50"})
@@ -150,6 +150,19 @@ def test_sigkill_returns_exactly_the_dead_process_share(one_gib, started):
         time.sleep(0.01)
     assert one_gib.used() == 200 * MiB
     assert b.call("meminfo")["free"] == GiB - 200 * MiB
+
+
+def test_contexts_cost_their_reserve_and_their_end_frees_their_memory(daemon, containers, started):
+    s = Slice(daemon, containers, "1Gi", context_reserve="100Mi")
+    a = s.agent(started)  # its primary context
+    assert s.used() == 100 * MiB
+    assert a.call("meminfo")["free"] == GiB - 100 * MiB
+    free = a.call("ctx_cycle", size=50 * MiB)["free"]
+    assert free == [GiB - 100 * MiB, GiB - 200 * MiB, GiB - 250 * MiB, GiB - 100 * MiB]
+    assert a.call("alloc", path="mem", size=300 * MiB)["error"] == "CUDA_SUCCESS"
+    assert s.used() == 400 * MiB
+    assert a.call("reset_primary")["error"] == "CUDA_SUCCESS"
+    assert s.used() == 0  # the reset freed the context and what it held
 
 
 def test_nvml_lists_only_this_containers_processes(one_gib, started):

@@ -305,8 +305,10 @@ typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
     CUcontext ctx;
 } CUDA_KERNEL_NODE_PARAMS_v2;
 
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;
+
 typedef struct CUctxCreateParams_st {
-    void *execAffinityParams;
+    CUexecAffinityParam *execAffinityParams;
     int numExecAffinityParams;
     void *cigParams;
 } CUctxCreateParams;

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 /* cdef-begin */
-#define GPUSLICE_SLICE_VERSION 1
+#define GPUSLICE_SLICE_VERSION 2
 #define GPUSLICE_SLICE_MAX_GPUS 8
 #define GPUSLICE_SLICE_MAX_PROCS 64
 #define GPUSLICE_LIMITS_MAGIC 0x534c4d54
@@ -49,9 +49,10 @@ struct gpuslice_reply {
 
 struct gpuslice_slice_gpu {
     char uuid[48];
-    uint64_t memory_limit; /* bytes */
-    uint32_t cores;        /* compute share, 1-100 */
-    uint32_t policy;       /* GPUSLICE_POLICY_* */
+    uint64_t memory_limit;    /* bytes */
+    uint64_t context_reserve; /* bytes charged per CUDA context (the driver's own use) */
+    uint32_t cores;           /* compute share, 1-100; 0 = no guaranteed share */
+    uint32_t policy;          /* GPUSLICE_POLICY_* */
 };
 
 /* Written by the daemon only; processes map it read-only. */

@@ -17,7 +17,11 @@
 /* The real function of the same name, with the exact type of our hook. */
 #define REAL(name) ((__typeof__(&name))gs_real_##name)
 
-enum kind { K_MEM = 1, K_ARRAY, K_MIPMAP, K_VMM_HANDLE, K_VMM_MAP, K_IPC, K_EXT, K_POOL };
+enum kind { K_MEM = 1, K_ARRAY, K_MIPMAP, K_VMM_HANDLE, K_VMM_MAP, K_IPC, K_EXT, K_POOL, K_CTX };
+
+/* Whose end frees what is being allocated: the context (or pool) that
+ * current_gpu/stream_gpu/pool_gpu found for this call. */
+static __thread uint64_t owner;
 
 /* Is the slice in force?  1: account; 0: pass through (unsliced); <0: no GPU. */
 static inline int enforcing(void)
@@ -33,6 +37,7 @@ static int8_t dev_map[MAX_DEVICES]; /* 0: unknown, else slice GPU + 1, or -1: no
 
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev);
 CUresult cuCtxGetDevice(CUdevice *dev);
+CUresult cuCtxGetCurrent(CUcontext *ctx);
 
 static int slice_gpu_of_device(CUdevice dev)
 {
@@ -51,9 +56,13 @@ static int slice_gpu_of_device(CUdevice dev)
 static CUresult current_gpu(int *g)
 {
     CUdevice dev;
+    CUcontext ctx = NULL;
     CUresult r = REAL(cuCtxGetDevice)(&dev);
+    if (r == CUDA_SUCCESS)
+        r = REAL(cuCtxGetCurrent)(&ctx);
     if (r != CUDA_SUCCESS)
         return r;
+    owner = (uint64_t)(uintptr_t)ctx;
     *g = slice_gpu_of_device(dev);
     return CUDA_SUCCESS;
 }
@@ -75,7 +84,7 @@ static inline void uncharge(int g, uint64_t bytes)
 
 static void remember(uint64_t key, uint64_t bytes, int g, enum kind k)
 {
-    if (gs_table_put(key, bytes, (uint32_t)g, k) != 0)
+    if (gs_table_put(key, bytes, (uint32_t)g, k, owner) != 0)
         gs_log(1, "allocation table full: %llu bytes stay charged until the process exits",
                (unsigned long long)bytes);
 }
@@ -277,6 +286,7 @@ static CUresult stream_gpu(CUstream s, int *g)
         r = REAL(cuCtxGetDevice_v2)(&dev, ctx);
     if (r != CUDA_SUCCESS)
         return current_gpu(g); /* older drivers: the stream's context is current */
+    owner = (uint64_t)(uintptr_t)ctx;
     *g = slice_gpu_of_device(dev);
     return CUDA_SUCCESS;
 }
@@ -319,17 +329,27 @@ WRAP_API CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s)
 WRAP_API CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
     CUresult r = REAL(cuMemPoolCreate)(pool, props);
-    if (r == CUDA_SUCCESS && enforcing() > 0 && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+    if (r == CUDA_SUCCESS && enforcing() > 0 && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        owner = 0;
         remember((uint64_t)(uintptr_t)*pool, 0, slice_gpu_of_device(props->location.id), K_POOL);
+    }
     return r;
 }
 
+static void give_back(const struct gs_entry *e)
+{
+    uncharge((int)e->gpu, e->bytes);
+}
+
+/* Destroying a pool frees what was still allocated from it. */
 WRAP_API CUresult cuMemPoolDestroy(CUmemoryPool pool)
 {
     struct gs_entry e;
     CUresult r = REAL(cuMemPoolDestroy)(pool);
-    if (r == CUDA_SUCCESS && enforcing() > 0)
+    if (r == CUDA_SUCCESS && enforcing() > 0) {
         forget((uint64_t)(uintptr_t)pool, K_POOL, &e);
+        gs_table_drop_owner((uint64_t)(uintptr_t)pool, give_back);
+    }
     return r;
 }
 
@@ -338,6 +358,7 @@ static CUresult pool_gpu(CUmemoryPool pool, CUstream s, int *g)
     struct gs_entry e = {.kind = K_POOL};
     if (gs_table_get((uint64_t)(uintptr_t)pool, &e) == 0) {
         *g = (int)e.gpu;
+        owner = (uint64_t)(uintptr_t)pool;
         return CUDA_SUCCESS;
     }
     return stream_gpu(s, g); /* a device's own pool */
@@ -386,6 +407,7 @@ WRAP_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, cons
     int g = enforcing() > 0 && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE
                 ? slice_gpu_of_device(prop->location.id)
                 : -1;
+    owner = 0; /* VMM handles belong to the process, not to a context */
     ALLOCATE(g, size, REAL(cuMemCreate)(h, size, prop, flags), *h, K_VMM_HANDLE);
 }
 
@@ -406,7 +428,7 @@ static int vmm_adjust(uint64_t handle, int release, int map_delta)
         uncharge((int)(int8_t)gpu, e.bytes);
         return 0;
     }
-    gs_table_put(handle, e.bytes, gpu | (maps << 8) | (released << 31), K_VMM_HANDLE);
+    gs_table_put(handle, e.bytes, gpu | (maps << 8) | (released << 31), K_VMM_HANDLE, 0);
     return 0;
 }
 
@@ -423,7 +445,7 @@ WRAP_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGen
 {
     CUresult r = REAL(cuMemMap)(ptr, size, offset, h, flags);
     if (r == CUDA_SUCCESS && enforcing() > 0 && vmm_adjust(h, 0, +1) == 0)
-        gs_table_put(ptr, h, 0, K_VMM_MAP); /* the mapping remembers its handle */
+        gs_table_put(ptr, h, 0, K_VMM_MAP, 0); /* the mapping remembers its handle */
     return r;
 }
 
@@ -557,6 +579,178 @@ WRAP_API CUresult cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle h, unsign
 WRAP_API CUresult cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
     return release(dptr, K_IPC, REAL(cuIpcCloseMemHandle)(dptr));
+}
+
+/* ---- contexts ------------------------------------------------------------------ */
+/* Each context costs the slice its configured reserve (the driver's own use of
+ * the GPU), and its end frees everything allocated in it. */
+
+static inline uint64_t reserve_of(int g)
+{
+    return g < 0 ? 0 : __atomic_load_n(&gs.limits->gpu[g].context_reserve, __ATOMIC_ACQUIRE);
+}
+
+static void context_ended(CUcontext ctx)
+{
+    struct gs_entry e;
+    gs_table_drop_owner((uint64_t)(uintptr_t)ctx, give_back);
+    if (forget((uint64_t)(uintptr_t)ctx, K_CTX, &e) == 0)
+        uncharge((int)e.gpu, e.bytes);
+}
+
+static CUresult ctx_created(CUcontext *pctx, CUdevice dev, CUresult (*create)(void *), void *args)
+{
+    int on = enforcing();
+    if (on < 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (on == 0 || !pctx)
+        return create(args);
+    int g = slice_gpu_of_device(dev);
+    uint64_t bytes = reserve_of(g);
+    if (bytes && charge(g, bytes) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = create(args);
+    if (r != CUDA_SUCCESS) {
+        if (bytes)
+            uncharge(g, bytes);
+        return r;
+    }
+    owner = 0;
+    remember((uint64_t)(uintptr_t)*pctx, bytes, g, K_CTX);
+    return r;
+}
+
+struct create_args {
+    CUcontext *pctx;
+    void *params;
+    int n;
+    unsigned flags;
+    CUdevice dev;
+    int variant;
+};
+
+CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags, CUdevice dev);
+CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev);
+
+static CUresult create_ctx(void *p)
+{
+    struct create_args *a = p;
+    switch (a->variant) {
+    case 1: return REAL(cuCtxCreate)(a->pctx, a->flags, a->dev);
+    case 2: return REAL(cuCtxCreate_v2)(a->pctx, a->flags, a->dev);
+    case 3: return REAL(cuCtxCreate_v3)(a->pctx, a->params, a->n, a->flags, a->dev);
+    default: return REAL(cuCtxCreate_v4)(a->pctx, a->params, a->flags, a->dev);
+    }
+}
+
+WRAP_API CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    struct create_args a = {pctx, NULL, 0, flags, dev, 1};
+    return ctx_created(pctx, dev, create_ctx, &a);
+}
+
+WRAP_API CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+    struct create_args a = {pctx, NULL, 0, flags, dev, 2};
+    return ctx_created(pctx, dev, create_ctx, &a);
+}
+
+WRAP_API CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n, unsigned int flags,
+                                 CUdevice dev)
+{
+    struct create_args a = {pctx, params, n, flags, dev, 3};
+    return ctx_created(pctx, dev, create_ctx, &a);
+}
+
+WRAP_API CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev)
+{
+    struct create_args a = {pctx, params, 0, flags, dev, 4};
+    return ctx_created(pctx, dev, create_ctx, &a);
+}
+
+WRAP_API CUresult cuCtxDestroy_v2(CUcontext ctx)
+{
+    CUresult r = REAL(cuCtxDestroy_v2)(ctx);
+    if (r == CUDA_SUCCESS && enforcing() > 0)
+        context_ended(ctx);
+    return r;
+}
+
+WRAP_API CUresult cuCtxDestroy(CUcontext ctx)
+{
+    CUresult r = REAL(cuCtxDestroy)(ctx);
+    if (r == CUDA_SUCCESS && enforcing() > 0)
+        context_ended(ctx);
+    return r;
+}
+
+/* Primary contexts: charged at the first retain, ended by the last release
+ * or a reset; their handle is the same for every retain of a device. */
+static int primary_refs[MAX_DEVICES];
+static CUcontext primary_ctx[MAX_DEVICES];
+
+WRAP_API CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+    int on = enforcing();
+    if (on <= 0 || !pctx || dev < 0 || dev >= MAX_DEVICES)
+        return on < 0 ? CUDA_ERROR_NOT_INITIALIZED : REAL(cuDevicePrimaryCtxRetain)(pctx, dev);
+    int g = slice_gpu_of_device(dev);
+    uint64_t bytes = reserve_of(g);
+    int first = __atomic_fetch_add(&primary_refs[dev], 1, __ATOMIC_ACQ_REL) == 0;
+    if (first && bytes && charge(g, bytes) != 0) {
+        __atomic_fetch_sub(&primary_refs[dev], 1, __ATOMIC_ACQ_REL);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    CUresult r = REAL(cuDevicePrimaryCtxRetain)(pctx, dev);
+    if (r != CUDA_SUCCESS) {
+        if (__atomic_sub_fetch(&primary_refs[dev], 1, __ATOMIC_ACQ_REL) == 0 && first && bytes)
+            uncharge(g, bytes);
+        return r;
+    }
+    if (first) {
+        __atomic_store_n(&primary_ctx[dev], *pctx, __ATOMIC_RELEASE);
+        owner = 0;
+        remember((uint64_t)(uintptr_t)*pctx, bytes, g, K_CTX);
+    }
+    return r;
+}
+
+static CUresult primary_dropped(CUdevice dev, CUresult r, int reset)
+{
+    if (r != CUDA_SUCCESS || enforcing() <= 0 || dev < 0 || dev >= MAX_DEVICES)
+        return r;
+    int last = reset ? __atomic_exchange_n(&primary_refs[dev], 0, __ATOMIC_ACQ_REL) > 0
+                     : __atomic_sub_fetch(&primary_refs[dev], 1, __ATOMIC_ACQ_REL) == 0;
+    if (last)
+        context_ended(__atomic_load_n(&primary_ctx[dev], __ATOMIC_ACQUIRE));
+    return r;
+}
+
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxRelease(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev);
+CUresult cuDevicePrimaryCtxReset(CUdevice dev);
+
+WRAP_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+    return primary_dropped(dev, REAL(cuDevicePrimaryCtxRelease_v2)(dev), 0);
+}
+
+WRAP_API CUresult cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+    return primary_dropped(dev, REAL(cuDevicePrimaryCtxRelease)(dev), 0);
+}
+
+WRAP_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+    return primary_dropped(dev, REAL(cuDevicePrimaryCtxReset_v2)(dev), 1);
+}
+
+WRAP_API CUresult cuDevicePrimaryCtxReset(CUdevice dev)
+{
+    return primary_dropped(dev, REAL(cuDevicePrimaryCtxReset)(dev), 1);
 }
 
 /* ---- paths gpuslice cannot account yet: refused, never escaped -------------- */

@@ -41,7 +41,7 @@ static uint32_t hash(uint64_t key, uint32_t kind)
     return (uint32_t)key & (CAP - 1);
 }
 
-int gs_table_put(uint64_t key, uint64_t bytes, uint32_t gpu, uint32_t kind)
+int gs_table_put(uint64_t key, uint64_t bytes, uint32_t gpu, uint32_t kind, uint64_t owner)
 {
     struct gs_entry *t = table();
     if (!t || key <= BUSY)
@@ -53,6 +53,7 @@ int gs_table_put(uint64_t key, uint64_t bytes, uint32_t gpu, uint32_t kind)
         if ((k == EMPTY || k == TOMB) &&
             __atomic_compare_exchange_n(&e->key, &k, BUSY, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
             e->bytes = bytes;
+            e->owner = owner;
             e->gpu = gpu;
             e->kind = kind;
             __atomic_store_n(&e->key, key, __ATOMIC_RELEASE);
@@ -77,6 +78,7 @@ int gs_table_take(uint64_t key, struct gs_entry *out)
             __atomic_compare_exchange_n(&e->key, &k, BUSY, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
             out->key = key;
             out->bytes = e->bytes;
+            out->owner = e->owner;
             out->gpu = e->gpu;
             __atomic_store_n(&e->key, TOMB, __ATOMIC_RELEASE);
             return 0;
@@ -106,9 +108,29 @@ int gs_table_get(uint64_t key, struct gs_entry *out)
         if (k == key && e->kind == out->kind) {
             out->key = key;
             out->bytes = e->bytes;
+            out->owner = e->owner;
             out->gpu = e->gpu;
             return 0;
         }
     }
     return -1;
+}
+
+void gs_table_drop_owner(uint64_t owner, void (*fn)(const struct gs_entry *))
+{
+    struct gs_entry *t = __atomic_load_n(&slots, __ATOMIC_ACQUIRE);
+    if (!t || !owner)
+        return;
+    for (uint32_t i = 0; i < CAP; i++) {
+        struct gs_entry *e = &t[i];
+        uint64_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
+        if (k <= BUSY || e->owner != owner)
+            continue;
+        if (!__atomic_compare_exchange_n(&e->key, &k, BUSY, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue;
+        struct gs_entry copy = *e;
+        copy.key = k;
+        __atomic_store_n(&e->key, TOMB, __ATOMIC_RELEASE);
+        fn(&copy);
+    }
 }

@@ -40,10 +40,14 @@ void gpuslice_usage_uncharge(struct gpuslice_usage *u, uint32_t slot, uint32_t g
 struct gs_entry {
     uint64_t key;
     uint64_t bytes;
+    uint64_t owner; /* the context (or pool) whose end frees it; 0: none */
     uint32_t gpu;
     uint32_t kind;
 };
-int gs_table_put(uint64_t key, uint64_t bytes, uint32_t gpu, uint32_t kind);
+int gs_table_put(uint64_t key, uint64_t bytes, uint32_t gpu, uint32_t kind, uint64_t owner);
+/* Take every entry of an owner (a context or pool that is going away); calls
+ * fn for each.  A scan: only for context and pool ends, never a hot path. */
+void gs_table_drop_owner(uint64_t owner, void (*fn)(const struct gs_entry *));
 int gs_table_take(uint64_t key, struct gs_entry *out); /* out->kind selects */
 int gs_table_get(uint64_t key, struct gs_entry *out);
 void gs_table_reset(void);

@@ -50,6 +50,25 @@ class Agent:
         # /proc here is the host's: it names this process as the host sees it
         return {"pid": os.getpid(), "host_pid": int(os.readlink("/proc/self")), "error": "CUDA_SUCCESS"}
 
+    def ctx_cycle(self, size: int) -> dict:
+        """Free memory before, with a new context, with an allocation in it,
+        and after destroying the context (which frees the allocation)."""
+        free = [cu.cuMemGetInfo()[1]]
+        _, dev = cu.cuDeviceGet(0)
+        err, ctx = cu.cuCtxCreate(None, 0, dev)
+        free.append(cu.cuMemGetInfo()[1])
+        cu.cuMemAlloc(size)
+        free.append(cu.cuMemGetInfo()[1])
+        cu.cuCtxDestroy(ctx)
+        cu.cuCtxSetCurrent(self.ctx)
+        free.append(cu.cuMemGetInfo()[1])
+        return {"error": name_of(err), "free": free}
+
+    def reset_primary(self) -> dict:
+        _, dev = cu.cuDeviceGet(0)
+        (err,) = cu.cuDevicePrimaryCtxReset(dev)
+        return {"error": name_of(err)}
+
     def meminfo(self) -> dict:
         err, free, total = cu.cuMemGetInfo()
         return {"error": name_of(err), "free": free, "total": total}
