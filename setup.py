@@ -9,7 +9,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-NATIVE_PARTS = ("sim", "ledger", "wrap")
+NATIVE_PARTS = ("sim", "ledger", "wrap", "tools")
 
 
 class BuildWithNative(build_py):

@@ -98,6 +98,78 @@ def status(socket_path: str | None, as_json: bool) -> None:
         click.echo(render_status(inv, slices))
 
 
+@main.group("cdi")
+def cdi_group() -> None:
+    """CDI specs of kind gpuslice.io/gpu."""
+
+
+@cdi_group.command("generate")
+@click.option("--driver", type=click.Choice(["nvidia", "sim"]), default="nvidia", show_default=True)
+@click.option("--driver-root", type=click.Path(file_okay=False), default="/", show_default=True)
+@click.option("--output", type=click.Path(dir_okay=False), default="/var/run/cdi/gpuslice.json", show_default=True)
+@click.option("--hook", "hook_path", type=click.Path(dir_okay=False), help="gpuslice-hook on the host (default: PATH)")
+@click.option("--daemon-socket", default="/run/gpuslice/gpuslice.sock", show_default=True)
+@click.option("--slice-dir", default="/run/gpuslice/slice", show_default=True, help="host dir of the slice socket")
+@click.option("--sim-config", type=click.Path(dir_okay=False), help="simulator config to mount (--driver sim)")
+@click.option("--sim-state-dir", type=click.Path(file_okay=False), help="simulator state to mount (--driver sim)")
+@click.option("--stdout", "to_stdout", is_flag=True, help="print the spec instead of writing it")
+def cdi_generate(
+    driver, driver_root, output, hook_path, daemon_socket, slice_dir, sim_config, sim_state_dir, to_stdout
+):
+    """Discover the GPUs and the driver's files and write the CDI spec."""
+    import shutil
+    from pathlib import Path
+
+    from gpuslice.allocator import inventory
+    from gpuslice.cdi import generate as gen
+    from gpuslice.cdi import spec as cdi_spec
+
+    if driver == "sim":
+        for env, value in ((sim.CONFIG_ENV, sim_config), (sim.STATE_DIR_ENV, sim_state_dir)):
+            if value:
+                os.environ[env] = value
+        sim.activate()
+    hook_path = hook_path or shutil.which("gpuslice-hook") or str(Path(sys.executable).parent / "gpuslice-hook")
+    opts = gen.Options(driver, Path(driver_root), hook_path, daemon_socket, slice_dir, sim_config, sim_state_dir)
+    try:
+        spec = gen.generate(inventory.read(), opts)
+        if to_stdout:
+            cdi_spec.validate(spec)
+            click.echo(json.dumps(spec, indent=2))
+        else:
+            cdi_spec.write(spec, Path(output))
+            click.echo(f"wrote {output}: {len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']}")
+    except (gen.DriverFilesError, cdi_spec.SpecError) as e:
+        raise click.ClickException(str(e)) from e
+
+
+@cdi_group.command("list")
+def cdi_list() -> None:
+    """The gpuslice.io/gpu devices of the specs in /etc/cdi and /var/run/cdi."""
+    from gpuslice.cdi import spec as cdi_spec
+
+    for path in cdi_spec.find_specs():
+        data = json.loads(path.read_text())
+        for d in data["devices"]:
+            click.echo(f"{data['kind']}={d['name']}\t{path}")
+
+
+@cdi_group.command("validate")
+@click.argument("file", type=click.Path(dir_okay=False))
+def cdi_validate(file: str) -> None:
+    """Check a CDI spec: schema, names, and the cdiVersion its fields need."""
+    from pathlib import Path
+
+    from gpuslice.cdi import spec as cdi_spec
+
+    try:
+        data = cdi_spec.load(Path(file))
+    except cdi_spec.SpecError as e:
+        click.echo(f"gpuslice: {file}: {e}".replace("\n", f"\ngpuslice: {file}: "), err=True)
+        sys.exit(1)
+    click.echo(f"ok: {data['kind']}, {len(data['devices'])} devices, cdiVersion {data['cdiVersion']}")
+
+
 @main.group("sim")
 def sim_group() -> None:
     """The simulated NVIDIA driver (for tests and the demo)."""
