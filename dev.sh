@@ -12,9 +12,14 @@ what=${1:-}
 case "$what" in demo|test|setup) ;; *) echo "usage: $0 demo|test|setup" >&2; exit 2 ;; esac
 
 APT_PACKAGES=(gcc make binutils libc6-dev libyaml-dev python3 python3-venv python3-dev util-linux valgrind)
+# container runtimes for the end-to-end tests: installed when root; without
+# them (as a normal user) those tests skip with a reason
+RUNTIME_PACKAGES=(podman runc containerd busybox-static)
 
+wanted=("${APT_PACKAGES[@]}")
+[ "$(id -u)" = 0 ] && wanted+=("${RUNTIME_PACKAGES[@]}")
 missing=()
-for p in "${APT_PACKAGES[@]}"; do
+for p in "${wanted[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -1,0 +1,218 @@
+"""Real containers on a simulated GPU: Podman with CDI and the hook, Podman
+with the runtime shim, containerd's ctr with the shim."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+from gpuslice.cdi import spec as cdi_spec
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT7
+
+from tests import rootfs
+from tests.conftest import gpu
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference"
+PODMAN_FLAGS = ["--runtime", "runc", "--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit",
+                "nproc=1024:1024"]  # fmt: skip
+SPEC_PATH = Path("/var/run/cdi/gpuslice-e2e.json")
+MiB, GiB = 1 << 20, 1 << 30
+
+needs_runtimes = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("podman", "runc", "ctr", "containerd")),
+    reason="needs root, podman, runc and containerd (./dev.sh installs them as root)",
+)
+pytestmark = needs_runtimes
+
+
+@pytest.fixture(scope="session")
+def root_fs(tmp_path_factory) -> Path:
+    return rootfs.build(tmp_path_factory.mktemp("rootfs"))
+
+
+@pytest.fixture(scope="session")
+def containerd():
+    sock = Path("/run/containerd/containerd.sock")
+    started = None
+    if subprocess.run(["ctr", "version"], capture_output=True, timeout=10).returncode != 0:
+        started = subprocess.Popen(["containerd"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if sock.exists() and subprocess.run(["ctr", "version"], capture_output=True).returncode == 0:
+                break
+            time.sleep(0.2)
+    yield
+    if started:
+        started.terminate()
+        started.wait(10)
+
+
+class Node:
+    """A daemon on the simulator, its CDI spec installed, the shim configured."""
+
+    def __init__(self, daemon, tmp: Path) -> None:
+        others = [p for p in cdi_spec.find_specs() if p != SPEC_PATH]
+        assert not others, f"another {cdi_spec.KIND} spec is installed: {others}"
+        self.d = daemon([gpu("16Gi")], sweep_interval=0.5)
+        self.client = self.d.client()
+        r = subprocess.run(
+            [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(SPEC_PATH),
+             "--daemon-socket", str(self.d.socket), "--slice-dir", str(self.d.slice_socket.parent),
+             "--sim-config", str(self.d.dir / "sim.yaml"), "--sim-state-dir", str(self.d.dir / "sim")],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        self.shim = tmp / "gpuslice-runtime"
+        self.shim.write_text(
+            f"#!/bin/sh\nexport GPUSLICE_SOCKET={self.d.socket}\nexport GPUSLICE_CDI_SPEC={SPEC_PATH}\n"
+            f'exec {Path(sys.executable).parent / "gpuslice-runtime"} "$@"\n'
+        )
+        self.shim.chmod(0o755)
+
+    def wait_empty(self, seconds: float = 5) -> list:
+        deadline = time.monotonic() + seconds
+        while self.client.list() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.client.list()
+
+
+@pytest.fixture
+def node(daemon, tmp_path):
+    n = Node(daemon, tmp_path)
+    yield n
+    SPEC_PATH.unlink(missing_ok=True)
+
+
+def podman(args: list[str], root: Path, cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["podman", "run", "--rm", *PODMAN_FLAGS, *args, "--rootfs", str(root), *cmd],
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def probe_result(r: subprocess.CompletedProcess) -> dict:
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_podman_cdi_device_with_annotations(node, root_fs):
+    r = podman(["--device", "gpuslice.io/gpu=0", "--annotation", "gpuslice.io/memory=1Gi"], root_fs, [rootfs.PROBE])
+    out = probe_result(r)
+    assert out["total"] == GiB and out["allocated"] == GiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert node.wait_empty() == []
+
+
+def test_podman_runtime_shim_with_annotations_only(node, root_fs):
+    r = podman(
+        ["--runtime", str(node.shim), "--annotation", "gpuslice.io/memory=2Gi", "--annotation", "gpuslice.io/cores=30"],
+        root_fs, [rootfs.PROBE],
+    )  # fmt: skip
+    out = probe_result(r)
+    assert out["total"] == 2 * GiB and out["allocated"] == 2 * GiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert node.wait_empty() == []
+
+
+def test_ctr_with_the_shim_as_runc_binary(node, root_fs, containerd):
+    cid = f"gpuslice-e2e-{os.getpid()}"
+    r = subprocess.run(
+        ["ctr", "run", "--rm", "--runc-binary", str(node.shim), "--annotation", "gpuslice.io/memory=1500Mi",
+         "--rootfs", str(root_fs), cid, rootfs.PROBE, "100"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    out = probe_result(r)
+    assert out["total"] == 1500 * MiB and out["allocated"] == 1500 * MiB
+    assert out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert node.wait_empty() == []
+
+
+@pytest.mark.parametrize(
+    ("annotation", "reason"),
+    [
+        ("gpuslice.io/memory=lots", 'annotation gpuslice.io/memory: "lots" is not valid'),
+        ("gpuslice.io/cores=150", 'annotation gpuslice.io/cores: "150" is not valid'),
+        ("gpuslice.io/gpus=-1", 'annotation gpuslice.io/gpus: "-1" is not valid'),
+        ("gpuslice.io/device=7", "gpuslice.io/device: no GPU 7 on this node"),
+    ],
+)
+def test_bad_annotations_fail_the_run_and_reserve_nothing(node, root_fs, annotation, reason):
+    shim = podman(["--runtime", str(node.shim), "--annotation", annotation], root_fs, [rootfs.PROBE])
+    assert shim.returncode != 0 and reason in shim.stderr, shim.stderr
+    assert node.client.list() == []
+    cdi = podman(["--device", "gpuslice.io/gpu=0", "--annotation", annotation], root_fs, [rootfs.PROBE])
+    assert cdi.returncode != 0 and "gpuslice-hook" in cdi.stderr + cdi.stdout
+    assert node.client.list() == []
+    assert all(g.memory_reserved == 0 for g in node.client.inventory().gpus)
+
+
+def test_container_whose_poststop_never_ran_is_reclaimed(node, root_fs):
+    name = f"gpuslice-orphan-{os.getpid()}"
+    r = subprocess.run(
+        ["podman", "run", "-d", "--name", name, *PODMAN_FLAGS, "--device", "gpuslice.io/gpu=0",
+         "--annotation", "gpuslice.io/memory=1Gi", "--rootfs", str(root_fs), "/bin/sleep", "60"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    try:
+        assert [s.state for s in node.client.list()] == ["bound"]
+        pid = int(subprocess.run(["podman", "inspect", "--format", "{{.State.Pid}}", name], capture_output=True,
+                                 text=True).stdout)  # fmt: skip
+        conmon = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        os.kill(conmon, signal.SIGKILL)  # the runtime's monitor dies first: no poststop will run
+        os.kill(pid, signal.SIGKILL)
+        assert node.wait_empty(10) == [], "the sweep did not reclaim the slice"
+    finally:
+        subprocess.run(["podman", "rm", "-f", name], capture_output=True, timeout=60)
+
+
+def _schema_registry(root: Path) -> Registry:
+    resources = [
+        (p.name, Resource.from_contents(json.loads(p.read_text()), default_specification=DRAFT7))
+        for p in root.glob("*.json")
+    ]
+    return Registry().with_resources(resources)
+
+
+def test_generated_spec_validates_against_the_official_cdi_schema(node):
+    schema_dir = SHARED / "cdi"
+    schema = json.loads((schema_dir / "schema.json").read_text())
+    spec = json.loads(SPEC_PATH.read_text())
+    jsonschema.Draft7Validator(schema, registry=_schema_registry(schema_dir)).validate(spec)
+    assert oct(SPEC_PATH.stat().st_mode & 0o777) == "0o644"
+    assert spec["cdiVersion"] == "0.5.0"  # numeric device names need 0.5.0, which Podman 4 reads
+
+
+def test_shim_config_validates_against_the_oci_schema_and_untouched_bundles_stay_byte_for_byte(node, tmp_path):
+    from gpuslice.runtime_shim.main import prepare
+
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    subprocess.run(["runc", "spec", "--bundle", str(bundle)], check=True)
+    before = (bundle / "config.json").read_bytes()
+    os.environ["GPUSLICE_CDI_SPEC"] = str(SPEC_PATH)
+    try:
+        assert prepare(bundle, "untouched") is False
+        assert (bundle / "config.json").read_bytes() == before
+        config = json.loads(before)
+        config["annotations"] = {"gpuslice.io/memory": "1Gi"}
+        (bundle / "config.json").write_text(json.dumps(config))
+        from gpuslice.client import AllocatorClient
+
+        assert prepare(bundle, "edited", lambda timeout: AllocatorClient(node.d.socket, timeout)) is True
+    finally:
+        os.environ.pop("GPUSLICE_CDI_SPEC")
+    edited = json.loads((bundle / "config.json").read_text())
+    oci = SHARED / "oci-runtime-spec"
+    schema = json.loads((oci / "config-schema.json").read_text())
+    jsonschema.Draft7Validator(schema, registry=_schema_registry(oci)).validate(edited)
+    assert any(m["destination"] == "/usr/lib/gpuslice/wrap/libcuda.so.1" for m in edited["mounts"])
+    assert edited["hooks"]["createRuntime"][0]["args"] == ["gpuslice-hook", "createRuntime"]
+    assert node.client.get("edited").gpus[0].memory_limit == GiB
