@@ -170,6 +170,55 @@ def cdi_validate(file: str) -> None:
     click.echo(f"ok: {data['kind']}, {len(data['devices'])} devices, cdiVersion {data['cdiVersion']}")
 
 
+def _install(target: str, root: str, shim: str | None, hook: str | None, dry_run: bool, remove: bool) -> None:
+    import shutil
+    from pathlib import Path
+
+    from gpuslice import install as installer
+
+    here = Path(sys.executable).parent
+    shim = shim or shutil.which("gpuslice-runtime") or str(here / "gpuslice-runtime")
+    hook = hook or shutil.which("gpuslice-hook") or str(here / "gpuslice-hook")
+    changes = installer.plan(target, Path(root), shim, hook, remove)
+    pending = [c for c in changes if c.changes]
+    if not pending:
+        click.echo(f"{target}: nothing to change")
+        return
+    if dry_run:
+        for c in pending:
+            click.echo(c.diff(), nl=False)
+        return
+    try:
+        installer.apply(changes)
+    except OSError as e:
+        raise click.ClickException(f"{e.filename}: {e.strerror}") from e
+    for c in pending:
+        click.echo(f"{'removed' if c.after is None else 'wrote'} {c.path}")
+
+
+_TARGETS = click.Choice(["containerd", "crio", "podman", "docker"])
+
+
+@main.command("install")
+@click.argument("target", type=_TARGETS)
+@click.option("--root", default="/", show_default=True, help="filesystem root to configure")
+@click.option("--shim", help="gpuslice-runtime path (default: PATH)")
+@click.option("--hook", help="gpuslice-hook path (default: PATH)")
+@click.option("--dry-run", is_flag=True, help="print the change, write nothing")
+def install_cmd(target: str, root: str, shim: str | None, hook: str | None, dry_run: bool) -> None:
+    """Configure a container runtime to use gpuslice (drop-in files; idempotent)."""
+    _install(target, root, shim, hook, dry_run, remove=False)
+
+
+@main.command("uninstall")
+@click.argument("target", type=_TARGETS)
+@click.option("--root", default="/", show_default=True, help="filesystem root to configure")
+@click.option("--dry-run", is_flag=True, help="print the change, write nothing")
+def uninstall_cmd(target: str, root: str, dry_run: bool) -> None:
+    """Undo `gpuslice install TARGET`."""
+    _install(target, root, None, None, dry_run, remove=True)
+
+
 @main.group("sim")
 def sim_group() -> None:
     """The simulated NVIDIA driver (for tests and the demo)."""

@@ -216,3 +216,34 @@ def test_shim_config_validates_against_the_oci_schema_and_untouched_bundles_stay
     assert any(m["destination"] == "/usr/lib/gpuslice/wrap/libcuda.so.1" for m in edited["mounts"])
     assert edited["hooks"]["createRuntime"][0]["args"] == ["gpuslice-hook", "createRuntime"]
     assert node.client.get("edited").gpus[0].memory_limit == GiB
+
+
+def test_podman_hooks_d_files_bind_and_release(node, root_fs, tmp_path):
+    hooks = tmp_path / "root"
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuslice.cli", "install", "podman", "--root", str(hooks),
+         "--hook", str(Path(sys.executable).parent / "gpuslice-hook")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    hooks_dir = hooks / "usr/share/containers/oci/hooks.d"
+    # the hooks run with the runtime's environment: point them at the test daemon
+    for f in hooks_dir.glob("*.json"):
+        data = json.loads(f.read_text())
+        data["hook"]["env"] = [f"GPUSLICE_SOCKET={node.d.socket}"]
+        f.write_text(json.dumps(data))
+    name = f"gpuslice-hooksd-{os.getpid()}"
+    run = subprocess.Popen(
+        ["podman", "--hooks-dir", str(hooks_dir), "run", "--rm", "--name", name, *PODMAN_FLAGS,
+         "--annotation", "gpuslice.io/memory=3Gi", "--rootfs", str(root_fs), "/bin/sleep", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 20
+    seen = []
+    while not seen and time.monotonic() < deadline and run.poll() is None:
+        seen = [(s.state, s.gpus[0].memory_limit) for s in node.client.list()]
+        time.sleep(0.1)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err
+    assert seen == [("bound", 3 * GiB)]  # createRuntime reserved and bound from the annotation
+    assert node.wait_empty() == []  # poststop released it
