@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -74,16 +76,49 @@ def create_runtime(state: dict, client: AllocatorClient) -> None:
         raise
 
 
+LD_CONF = "etc/ld.so.conf.d/00-gpuslice.conf"
+LIB_DIRS = ("/usr/lib/gpuslice/wrap", "/usr/lib/gpuslice/driver")
+
+
+def update_ldcache(state: dict) -> None:
+    """createContainer: make the container's loader cache point at the
+    interposer first, for programs that drop LD_LIBRARY_PATH.  Best effort:
+    an image without a writable /etc keeps LD_LIBRARY_PATH alone."""
+    config = json.loads((Path(state["bundle"]) / "config.json").read_text())
+    root = (
+        Path(state["bundle"]) / config["root"]["path"]
+        if not config["root"]["path"].startswith("/")
+        else Path(config["root"]["path"])
+    )
+    conf = root / LD_CONF
+    try:
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text("\n".join(LIB_DIRS) + "\n")
+        # the directories on the command line too: many images have no /etc/ld.so.conf
+        ldconfig = shutil.which("ldconfig", path="/sbin:/usr/sbin:/bin:/usr/bin") or "ldconfig"
+        subprocess.run([ldconfig, "-r", str(root), *LIB_DIRS], capture_output=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError) as e:
+        print(
+            f"gpuslice-hook: update-ldcache skipped ({e}); LD_LIBRARY_PATH still finds the interposer", file=sys.stderr
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or args[0] not in ("createRuntime", "poststop"):
-        print("gpuslice-hook: usage: gpuslice-hook createRuntime|poststop (OCI state on stdin)", file=sys.stderr)
+    if len(args) != 1 or args[0] not in ("createRuntime", "poststop", "update-ldcache"):
+        print(
+            "gpuslice-hook: usage: gpuslice-hook createRuntime|poststop|update-ldcache (OCI state on stdin)",
+            file=sys.stderr,
+        )
         return 2
     try:
         state = json.load(sys.stdin)
     except json.JSONDecodeError as e:
         print(f"gpuslice-hook: the OCI state on stdin is not JSON: {e}", file=sys.stderr)
         return 1
+    if args[0] == "update-ldcache":
+        update_ldcache(state)
+        return 0
     with AllocatorClient(timeout=10) as client:
         try:
             if args[0] == "createRuntime":

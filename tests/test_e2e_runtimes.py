@@ -247,3 +247,12 @@ def test_podman_hooks_d_files_bind_and_release(node, root_fs, tmp_path):
     assert run.returncode == 0, err
     assert seen == [("bound", 3 * GiB)]  # createRuntime reserved and bound from the annotation
     assert node.wait_empty() == []  # poststop released it
+
+
+def test_loader_cache_finds_the_interposer_without_ld_library_path(node, root_fs):
+    r = podman(
+        ["--device", "gpuslice.io/gpu=0", "--annotation", "gpuslice.io/memory=512Mi"],
+        root_fs, ["/bin/sh", "-c", f"unset LD_LIBRARY_PATH; exec {rootfs.PROBE}"],
+    )  # fmt: skip
+    out = probe_result(r)
+    assert out["total"] == 512 * MiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
