@@ -260,14 +260,31 @@ def sim_run(config: str | None, state_dir: str | None, command: tuple[str, ...])
 
 
 @main.command()
+@click.option(
+    "--mode",
+    type=click.Choice(["auto", "containers", "processes"]),
+    default="auto",
+    show_default=True,
+    help="containers (root, Podman or containerd) or plain processes; auto picks containers when it can",
+)
 @click.option("--workers", default=2, show_default=True, help="processes sharing GPU 0")
 @click.option("--alloc-mib", default=4096, show_default=True, help="device memory each process allocates")
 @click.option("--seconds", default=3.0, show_default=True, help="how long each process launches kernels")
 @click.option("--config", type=click.Path(dir_okay=False), help="simulator config file")
-def demo(workers: int, alloc_mib: int, seconds: float, config: str | None) -> None:
-    """Run CUDA driver-API workloads on a simulated GPU and show what NVML sees."""
+def demo(mode: str, workers: int, alloc_mib: int, seconds: float, config: str | None) -> None:
+    """Containers (or processes) sharing a simulated GPU, each held to its slice."""
+    from gpuslice import container_demo
     from gpuslice import demo as demo_mod
 
+    why = container_demo.available()
+    if mode == "containers" or (mode == "auto" and why is None):
+        try:
+            container_demo.run(echo=click.echo)
+        except (container_demo.DemoUnavailable, RuntimeError) as e:
+            raise click.ClickException(str(e)) from e
+        return
+    if mode == "auto":
+        click.echo(f"(container demo unavailable: {why}; running processes instead)")
     try:
         demo_mod.run(workers, alloc_mib, seconds, config, echo=click.echo)
     except (RuntimeError, sim.SimError) as e:

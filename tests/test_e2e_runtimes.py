@@ -18,7 +18,7 @@ from gpuslice.cdi import spec as cdi_spec
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from tests import rootfs
+from gpuslice import rootfs
 from tests.conftest import gpu
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference"
@@ -256,3 +256,16 @@ def test_loader_cache_finds_the_interposer_without_ld_library_path(node, root_fs
     )  # fmt: skip
     out = probe_result(r)
     assert out["total"] == 512 * MiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def test_the_demo_runs_three_containers_on_one_gpu():
+    r = subprocess.run(
+        [sys.executable, "-m", "gpuslice.cli", "demo", "--mode", "containers"], capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    for name, total in (("small", "2.0 GiB"), ("medium", "4.0 GiB"), ("quarter", "4.0 GiB")):
+        assert f"{name:<8} sees total {total}, allocated {total}, then CUDA_ERROR_OUT_OF_MEMORY" in r.stdout
+    assert "10.0 GiB / 16.0 GiB" in r.stdout  # all three slices at once in gpuslice status
+    assert r.stdout.rstrip().endswith("daemon stopped") and "no slices" in r.stdout
+    assert not Path("/var/run/cdi/gpuslice-demo.json").exists()

@@ -73,7 +73,20 @@ def test_c_code_builds_on_its_own(tmp_path):
 
 def test_demo_runs_workloads_on_a_shared_simulated_gpu():
     r = subprocess.run(
-        [sys.executable, "-m", "gpuslice.cli", "demo", "--workers", "2", "--alloc-mib", "1024", "--seconds", "1.5"],
+        [
+            sys.executable,
+            "-m",
+            "gpuslice.cli",
+            "demo",
+            "--mode",
+            "processes",
+            "--workers",
+            "2",
+            "--alloc-mib",
+            "1024",
+            "--seconds",
+            "1.5",
+        ],
         capture_output=True,
         text=True,
         timeout=120,

@@ -1,10 +1,12 @@
 /* gpuslice-cuda-probe: a CUDA driver-API program for containers.  It loads
  * libcuda.so.1 the way applications do, reports the memory it sees, then
- * allocates 64 MiB at a time until the driver says no.  One JSON line out. */
+ * allocates 64 MiB at a time until the driver says no.  One JSON line out.
+ * usage: gpuslice-cuda-probe [CHUNK_MIB [HOLD_SECONDS]] */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "gpuslice_cuda.h"
 
@@ -51,5 +53,8 @@ int main(int argc, char **argv)
     name(r, &err);
     printf("{\"total\": %zu, \"free\": %zu, \"allocated\": %llu, \"then\": \"%s\"}\n", total, free_b, allocated,
            err ? err : "?");
+    fflush(stdout);
+    if (argc > 2) /* keep the memory a while, for whoever watches */
+        sleep((unsigned)atoi(argv[2]));
     return 0;
 }

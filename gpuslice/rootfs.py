@@ -1,5 +1,6 @@
-"""A minimal container root filesystem for end-to-end tests: busybox, the
-CUDA probe, and the shared libraries they and the driver libraries need."""
+"""A minimal container root filesystem for the demo and the end-to-end tests:
+busybox, the CUDA probe, and the shared libraries they and the driver
+libraries need (no image registry is needed)."""
 
 from __future__ import annotations
 

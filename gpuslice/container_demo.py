@@ -1,0 +1,144 @@
+"""The demo with real containers: the daemon on the simulator, the CDI spec,
+and three containers with different slices on one simulated GPU (Podman and
+runc; containerd's ctr with the runtime shim where Podman is absent)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice import rootfs
+from gpuslice.allocator import sim_daemon
+from gpuslice.cdi import spec as cdi_spec
+from gpuslice.status_table import render_status
+from gpuslice.units import format_bytes
+
+SPEC = Path("/var/run/cdi/gpuslice-demo.json")
+PODMAN = ["--runtime", "runc", "--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
+SLICES = (
+    ("small", {"gpuslice.io/memory": "2Gi", "gpuslice.io/cores": "20"}),
+    ("medium", {"gpuslice.io/memory": "4Gi", "gpuslice.io/cores": "30"}),
+    ("quarter", {"gpuslice.io/memory": "25%", "gpuslice.io/cores": "50"}),
+)
+HOLD_SECONDS = 4
+
+
+class DemoUnavailable(RuntimeError):
+    pass
+
+
+@dataclass
+class Runner:
+    name: str
+    start: callable  # (container name, annotations) -> Popen
+
+
+def available() -> str | None:
+    """Why the container demo cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "containers need root"
+    if not shutil.which("runc"):
+        return "runc is not installed"
+    if not (shutil.which("podman") or shutil.which("ctr")):
+        return "neither podman nor containerd's ctr is installed"
+    return None
+
+
+def _podman(root: Path) -> Runner:
+    def start(name: str, annotations: dict[str, str]) -> subprocess.Popen:
+        notes = [a for k, v in annotations.items() for a in ("--annotation", f"{k}={v}")]
+        return subprocess.Popen(
+            ["podman", "run", "--rm", "--name", name, *PODMAN, "--device", "gpuslice.io/gpu=0", *notes,
+             "--rootfs", str(root), rootfs.PROBE, "256", str(HOLD_SECONDS)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    return Runner("Podman + runc, CDI device gpuslice.io/gpu=0 and the hook", start)
+
+
+def _ctr(root: Path, shim: Path) -> Runner:
+    def start(name: str, annotations: dict[str, str]) -> subprocess.Popen:
+        notes = [a for k, v in annotations.items() for a in ("--annotation", f"{k}={v}")]
+        return subprocess.Popen(
+            ["ctr", "run", "--rm", "--runc-binary", str(shim), *notes, "--rootfs", str(root), name, rootfs.PROBE,
+             "256", str(HOLD_SECONDS)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    return Runner("containerd (ctr) + the gpuslice runtime shim", start)
+
+
+def run(echo=print) -> None:
+    why = available()
+    if why:
+        raise DemoUnavailable(why)
+    others = [p for p in cdi_spec.find_specs() if p != SPEC]
+    if others:
+        raise DemoUnavailable(f"another gpuslice CDI spec is installed ({others[0]}); the demo would collide with it")
+    with tempfile.TemporaryDirectory(prefix="gpuslice-demo-") as tmp:
+        work = Path(tmp)
+        cfg = sim_daemon.write_config(work, [{"memory": "16Gi", "name": "NVIDIA A100 16GB (simulated)"}])
+        daemon = sim_daemon.start(work, cfg)
+        try:
+            _show(daemon, work, echo)
+        finally:
+            SPEC.unlink(missing_ok=True)
+            daemon.kill(15)
+    echo("\ncleaned up: containers exited, slices released, CDI spec removed, daemon stopped")
+
+
+def _show(daemon: sim_daemon.RunningDaemon, work: Path, echo) -> None:
+    gen = subprocess.run(
+        [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(SPEC),
+         "--daemon-socket", str(daemon.socket), "--slice-dir", str(daemon.slice_socket.parent),
+         "--sim-config", str(work / "sim.yaml"), "--sim-state-dir", str(work / "sim")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    if gen.returncode != 0:
+        raise RuntimeError(f"cdi generate failed: {gen.stderr.strip()}")
+    echo(gen.stdout.strip())
+    root = rootfs.build(work / "rootfs")
+    if shutil.which("podman"):
+        runner = _podman(root)
+    else:
+        if subprocess.run(["ctr", "version"], capture_output=True).returncode != 0:
+            raise DemoUnavailable("containerd is not running (start it: containerd &)")
+        shim = work / "gpuslice-runtime"
+        shim.write_text(
+            f"#!/bin/sh\nexport GPUSLICE_SOCKET={daemon.socket}\nexport GPUSLICE_CDI_SPEC={SPEC}\n"
+            f'exec {Path(sys.executable).parent / "gpuslice-runtime"} "$@"\n'
+        )
+        shim.chmod(0o755)
+        runner = _ctr(root, shim)
+    echo(f"\n== three containers on one simulated GPU: {runner.name} ==")
+    procs = {}
+    for name, asks in SLICES:
+        procs[name] = runner.start(f"gpuslice-demo-{name}-{os.getpid()}", asks)
+        echo(f"started {name}: {', '.join(f'{k}={v}' for k, v in asks.items())}")
+    time.sleep(HOLD_SECONDS / 2)
+    with daemon.client() as c:
+        echo("\n== gpuslice status, while they run ==")
+        echo(render_status(c.inventory(), c.list()))
+    echo("\n== what each container saw ==")
+    for name, p in procs.items():
+        out, err = p.communicate(timeout=120)
+        if p.returncode != 0:
+            raise RuntimeError(f"container {name} failed: {err.strip() or out.strip()}")
+        r = json.loads(out.strip().splitlines()[-1])
+        echo(
+            f"{name:<8} sees total {format_bytes(r['total'])}, allocated {format_bytes(r['allocated'])}, "
+            f"then {r['then']}"
+        )
+    deadline = time.monotonic() + 10
+    with daemon.client() as c:
+        while c.list() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        echo("\n== gpuslice status, after they exited ==")
+        echo(render_status(c.inventory(), c.list()))
