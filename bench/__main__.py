@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import click
-from gpuslice.bench import daemon_rpc, interposer_calls, sim_calls
+from gpuslice.bench import container_start, daemon_rpc, interposer_calls, sim_calls
 
 BENCHMARKS = {
     "sim-calls": sim_calls.main,
     "daemon-rpc": daemon_rpc.main,
     "interposer-calls": interposer_calls.main,
+    "container-start": container_start.main,
 }
 
 

@@ -10,8 +10,6 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import jsonschema
-
 KIND = "gpuslice.io/gpu"
 SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
@@ -176,6 +174,8 @@ def minimum_version(spec: dict) -> str:
 
 def validate(spec: dict) -> None:
     """Our schema plus the CDI rules a schema cannot say."""
+    import jsonschema  # only validation needs it; starting a container does not
+
     problems = [
         f"{'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
         for e in jsonschema.Draft202012Validator(SCHEMA).iter_errors(spec)

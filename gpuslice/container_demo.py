@@ -4,6 +4,7 @@ runc; containerd's ctr with the runtime shim where Podman is absent)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,7 +77,19 @@ def _ctr(root: Path, shim: Path) -> Runner:
     return Runner("containerd (ctr) + the gpuslice runtime shim", start)
 
 
-def run(echo=print) -> None:
+@dataclass
+class SimNode:
+    """A daemon on the simulator with its CDI spec installed, a root
+    filesystem, and the runtime shim pointed at the daemon."""
+
+    daemon: sim_daemon.RunningDaemon
+    work: Path
+    root: Path
+    shim: Path
+
+
+@contextlib.contextmanager
+def sim_node(echo=print) -> Iterator[SimNode]:
     why = available()
     if why:
         raise DemoUnavailable(why)
@@ -87,14 +101,26 @@ def run(echo=print) -> None:
         cfg = sim_daemon.write_config(work, [{"memory": "16Gi", "name": "NVIDIA A100 16GB (simulated)"}])
         daemon = sim_daemon.start(work, cfg)
         try:
-            _show(daemon, work, echo)
+            _install_spec(daemon, work, echo)
+            shim = work / "gpuslice-runtime"
+            shim.write_text(
+                f"#!/bin/sh\nexport GPUSLICE_SOCKET={daemon.socket}\nexport GPUSLICE_CDI_SPEC={SPEC}\n"
+                f'exec {Path(sys.executable).parent / "gpuslice-runtime"} "$@"\n'
+            )
+            shim.chmod(0o755)
+            yield SimNode(daemon, work, rootfs.build(work / "rootfs"), shim)
         finally:
             SPEC.unlink(missing_ok=True)
             daemon.kill(15)
+
+
+def run(echo=print) -> None:
+    with sim_node(echo) as node:
+        _show(node, echo)
     echo("\ncleaned up: containers exited, slices released, CDI spec removed, daemon stopped")
 
 
-def _show(daemon: sim_daemon.RunningDaemon, work: Path, echo) -> None:
+def _install_spec(daemon: sim_daemon.RunningDaemon, work: Path, echo) -> None:
     gen = subprocess.run(
         [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(SPEC),
          "--daemon-socket", str(daemon.socket), "--slice-dir", str(daemon.slice_socket.parent),
@@ -104,19 +130,16 @@ def _show(daemon: sim_daemon.RunningDaemon, work: Path, echo) -> None:
     if gen.returncode != 0:
         raise RuntimeError(f"cdi generate failed: {gen.stderr.strip()}")
     echo(gen.stdout.strip())
-    root = rootfs.build(work / "rootfs")
+
+
+def _show(node: SimNode, echo) -> None:
+    daemon = node.daemon
     if shutil.which("podman"):
-        runner = _podman(root)
+        runner = _podman(node.root)
     else:
         if subprocess.run(["ctr", "version"], capture_output=True).returncode != 0:
             raise DemoUnavailable("containerd is not running (start it: containerd &)")
-        shim = work / "gpuslice-runtime"
-        shim.write_text(
-            f"#!/bin/sh\nexport GPUSLICE_SOCKET={daemon.socket}\nexport GPUSLICE_CDI_SPEC={SPEC}\n"
-            f'exec {Path(sys.executable).parent / "gpuslice-runtime"} "$@"\n'
-        )
-        shim.chmod(0o755)
-        runner = _ctr(root, shim)
+        runner = _ctr(node.root, node.shim)
     echo(f"\n== three containers on one simulated GPU: {runner.name} ==")
     procs = {}
     for name, asks in SLICES:

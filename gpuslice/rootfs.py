@@ -27,7 +27,7 @@ def _deps(binary: Path) -> set[Path]:
 def build(root: Path) -> Path:
     (root / "bin").mkdir(parents=True, exist_ok=True)
     shutil.copy2("/bin/busybox", root / "bin" / "busybox")
-    for cmd in ("sh", "cat", "echo", "sleep", "ls"):
+    for cmd in ("sh", "cat", "echo", "sleep", "ls", "true"):
         (root / "bin" / cmd).unlink(missing_ok=True)
         (root / "bin" / cmd).symlink_to("busybox")
     probe = native_dir() / "tools" / "gpuslice-cuda-probe"

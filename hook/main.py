@@ -17,10 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import grpc
-
 from gpuslice import request
-from gpuslice.client import AllocatorClient
 
 INJECTED = re.compile(r"^GPUSLICE_DEVICE_(\d+)=(.+)$")
 
@@ -53,7 +50,9 @@ def requested(config: dict, state: dict) -> dict[str, str] | None:
     return ours or None
 
 
-def create_runtime(state: dict, client: AllocatorClient) -> None:
+def create_runtime(state: dict, client) -> None:  # type: ignore[no-untyped-def]
+    import grpc
+
     cid, pid = state["id"], int(state["pid"])
     config = json.loads((Path(state["bundle"]) / "config.json").read_text())
     try:
@@ -119,6 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     if args[0] == "update-ldcache":
         update_ldcache(state)
         return 0
+    # imported here: update-ldcache runs in every container start and needs none of it
+    import grpc
+
+    from gpuslice.client import AllocatorClient
+
     with AllocatorClient(timeout=10) as client:
         try:
             if args[0] == "createRuntime":

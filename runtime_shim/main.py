@@ -17,12 +17,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import grpc
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cdi.apply import apply_devices
 
 from gpuslice import request
-from gpuslice.client import AllocatorClient
 
 RUNTIME_ENV = "GPUSLICE_RUNTIME"  # the real runtime: a path or a name on PATH
 SPEC_ENV = "GPUSLICE_CDI_SPEC"  # the CDI spec to apply (default: the one in /etc/cdi or /var/run/cdi)
@@ -90,10 +88,13 @@ def load_spec() -> dict:
     paths = [Path(explicit)] if explicit else cdi_spec.find_specs()
     if not paths:
         raise ShimError(f"no CDI spec of kind {cdi_spec.KIND} in /etc/cdi or /var/run/cdi (run: gpuslice cdi generate)")
-    return cdi_spec.load(paths[0])
+    try:  # validated when it was generated; a start should not pay for it again
+        return json.loads(paths[0].read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ShimError(f"{paths[0]}: cannot read the CDI spec: {e}") from e
 
 
-def prepare(bundle: Path, container_id: str, client_factory=AllocatorClient) -> bool:
+def prepare(bundle: Path, container_id: str, client_factory=None) -> bool:  # type: ignore[no-untyped-def]
     """Give the container its slice; False when it asks for none."""
     config_path = bundle / "config.json"
     config = json.loads(config_path.read_text())
@@ -102,6 +103,8 @@ def prepare(bundle: Path, container_id: str, client_factory=AllocatorClient) -> 
         return False
     request.parse(ours)  # the one line for bad annotations, before anything is reserved
     spec = load_spec()
+    if client_factory is None:
+        from gpuslice.client import AllocatorClient as client_factory
     with client_factory(timeout=10) as client:
         placed = client.reserve(container_id, ours, owner="runtime-shim")
         try:
@@ -147,7 +150,9 @@ def main() -> None:
     except (ShimError, request.RequestError, cdi_spec.SpecError, KeyError, OSError, ValueError) as e:
         report(glob, str(e).strip("'\""))
         sys.exit(1)
-    except grpc.RpcError as e:
+    except Exception as e:  # grpc.RpcError, imported lazily with the client
+        if not hasattr(e, "details"):
+            raise
         report(glob, f"create {pos[-1] if pos else ''}: {e.details()}")
         sys.exit(1)
     os.execv(runtime, [runtime, *argv])
