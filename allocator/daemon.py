@@ -12,6 +12,7 @@ from concurrent import futures
 import grpc
 from gpuslice.allocator import inventory, metrics
 from gpuslice.allocator.config import Config
+from gpuslice.allocator.driver_limits import DriverLimits
 from gpuslice.allocator.ledger import Ledger
 from gpuslice.allocator.service import AllocatorService
 from gpuslice.allocator.slice_socket import SliceSocketServer
@@ -42,8 +43,9 @@ class Daemon:
         self.inventory = _load_nvml(cfg)
         cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.ledger = Ledger(cfg.ledger_db)
+        limits = DriverLimits([g.uuid for g in self.inventory.gpus])
         self.manager = SliceManager(
-            self.ledger, self.inventory, cfg.ledger_dir, cfg.memory_oversubscription, cfg.context_reserve
+            self.ledger, self.inventory, cfg.ledger_dir, cfg.memory_oversubscription, cfg.context_reserve, limits
         )
         self.watcher = ProcessWatcher()
         self.manager.on_release.append(self.watcher.forget)

@@ -43,6 +43,10 @@ class SliceCollector(Collector):
         )
         cores = GaugeMetricFamily("gpuslice_slice_cores", "slice compute share", labels=["container", "slice", "gpu"])
         procs = GaugeMetricFamily("gpuslice_slice_processes", "processes attached", labels=["container", "slice"])
+        driver = GaugeMetricFamily(
+            "gpuslice_slice_driver_enforced", "1 when the driver enforces the slice's memory limit too",
+            labels=["container", "slice"],
+        )  # fmt: skip
         for v in self.m.list():
             r = v.record
             for a in r.allocations:
@@ -50,7 +54,8 @@ class SliceCollector(Collector):
                 cores.add_metric([r.container_id, r.id, str(a.gpu_index)], a.cores)
             used.add_metric([r.container_id, r.id], v.memory_used)
             procs.add_metric([r.container_id, r.id], v.processes)
-        yield from (gpu_total, gpu_reserved, gpu_cores, gpu_slices, lim, used, cores, procs)
+            driver.add_metric([r.container_id, r.id], 1 if v.enforcement.startswith("driver") else 0)
+        yield from (gpu_total, gpu_reserved, gpu_cores, gpu_slices, lim, used, cores, procs, driver)
 
 
 def register(manager) -> None:  # type: ignore[no-untyped-def]

@@ -37,6 +37,7 @@ def slice_message(view: SliceView) -> pb.Slice:
         cgroup=r.cgroup or "",
         memory_used=view.memory_used,
         processes=view.processes,
+        enforcement=view.enforcement,
     )
 
 

@@ -38,6 +38,7 @@ class SliceView:
     record: SliceRecord
     memory_used: int
     processes: int
+    enforcement: str  # "driver+interposer" where the driver enforces the memory limit too
 
 
 def _ours(annotations: dict[str, str]) -> dict[str, str]:
@@ -47,13 +48,15 @@ def _ours(annotations: dict[str, str]) -> dict[str, str]:
 class SliceManager:
     def __init__(
         self, ledger: Ledger, inventory: Inventory, ledger_dir: Path, oversubscription: float = 1.0,
-        context_reserve: int = 0,
+        context_reserve: int = 0, driver_limits=None,
     ) -> None:  # fmt: skip
         self.ledger = ledger
         self.inventory = inventory
         self.ledger_dir = ledger_dir
         self.oversubscription = oversubscription
         self.context_reserve = context_reserve
+        self.driver_limits = driver_limits  # DriverLimits, or None without NVML's cgroup limits
+        self.enforced: dict[str, str] = {}  # slice id -> cgroup path the driver limits
         self.files: dict[str, SliceFiles] = {}
         self._lock = threading.RLock()
         self.on_release: list = []  # callbacks(slice_id) for the process watcher
@@ -86,11 +89,36 @@ class SliceManager:
             )
             return f
 
+    def _driver_limit(self, rec: SliceRecord) -> None:
+        """Have the driver enforce the slice's memory on the container's cgroup
+        too (hard = soft = the slice's memory), where it can."""
+        dl = self.driver_limits
+        if dl is None or rec.state != "bound" or rec.cgroup == self.own_cgroup:
+            return
+        uuids = [a.gpu_uuid for a in rec.allocations]
+        ns = dl.cgroup_path(rec.cgroup)
+        if ns is None or not dl.any_supported(uuids):
+            log.info("slice %s: no driver limit (cgroup %s)", rec.id, rec.cgroup)
+            return
+        if all(dl.set(a.gpu_uuid, ns, a.memory, a.memory) for a in rec.allocations):
+            self.enforced[rec.id] = ns
+            log.info("slice %s: the driver limits %s", rec.id, ns)
+        else:
+            self._clear_driver_limit(rec)
+
+    def _clear_driver_limit(self, rec: SliceRecord) -> None:
+        ns = self.enforced.pop(rec.id, None)
+        if ns and self.driver_limits:
+            for a in rec.allocations:
+                self.driver_limits.clear(a.gpu_uuid, ns)
+
     def restore(self) -> None:
-        """After a (re)start: files for every slice in the ledger, stale files gone."""
+        """After a (re)start: files for every slice in the ledger, stale files
+        gone, and the driver's limits on running containers applied again."""
         keep = set()
         for rec in self.ledger.all():
             self._files_for(rec)
+            self._driver_limit(rec)
             keep.add(rec.id)
         for p in self.ledger_dir.iterdir():
             if p.suffix in (".limits", ".usage") and p.stem not in keep:
@@ -142,7 +170,9 @@ class SliceManager:
             return ledger.get(container_id)  # type: ignore[return-value]
 
         with self._lock:
-            return self.ledger.transaction(tx)
+            rec = self.ledger.transaction(tx)
+            self._driver_limit(rec)
+            return rec
 
     def release(self, container_id: str) -> bool:
         with self._lock:
@@ -152,6 +182,7 @@ class SliceManager:
             f = self.files.pop(rec.id, None)
             if f:
                 f.remove()
+            self._clear_driver_limit(rec)
             for cb in self.on_release:
                 cb(rec.id)
         log.info("released slice %s of container %s", rec.id, container_id)
@@ -191,6 +222,8 @@ class SliceManager:
         with self._lock:
             rec = self.ledger.transaction(tx)
             self._files_for(rec)
+            if rec.id in self.enforced:
+                self._driver_limit(rec)
         return rec
 
     def get(self, container_id: str) -> SliceView:
@@ -204,9 +237,10 @@ class SliceManager:
 
     def _view(self, rec: SliceRecord) -> SliceView:
         f = self.files.get(rec.id)
+        how = "driver+interposer" if rec.id in self.enforced else "interposer"
         if f is None:
-            return SliceView(rec, 0, 0)
-        return SliceView(rec, sum(f.used()), len(f.slot_pids()))
+            return SliceView(rec, 0, 0, how)
+        return SliceView(rec, sum(f.used()), len(f.slot_pids()), how)
 
     # -- containers' processes ------------------------------------------------------------
     def slice_of_process(self, pid: int) -> SliceRecord | None:

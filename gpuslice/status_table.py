@@ -24,6 +24,6 @@ def render_status(inv: pb.InventoryReply, slices: list[pb.Slice]) -> str:
             used = format_bytes(s.memory_used) if i == 0 else ""
             lines.append(
                 f"{s.container_id[:24]:<24} {s.id:<16} {s.state:<8} {g.index:>4} {format_bytes(g.memory_limit):>10} "
-                f"{used:>10} {g.cores:>5}  {s.policy}"
+                f"{used:>10} {g.cores:>5}  {s.policy:<8} {s.enforcement}"
             )
     return "\n".join(lines)

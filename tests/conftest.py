@@ -214,3 +214,11 @@ def daemon(tmp_path: Path) -> Iterator[DaemonFactory]:
     factory = DaemonFactory(tmp_path)
     yield factory
     factory.stop_all()
+
+
+@pytest.fixture(scope="session")
+def root_fs(tmp_path_factory) -> Path:
+    """A busybox root filesystem with the CUDA probe, for real containers."""
+    from gpuslice import rootfs
+
+    return rootfs.build(tmp_path_factory.mktemp("rootfs"))

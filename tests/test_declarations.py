@@ -51,6 +51,8 @@ CUDA_STRUCTS = {
     "CUDA_KERNEL_NODE_PARAMS_v1": ["func", "gridDimX", "blockDimZ", "sharedMemBytes", "kernelParams", "extra"],
     "CUDA_KERNEL_NODE_PARAMS_v2": ["func", "sharedMemBytes", "kernelParams", "extra", "kern", "ctx"],
     "CUctxCreateParams": ["execAffinityParams", "numExecAffinityParams", "cigParams"],
+    "CUipcMemHandle": ["reserved"],
+    "CUDA_EXTERNAL_MEMORY_HANDLE_DESC": ["type", "handle", "size", "flags", "reserved"],
 }
 NVML_STRUCTS = {
     "nvmlPciInfo_t": ["busIdLegacy", "domain", "bus", "device", "pciDeviceId", "pciSubSystemId", "busId"],
@@ -60,6 +62,8 @@ NVML_STRUCTS = {
     "nvmlProcessInfo_t": ["pid", "usedGpuMemory", "gpuInstanceId", "computeInstanceId"],
     "nvmlUtilization_t": ["gpu", "memory"],
     "nvmlProcessUtilizationSample_t": ["pid", "timeStamp", "smUtil", "memUtil", "encUtil", "decUtil"],
+    "nvmlSetMemoryLimits_v1_t": ["nameSpace", "softLimit", "hardLimit"],
+    "nvmlGetMemoryLimits_v1_t": ["nameSpace", "softLimit", "hardLimit", "currentUsed"],
 }
 
 

@@ -35,11 +35,6 @@ pytestmark = needs_runtimes
 
 
 @pytest.fixture(scope="session")
-def root_fs(tmp_path_factory) -> Path:
-    return rootfs.build(tmp_path_factory.mktemp("rootfs"))
-
-
-@pytest.fixture(scope="session")
 def containerd():
     sock = Path("/run/containerd/containerd.sock")
     started = None
@@ -59,10 +54,10 @@ def containerd():
 class Node:
     """A daemon on the simulator, its CDI spec installed, the shim configured."""
 
-    def __init__(self, daemon, tmp: Path) -> None:
+    def __init__(self, daemon, tmp: Path, gpus: list[dict] | None = None) -> None:
         others = [p for p in cdi_spec.find_specs() if p != SPEC_PATH]
         assert not others, f"another {cdi_spec.KIND} spec is installed: {others}"
-        self.d = daemon([gpu("16Gi")], sweep_interval=0.5)
+        self.d = daemon(gpus or [gpu("16Gi")], sweep_interval=0.5)
         self.client = self.d.client()
         r = subprocess.run(
             [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(SPEC_PATH),
@@ -248,7 +243,8 @@ def test_podman_hooks_d_files_bind_and_release(node, root_fs, tmp_path):
     deadline = time.monotonic() + 20
     seen = []
     while not seen and time.monotonic() < deadline and run.poll() is None:
-        seen = [(s.state, s.gpus[0].memory_limit) for s in node.client.list()]
+        # between Reserve and Bind the slice is "reserved": wait for the bound one
+        seen = [(s.state, s.gpus[0].memory_limit) for s in node.client.list() if s.state == "bound"]
         time.sleep(0.1)
     _, err = run.communicate(timeout=60)
     assert run.returncode == 0, err

@@ -140,6 +140,7 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
     g->cc_minor = 0;
     g->wave_ns = 10000;
     g->clock_khz = 1410000;
+    g->memory_limits = 1;
     for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
         const char *k = scalar(yaml_document_get_node(&c->doc, p->key));
         const char *v = scalar(yaml_document_get_node(&c->doc, p->value));
@@ -184,12 +185,16 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
         } else if (strcmp(k, "wave_time") == 0) {
             if (parse_duration(v, &g->wave_ns))
                 return fail(c, "gpus[%d].wave_time: must be a positive duration such as 10us, 2ms or ns, got \"%s\"", idx, v);
+        } else if (strcmp(k, "memory_limits") == 0) {
+            if (strcmp(v, "true") && strcmp(v, "false"))
+                return fail(c, "gpus[%d].memory_limits: must be true or false (driver-enforced cgroup limits), got \"%s\"", idx, v);
+            g->memory_limits = strcmp(v, "true") == 0;
         } else if (strcmp(k, "clock_mhz") == 0) {
             if (parse_int(v, 1, 10000, &iv))
                 return fail(c, "gpus[%d].clock_mhz: must be an integer from 1 to 10000, got \"%s\"", idx, v);
             g->clock_khz = (int)iv * 1000;
         } else {
-            return fail(c, "gpus[%d]: unknown key \"%s\" (accepted: name, uuid, pci_bus_id, memory, context_memory, sms, compute_capability, wave_time, clock_mhz)", idx, k);
+            return fail(c, "gpus[%d]: unknown key \"%s\" (accepted: name, uuid, pci_bus_id, memory, context_memory, sms, compute_capability, wave_time, clock_mhz, memory_limits)", idx, k);
         }
     }
     if (!have_memory)

@@ -272,9 +272,18 @@ CUAPI cuMemGetInfo_v2(size_t *free_b, size_t *total)
     uint64_t cap = sim_machine()->gpu[c->dev].memory;
     sim_gpu_lock(c->dev);
     uint64_t used = sim_shm->gpu[c->dev].used;
+    uint64_t free_dev = used >= cap ? 0 : cap - used;
+    int slot = sim_self_slot();
+    const struct sim_cg_limit *l = slot >= 0 ? sim_cg_limit_of(c->dev, sim_shm->proc[slot].cgroup) : NULL;
+    if (l) { /* inside a limited cgroup the driver shows the limit */
+        uint64_t hard = l->hard < cap ? l->hard : cap;
+        uint64_t free_cg = l->used >= hard ? 0 : hard - l->used;
+        cap = hard;
+        free_dev = free_cg < free_dev ? free_cg : free_dev;
+    }
     sim_gpu_unlock(c->dev);
     *total = cap;
-    *free_b = used >= cap ? 0 : cap - used;
+    *free_b = free_dev;
     return CUDA_SUCCESS;
 }
 

@@ -3,7 +3,9 @@
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gpuslice_nvml.h"
 #include "sim_state.h"
@@ -14,6 +16,7 @@ static struct nvmlDevice_st {
     int index;
 } devices[SIM_MAX_GPUS];
 static int init_count;
+static char own_cgroup[SIM_CG_PATH]; /* driver limits apply by cgroup */
 static pthread_mutex_t nvml_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static const struct { nvmlReturn_t code; const char *text; } errors[] = {
@@ -56,6 +59,7 @@ NVAPI nvmlInitWithFlags(unsigned int flags)
         sim_log("%s", err);
         return NVML_ERROR_DRIVER_NOT_LOADED;
     }
+    sim_own_cgroup(own_cgroup, sizeof own_cgroup);
     pthread_mutex_lock(&nvml_mu);
     for (int i = 0; i < SIM_MAX_GPUS; i++)
         devices[i].index = i;
@@ -254,10 +258,15 @@ NVAPI nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor)
 static void memory(int idx, unsigned long long *total, unsigned long long *used)
 {
     sim_sweep_dead(); /* SIGKILLed processes stop counting now */
+    *total = sim_machine()->gpu[idx].memory;
     sim_gpu_lock(idx);
     *used = sim_shm->gpu[idx].used;
+    const struct sim_cg_limit *l = sim_cg_limit_of(idx, own_cgroup);
+    if (l) { /* inside a limited cgroup NVML reports the limit */
+        *total = l->hard < *total ? l->hard : *total;
+        *used = l->used;
+    }
     sim_gpu_unlock(idx);
-    *total = sim_machine()->gpu[idx].memory;
     if (*used > *total)
         *used = *total;
 }
@@ -468,4 +477,77 @@ NVAPI nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link, nvm
         return NVML_ERROR_NOT_SUPPORTED;
     pci_info(peer, pci);
     return NVML_SUCCESS;
+}
+
+/* ---- driver-enforced memory limits per cgroup ---------------------------- */
+
+NVAPI nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t d, nvmlSetMemoryLimits_v1_t *limits)
+{
+    REQUIRE_DEV(d, idx);
+    if (!sim_machine()->gpu[idx].memory_limits)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (geteuid() != 0)
+        return NVML_ERROR_NO_PERMISSION;
+    if (!limits || !limits->nameSpace || strlen(limits->nameSpace) >= SIM_CG_PATH ||
+        limits->softLimit > limits->hardLimit ||
+        (limits->hardLimit != NVML_DEVICE_MEMORY_LIMIT_MAX && limits->hardLimit > sim_machine()->gpu[idx].memory))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct stat st;
+    if (stat(limits->nameSpace, &st) != 0)
+        return NVML_ERROR_OPERATING_SYSTEM;
+    int clear = limits->softLimit == 0 && limits->hardLimit == NVML_DEVICE_MEMORY_LIMIT_MAX;
+    nvmlReturn_t r = NVML_SUCCESS;
+    sim_gpu_lock(idx);
+    struct sim_cg_limit *l = sim_shm->gpu[idx].limits, *slot = NULL, *free_slot = NULL;
+    for (int i = 0; i < SIM_MAX_CG_LIMITS; i++) {
+        if (l[i].active && strcmp(l[i].ns, limits->nameSpace) == 0)
+            slot = &l[i];
+        else if (!l[i].active && !free_slot)
+            free_slot = &l[i];
+    }
+    if (clear) {
+        if (slot)
+            slot->active = 0;
+    } else if (!slot && !free_slot) {
+        r = NVML_ERROR_INSUFFICIENT_RESOURCES;
+    } else {
+        if (!slot) { /* what the cgroup's processes hold already counts */
+            slot = free_slot;
+            memset(slot, 0, sizeof *slot);
+            snprintf(slot->ns, sizeof slot->ns, "%s", limits->nameSpace);
+            for (int i = 0; i < SIM_MAX_PROCS; i++)
+                if (sim_shm->proc[i].live && sim_cg_match(slot->ns, sim_shm->proc[i].cgroup))
+                    slot->used += sim_shm->proc[i].mem[idx];
+        }
+        slot->soft = limits->softLimit;
+        slot->hard = limits->hardLimit;
+        slot->active = 1;
+    }
+    sim_gpu_unlock(idx);
+    return r;
+}
+
+NVAPI nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t d, nvmlGetMemoryLimits_v1_t *limits)
+{
+    REQUIRE_DEV(d, idx);
+    if (!sim_machine()->gpu[idx].memory_limits)
+        return NVML_ERROR_NOT_SUPPORTED;
+    if (!limits || !limits->nameSpace)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    struct stat st;
+    if (stat(limits->nameSpace, &st) != 0)
+        return NVML_ERROR_OPERATING_SYSTEM;
+    nvmlReturn_t r = NVML_ERROR_NOT_FOUND;
+    sim_gpu_lock(idx);
+    sim_cg_drop_removed(idx);
+    const struct sim_cg_limit *l = sim_shm->gpu[idx].limits;
+    for (int i = 0; i < SIM_MAX_CG_LIMITS; i++)
+        if (l[i].active && strcmp(l[i].ns, limits->nameSpace) == 0) {
+            limits->softLimit = l[i].soft;
+            limits->hardLimit = l[i].hard;
+            limits->currentUsed = l[i].used;
+            r = NVML_SUCCESS;
+        }
+    sim_gpu_unlock(idx);
+    return r;
 }

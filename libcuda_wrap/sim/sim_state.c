@@ -236,9 +236,16 @@ static void lock_robust(pthread_mutex_t *m, void (*repair)(int), int arg)
 static void repair_gpu(int g)
 {
     uint64_t used = 0;
+    struct sim_cg_limit *l = sim_shm->gpu[g].limits;
+    for (int k = 0; k < SIM_MAX_CG_LIMITS; k++)
+        l[k].used = 0;
     for (int i = 0; i < SIM_MAX_PROCS; i++)
-        if (sim_shm->proc[i].live)
+        if (sim_shm->proc[i].live) {
             used += sim_shm->proc[i].mem[g];
+            struct sim_cg_limit *mine = sim_cg_limit_of(g, sim_shm->proc[i].cgroup);
+            if (mine)
+                mine->used += sim_shm->proc[i].mem[g];
+        }
     sim_shm->gpu[g].used = used;
 }
 
@@ -271,6 +278,7 @@ static void reclaim(int i)
     for (int g = 0; g < sim_shm->machine.gpu_count; g++) {
         sim_gpu_lock(g);
         sim_shm->gpu[g].used -= p->mem[g];
+        sim_cg_uncharge(g, p->cgroup, p->mem[g]);
         p->mem[g] = 0;
         p->contexts[g] = 0;
         p->busy_total[g] = 0;
@@ -319,6 +327,7 @@ int sim_register_self(void)
         memset(p, 0, sizeof *p);
         p->pid = (int32_t)getpid();
         p->pidns = pidns_inode();
+        sim_own_cgroup(p->cgroup, sizeof p->cgroup);
         FILE *f = fopen("/proc/self/comm", "r");
         if (f) {
             if (fgets(p->comm, sizeof p->comm, f))
@@ -350,7 +359,8 @@ int sim_mem_charge(int g, uint64_t bytes)
         sim_gpu_lock(g);
         struct sim_gpu_shared *gs = &sim_shm->gpu[g];
         uint64_t cap = sim_shm->machine.gpu[g].memory;
-        if (bytes <= cap && gs->used <= cap - bytes) {
+        /* the GPU's capacity, then the cgroup's driver-enforced limit */
+        if (bytes <= cap && gs->used <= cap - bytes && sim_cg_charge(g, sim_shm->proc[slot].cgroup, bytes) == 0) {
             gs->used += bytes;
             sim_shm->proc[slot].mem[g] += bytes;
             sim_gpu_unlock(g);
@@ -373,6 +383,7 @@ void sim_mem_uncharge(int g, uint64_t bytes)
         bytes = p->mem[g]; /* never underflow */
     p->mem[g] -= bytes;
     sim_shm->gpu[g].used -= bytes;
+    sim_cg_uncharge(g, p->cgroup, bytes);
     sim_gpu_unlock(g);
 }
 

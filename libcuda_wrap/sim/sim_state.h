@@ -22,7 +22,9 @@
 #define SIM_BUCKET_NS 10000000ull /* 10 ms utilisation buckets */
 #define SIM_NBUCKETS 256          /* ring of 2.56 s */
 #define SIM_UTIL_WINDOW_BUCKETS 100 /* NVML reports over the last second */
-#define SIM_LAYOUT_VERSION 1u
+#define SIM_LAYOUT_VERSION 2u
+#define SIM_MAX_CG_LIMITS 64
+#define SIM_CG_PATH 240
 #define SIM_MAGIC 0x67707573696d3031ull /* "gpusim01" */
 
 enum sim_pcie_level { /* NVML topology levels */
@@ -47,6 +49,7 @@ struct sim_gpu_info { /* static, from the config */
     int sms;
     int cc_major, cc_minor;
     int clock_khz;
+    int memory_limits; /* nvmlDeviceSetMemoryLimits_v1 supported (recent drivers) */
 };
 
 struct sim_machine { /* what the config describes */
@@ -63,10 +66,20 @@ struct sim_bucket {
     uint64_t busy_ns;
 };
 
+/* A driver-enforced memory limit on one cgroup (nvmlDeviceSetMemoryLimits_v1). */
+struct sim_cg_limit {
+    uint32_t active;
+    uint32_t pad;
+    char ns[SIM_CG_PATH]; /* the sysfs path it was set on */
+    uint64_t soft, hard;
+    uint64_t used; /* bytes held by processes of that cgroup */
+};
+
 struct sim_gpu_shared {
-    pthread_mutex_t lock; /* robust, process-shared: memory and timeline */
+    pthread_mutex_t lock; /* robust, process-shared: memory, timeline, limits */
     uint64_t used;        /* bytes held by live processes */
     uint64_t busy_until;  /* CLOCK_MONOTONIC ns at which queued work ends */
+    struct sim_cg_limit limits[SIM_MAX_CG_LIMITS];
 };
 
 struct sim_proc {
@@ -74,6 +87,7 @@ struct sim_proc {
     int32_t pid;   /* as seen in its own pid namespace */
     uint64_t pidns;
     char comm[16];
+    char cgroup[SIM_CG_PATH];        /* its cgroup, as /proc/self/cgroup names it */
     uint64_t mem[SIM_MAX_GPUS];      /* under gpu lock */
     uint32_t contexts[SIM_MAX_GPUS]; /* under gpu lock */
     uint64_t busy_total[SIM_MAX_GPUS];
@@ -117,5 +131,13 @@ void sim_sleep_until(uint64_t t_ns);
 uint64_t sim_busy_between(int gpu, int slot, uint64_t from_ns, uint64_t to_ns);
 void sim_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void sim_reset_after_fork(void);
+
+/* Driver-enforced limits (sim_limits.c).  Callers hold the GPU's lock. */
+void sim_own_cgroup(char *out, size_t len);
+int sim_cg_match(const char *ns, const char *cgroup);
+struct sim_cg_limit *sim_cg_limit_of(int gpu, const char *cgroup); /* the limit in force, or NULL */
+int sim_cg_charge(int gpu, const char *cgroup, uint64_t bytes);      /* 0, or -1 past the hard limit */
+void sim_cg_uncharge(int gpu, const char *cgroup, uint64_t bytes);
+void sim_cg_drop_removed(int gpu);                                     /* cgroups that are gone lose their limit */
 
 #endif

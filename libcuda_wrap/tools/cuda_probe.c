@@ -1,7 +1,7 @@
 /* gpuslice-cuda-probe: a CUDA driver-API program for containers.  It loads
  * libcuda.so.1 the way applications do, reports the memory it sees, then
  * allocates 64 MiB at a time until the driver says no.  One JSON line out.
- * usage: gpuslice-cuda-probe [CHUNK_MIB [HOLD_SECONDS]] */
+ * usage: gpuslice-cuda-probe [CHUNK_MIB [HOLD_SECONDS]]   (env GPUSLICE_PROBE_LIBCUDA) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stdio.h>
@@ -21,7 +21,10 @@ typedef CUresult (*name_t)(CUresult, const char **);
 int main(int argc, char **argv)
 {
     size_t chunk = (argc > 1 ? strtoull(argv[1], NULL, 10) : 64) << 20;
-    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    /* GPUSLICE_PROBE_LIBCUDA loads a given library instead: a program that
+     * bypasses the interposer, for testing what the driver enforces alone */
+    const char *lib = getenv("GPUSLICE_PROBE_LIBCUDA");
+    void *h = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW);
     if (!h) {
         printf("{\"error\": \"dlopen: %s\"}\n", dlerror());
         return 2;

@@ -156,10 +156,15 @@ WRAP_API CUresult cuMemGetInfo_v2(size_t *free_b, size_t *total)
     int g;
     if (r != CUDA_SUCCESS || enforcing() <= 0 || current_gpu(&g) != CUDA_SUCCESS)
         return r;
+    size_t driver_free = *free_b;
     if (g < 0)
         *free_b = *total = 0;
     else
         slice_view(g, free_b, total);
+    /* where the driver limits the cgroup too, or the GPU runs short, its
+     * word on what is free can be the smaller: never promise more */
+    if (driver_free < *free_b)
+        *free_b = driver_free;
     return CUDA_SUCCESS;
 }
 

@@ -64,6 +64,10 @@ static void view(int g, unsigned long long *total, unsigned long long *used, uns
     }
     uint64_t limit = __atomic_load_n(&gs.limits->gpu[g].memory_limit, __ATOMIC_ACQUIRE);
     uint64_t u = __atomic_load_n(&gs.usage->used[g], __ATOMIC_ACQUIRE);
+    /* the driver reports the container's cgroup when it enforces the slice
+     * itself: then it also counts what bypassed the interposer */
+    if (*total <= limit && *used > u)
+        u = *used;
     *total = limit;
     *used = u > limit ? limit : u;
     *free_b = limit - *used;

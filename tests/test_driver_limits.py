@@ -1,0 +1,110 @@
+"""Driver-enforced memory limits (nvmlDeviceSetMemoryLimits_v1) in real
+containers on the simulator: a program that bypasses the interposer is still
+held to its slice where the driver offers the limits, and only the interposer
+holds programs where it does not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from gpuslice import rootfs
+from tests.conftest import GiB, gpu
+from tests.test_e2e_runtimes import PODMAN_FLAGS, SPEC_PATH, Node, needs_runtimes, probe_result
+
+pytestmark = needs_runtimes
+BYPASS = ["--env", "GPUSLICE_PROBE_LIBCUDA=/usr/lib/gpuslice/driver/libcuda.so.1"]
+
+
+@pytest.fixture
+def make_node(daemon, tmp_path):
+    made = []
+
+    def make(supported: bool) -> Node:
+        n = Node(daemon, tmp_path, gpus=[gpu("16Gi", memory_limits="true" if supported else "false")])
+        made.append(n)
+        return n
+
+    yield make
+    SPEC_PATH.unlink(missing_ok=True)
+
+
+def run_probe(root_fs, extra: list[str]) -> dict:
+    r = subprocess.run(
+        ["podman", "run", "--rm", *PODMAN_FLAGS, "--device", "gpuslice.io/gpu=0", "--annotation",
+         "gpuslice.io/memory=1Gi", *extra, "--rootfs", str(root_fs), rootfs.PROBE, "256"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return probe_result(r)
+
+
+def test_with_driver_limits_a_bypassing_program_still_stops_at_the_slice(make_node, root_fs):
+    make_node(True)
+    bypass = run_probe(root_fs, BYPASS)
+    assert bypass["total"] == GiB and bypass["allocated"] == GiB and bypass["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    wrapped = run_probe(root_fs, [])
+    assert wrapped["total"] == GiB and wrapped["allocated"] == GiB
+
+
+def test_without_driver_limits_only_the_interposer_holds(make_node, root_fs):
+    make_node(False)
+    bypass = run_probe(root_fs, BYPASS)
+    assert bypass["allocated"] > GiB  # nothing stops a program that skips the interposer
+    wrapped = run_probe(root_fs, [])
+    assert wrapped["total"] == GiB and wrapped["allocated"] == GiB and wrapped["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+# podman exec does not carry the CDI spec's environment: the simulator's own
+SIM_ENV = ["--env", "GPUSLICE_SIM_CONFIG=/etc/gpuslice/sim.yaml", "--env", "GPUSLICE_SIM_STATE_DIR=/run/gpuslice/sim"]
+
+
+def _exec_probe(name: str, extra: list[str]) -> dict:
+    r = subprocess.run(
+        ["podman", "exec", *SIM_ENV, *extra, name, rootfs.PROBE, "256"], capture_output=True, text=True, timeout=60
+    )
+    return probe_result(r)
+
+
+@pytest.mark.parametrize("supported", [True, False])
+def test_status_resize_and_daemon_restart(make_node, root_fs, daemon, supported):
+    node = make_node(supported)
+    name = f"gpuslice-limits-{os.getpid()}-{int(supported)}"
+    r = subprocess.run(
+        ["podman", "run", "-d", "--name", name, *PODMAN_FLAGS, "--device", "gpuslice.io/gpu=0",
+         "--annotation", "gpuslice.io/memory=1Gi", "--rootfs", str(root_fs), "/bin/sleep", "120"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    try:
+        (s,) = node.client.list()
+        assert s.enforcement == ("driver+interposer" if supported else "interposer")
+        table = subprocess.run(
+            [sys.executable, "-m", "gpuslice.cli", "status", "--socket", str(node.d.socket)],
+            capture_output=True, text=True,
+        ).stdout  # fmt: skip
+        assert table.rstrip().endswith("driver+interposer" if supported else "elastic  interposer")
+        cid = s.container_id
+        node.client.resize(cid, {"gpuslice.io/memory": "2Gi"})
+        bypass = _exec_probe(name, BYPASS)
+        assert bypass["total"] == (2 * GiB if supported else 16 * GiB)
+        if supported:
+            assert bypass["allocated"] == 2 * GiB
+        # kill -9 the daemon; the limits stay in force and match the ledger after a restart
+        node.d.kill()
+        node.d = daemon.restart(node.d)
+        node.client = node.d.client()
+        (s,) = node.client.list()
+        assert s.gpus[0].memory_limit == 2 * GiB
+        assert s.enforcement == ("driver+interposer" if supported else "interposer")
+        if supported:
+            assert _exec_probe(name, BYPASS)["total"] == 2 * GiB
+    finally:
+        subprocess.run(["podman", "rm", "-f", name], capture_output=True, timeout=60)
+    deadline = time.monotonic() + 10
+    while node.client.list() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert node.client.list() == []
