@@ -5,6 +5,7 @@ holds programs where it does not."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -108,3 +109,59 @@ def test_status_resize_and_daemon_restart(make_node, root_fs, daemon, supported)
     while node.client.list() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert node.client.list() == []
+
+
+LIMITS = r"""
+import os, sys, json, pynvml
+pynvml.nvmlInit()
+h = pynvml.nvmlDeviceGetHandleByIndex(0)
+ns = sys.argv[1].encode()
+
+def get():
+    q = pynvml.c_nvmlGetMemoryLimits_v1_t(nameSpace=ns)
+    try:
+        pynvml.nvmlDeviceGetMemoryLimits_v1(h, q)
+        return [q.softLimit, q.hardLimit]
+    except pynvml.NVMLError as e:
+        return type(e).__name__
+
+out = {}
+lim = pynvml.c_nvmlSetMemoryLimits_v1_t(nameSpace=ns, softLimit=1 << 29, hardLimit=1 << 30)
+pynvml.nvmlDeviceSetMemoryLimits_v1(h, lim)
+out["set"] = get()
+os.rmdir(sys.argv[1])
+out["removed"] = get()
+os.mkdir(sys.argv[1])
+out["recreated"] = get()
+try:
+    bad = pynvml.c_nvmlSetMemoryLimits_v1_t(nameSpace=ns, softLimit=1 << 31, hardLimit=1 << 30)
+    pynvml.nvmlDeviceSetMemoryLimits_v1(h, bad)
+except pynvml.NVMLError as e:
+    out["soft_above_hard"] = type(e).__name__
+print(json.dumps(out))
+"""
+
+
+def test_simulated_limits_follow_nvml_semantics(make_machine):
+    from gpuslice.allocator.driver_limits import unified_mount
+
+    mount = unified_mount()
+    if mount is None:
+        pytest.skip("no cgroup v2 hierarchy mounted")
+    cg = mount / f"gpuslice-test-{os.getpid()}"
+    cg.mkdir()
+    try:
+        m = make_machine([gpu("4Gi")])
+        r = subprocess.run([sys.executable, "-c", LIMITS, str(cg)], env=m.env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["set"] == [1 << 29, 1 << 30]
+        assert out["removed"] == "NVMLError_OperatingSystem"  # the cgroup path is gone
+        assert out["recreated"] == "NVMLError_NotFound"  # and its limit went with it
+        assert out["soft_above_hard"] == "NVMLError_InvalidArgument"
+    finally:
+        if cg.exists():
+            cg.rmdir()
+    off = make_machine([gpu("4Gi", memory_limits="false")])
+    r = subprocess.run([sys.executable, "-c", LIMITS, str(mount)], env=off.env, capture_output=True, text=True)
+    assert "NVMLError_NotSupported" in r.stderr  # older drivers

@@ -498,6 +498,7 @@ NVAPI nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t d, nvmlSetMemoryLimits_v1_t *lim
     int clear = limits->softLimit == 0 && limits->hardLimit == NVML_DEVICE_MEMORY_LIMIT_MAX;
     nvmlReturn_t r = NVML_SUCCESS;
     sim_gpu_lock(idx);
+    sim_cg_drop_removed(idx);
     struct sim_cg_limit *l = sim_shm->gpu[idx].limits, *slot = NULL, *free_slot = NULL;
     for (int i = 0; i < SIM_MAX_CG_LIMITS; i++) {
         if (l[i].active && strcmp(l[i].ns, limits->nameSpace) == 0)
@@ -534,12 +535,14 @@ NVAPI nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t d, nvmlGetMemoryLimits_v1_t *lim
         return NVML_ERROR_NOT_SUPPORTED;
     if (!limits || !limits->nameSpace)
         return NVML_ERROR_INVALID_ARGUMENT;
+    sim_gpu_lock(idx);
+    sim_cg_drop_removed(idx); /* a removed cgroup's limit is gone, even if the path comes back */
+    sim_gpu_unlock(idx);
     struct stat st;
     if (stat(limits->nameSpace, &st) != 0)
         return NVML_ERROR_OPERATING_SYSTEM;
     nvmlReturn_t r = NVML_ERROR_NOT_FOUND;
     sim_gpu_lock(idx);
-    sim_cg_drop_removed(idx);
     const struct sim_cg_limit *l = sim_shm->gpu[idx].limits;
     for (int i = 0; i < SIM_MAX_CG_LIMITS; i++)
         if (l[i].active && strcmp(l[i].ns, limits->nameSpace) == 0) {
