@@ -27,11 +27,11 @@ class BuildWithNative(build_py):
                 shutil.rmtree(link)
             link.symlink_to(Path("..") / "libcuda_wrap" / "build", target_is_directory=True)
             return
+        native = Path(self.build_lib) / "gpuslice" / "_native"
+        if native.exists():  # a stale build/ must not leak other parts into the wheel
+            shutil.rmtree(native)
         for part in NATIVE_PARTS:
-            dst = Path(self.build_lib) / "gpuslice" / "_native" / part
-            if dst.exists():
-                shutil.rmtree(dst)
-            shutil.copytree(built / part, dst)
+            shutil.copytree(built / part, native / part)
 
 
 setup(cmdclass={"build_py": BuildWithNative})
