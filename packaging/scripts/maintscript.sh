@@ -20,6 +20,8 @@ gpuslice_stop() {
         systemctl disable --now $UNITS || true
     fi
     pkill -f '^/usr/bin/python3 -I /usr/bin/gpuslice daemon' 2>/dev/null || true
+    # bytecode Python wrote at run time is not the package's: it must not keep directories alive
+    find /usr/lib/gpuslice -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
 }
 
 gpuslice_purge() {
