@@ -63,23 +63,39 @@ int gs_table_put(uint64_t key, uint64_t bytes, uint32_t gpu, uint32_t kind, uint
     return -1;
 }
 
-int gs_table_take(uint64_t key, struct gs_entry *out)
+/* The slot holding (key, kind), or NULL: probing stops at an empty slot. */
+static struct gs_entry *find(uint64_t key, uint32_t kind)
 {
     struct gs_entry *t = __atomic_load_n(&slots, __ATOMIC_ACQUIRE);
     if (!t || key <= BUSY)
-        return -1;
-    uint32_t h = hash(key, out->kind);
+        return NULL;
+    uint32_t h = hash(key, kind);
     for (uint32_t i = 0; i < MAX_PROBE; i++) {
         struct gs_entry *e = &t[(h + i) & (CAP - 1)];
         uint64_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
         if (k == EMPTY)
-            return -1;
-        if (k == key && e->kind == out->kind &&
-            __atomic_compare_exchange_n(&e->key, &k, BUSY, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            out->key = key;
-            out->bytes = e->bytes;
-            out->owner = e->owner;
-            out->gpu = e->gpu;
+            return NULL;
+        if (k == key && e->kind == kind)
+            return e;
+    }
+    return NULL;
+}
+
+static void copy_out(const struct gs_entry *e, uint64_t key, struct gs_entry *out)
+{
+    out->key = key;
+    out->bytes = e->bytes;
+    out->owner = e->owner;
+    out->gpu = e->gpu;
+}
+
+int gs_table_take(uint64_t key, struct gs_entry *out)
+{
+    struct gs_entry *e;
+    while ((e = find(key, out->kind))) {
+        uint64_t k = key;
+        if (__atomic_compare_exchange_n(&e->key, &k, BUSY, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            copy_out(e, key, out);
             __atomic_store_n(&e->key, TOMB, __ATOMIC_RELEASE);
             return 0;
         }
@@ -96,24 +112,11 @@ void gs_table_reset(void)
 
 int gs_table_get(uint64_t key, struct gs_entry *out)
 {
-    struct gs_entry *t = __atomic_load_n(&slots, __ATOMIC_ACQUIRE);
-    if (!t || key <= BUSY)
+    struct gs_entry *e = find(key, out->kind);
+    if (!e)
         return -1;
-    uint32_t h = hash(key, out->kind);
-    for (uint32_t i = 0; i < MAX_PROBE; i++) {
-        struct gs_entry *e = &t[(h + i) & (CAP - 1)];
-        uint64_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
-        if (k == EMPTY)
-            return -1;
-        if (k == key && e->kind == out->kind) {
-            out->key = key;
-            out->bytes = e->bytes;
-            out->owner = e->owner;
-            out->gpu = e->gpu;
-            return 0;
-        }
-    }
-    return -1;
+    copy_out(e, key, out);
+    return 0;
 }
 
 void gs_table_drop_owner(uint64_t owner, void (*fn)(const struct gs_entry *))
