@@ -103,13 +103,14 @@ class AllocatorService(pb_grpc.AllocatorServicer):
 
     @_rpc("Reserve")
     def Reserve(self, request, context):
-        rec = self.m.reserve(request.container_id, dict(request.annotations), request.owner)
-        return slice_message(self.m.get(rec.container_id))
+        # the record the change returned: no second read of the ledger
+        return slice_message(
+            self.m.view(self.m.reserve(request.container_id, dict(request.annotations), request.owner))
+        )
 
     @_rpc("Bind")
     def Bind(self, request, context):
-        self.m.bind(request.container_id, request.pid)
-        return slice_message(self.m.get(request.container_id))
+        return slice_message(self.m.view(self.m.bind(request.container_id, request.pid)))
 
     @_rpc("Release")
     def Release(self, request, context):
@@ -125,5 +126,4 @@ class AllocatorService(pb_grpc.AllocatorServicer):
 
     @_rpc("Resize")
     def Resize(self, request, context):
-        self.m.resize(request.container_id, dict(request.annotations))
-        return slice_message(self.m.get(request.container_id))
+        return slice_message(self.m.view(self.m.resize(request.container_id, dict(request.annotations))))

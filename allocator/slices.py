@@ -230,12 +230,12 @@ class SliceManager:
         rec = self.ledger.get(container_id)
         if rec is None:
             raise NotFound(f"container {container_id} has no slice")
-        return self._view(rec)
+        return self.view(rec)
 
     def list(self) -> list[SliceView]:
-        return [self._view(r) for r in self.ledger.all()]
+        return [self.view(r) for r in self.ledger.all()]
 
-    def _view(self, rec: SliceRecord) -> SliceView:
+    def view(self, rec: SliceRecord) -> SliceView:
         f = self.files.get(rec.id)
         how = "driver+interposer" if rec.id in self.enforced else "interposer"
         if f is None:

@@ -53,17 +53,41 @@ static int slice_gpu_of_device(CUdevice dev)
     return m < 0 ? -1 : m - 1;
 }
 
+/* Contexts end rarely; each end bumps this so cached context->device pairs
+ * of every thread go stale (a new context may reuse an old address). */
+static uint64_t ctx_generation = 1;
+static __thread struct {
+    CUcontext ctx;
+    uint64_t generation;
+    CUdevice dev;
+} ctx_cache;
+
+/* fork: the child's contexts are new, whatever their addresses */
+void gs_contexts_forget(void)
+{
+    __atomic_add_fetch(&ctx_generation, 1, __ATOMIC_ACQ_REL);
+}
+
+/* One driver call on the allocation path: the current context, whose device
+ * is remembered per thread. */
 static CUresult current_gpu(int *g)
 {
-    CUdevice dev;
     CUcontext ctx = NULL;
-    CUresult r = REAL(cuCtxGetDevice)(&dev);
-    if (r == CUDA_SUCCESS)
-        r = REAL(cuCtxGetCurrent)(&ctx);
+    CUresult r = REAL(cuCtxGetCurrent)(&ctx);
     if (r != CUDA_SUCCESS)
         return r;
+    uint64_t gen = __atomic_load_n(&ctx_generation, __ATOMIC_ACQUIRE);
+    if (!ctx || ctx != ctx_cache.ctx || gen != ctx_cache.generation) {
+        CUdevice dev;
+        r = REAL(cuCtxGetDevice)(&dev); /* also the driver's error when no context is current */
+        if (r != CUDA_SUCCESS)
+            return r;
+        ctx_cache.ctx = ctx;
+        ctx_cache.generation = gen;
+        ctx_cache.dev = dev;
+    }
     owner = (uint64_t)(uintptr_t)ctx;
-    *g = slice_gpu_of_device(dev);
+    *g = slice_gpu_of_device(ctx_cache.dev);
     return CUDA_SUCCESS;
 }
 
@@ -598,6 +622,7 @@ static inline uint64_t reserve_of(int g)
 static void context_ended(CUcontext ctx)
 {
     struct gs_entry e;
+    __atomic_add_fetch(&ctx_generation, 1, __ATOMIC_ACQ_REL);
     gs_table_drop_owner((uint64_t)(uintptr_t)ctx, give_back);
     if (forget((uint64_t)(uintptr_t)ctx, K_CTX, &e) == 0)
         uncharge((int)e.gpu, e.bytes);

@@ -31,6 +31,8 @@ static void after_fork_child(void)
         munmap(gs.usage, sizeof *gs.usage);
     memset(&gs, 0, sizeof gs);
     gs_table_reset();
+    if (gs_contexts_forget) /* only the CUDA interposer caches contexts */
+        gs_contexts_forget();
 }
 
 __attribute__((constructor)) static void slice_ctor(void)

@@ -52,4 +52,7 @@ int gs_table_take(uint64_t key, struct gs_entry *out); /* out->kind selects */
 int gs_table_get(uint64_t key, struct gs_entry *out);
 void gs_table_reset(void);
 
+/* memory.c, CUDA interposer only (weak: the NVML one has none) */
+__attribute__((weak)) void gs_contexts_forget(void);
+
 #endif
