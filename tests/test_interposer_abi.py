@@ -31,6 +31,12 @@ EXTRA_PFN = {
     "cuGraphAddMemAllocNode": "PFN_cuGraphAddMemAllocNode_v11040",
     "cuMemPoolImportPointer": "PFN_cuMemPoolImportPointer_v11020",
     "cuMulticastCreate": "PFN_cuMulticastCreate_v12010",
+    "cuLaunchCooperativeKernelMultiDevice": "PFN_cuLaunchCooperativeKernelMultiDevice_v9000",
+    "cuLaunch": "PFN_cuLaunch_v2000",
+    "cuLaunchGrid": "PFN_cuLaunchGrid_v2000",
+    "cuLaunchGridAsync": "PFN_cuLaunchGridAsync_v2000",
+    "cuGraphInstantiateWithParams": "PFN_cuGraphInstantiateWithParams_v12000",
+    "cuGraphInstantiateWithParams_ptsz": "PFN_cuGraphInstantiateWithParams_v12000_ptsz",
 }
 
 
@@ -65,7 +71,7 @@ def our_prototypes(source: str, exports: str, tmp_path: Path) -> dict[str, str]:
 def test_hooks_match_the_toolkit_prototypes(tmp_path):
     inc = needs("cudaTypedefs.h")
     protos = {}
-    for src in ("memory.c", "procaddr.c"):
+    for src in ("memory.c", "gate.c", "procaddr.c"):
         protos |= our_prototypes(src, "../symbols/cuda_exports.def", tmp_path)
     lines = ["#include <cuda.h>", "#include <cudaTypedefs.h>"]
     for hook in hooks():

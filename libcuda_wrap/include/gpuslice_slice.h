@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 /* cdef-begin */
-#define GPUSLICE_SLICE_VERSION 2
+#define GPUSLICE_SLICE_VERSION 3
 #define GPUSLICE_SLICE_MAX_GPUS 8
 #define GPUSLICE_SLICE_MAX_PROCS 64
 #define GPUSLICE_LIMITS_MAGIC 0x534c4d54
@@ -29,6 +29,14 @@
 /* policy of a slice GPU */
 #define GPUSLICE_POLICY_ELASTIC 0
 #define GPUSLICE_POLICY_HARD 1
+
+/* priority of a slice GPU */
+#define GPUSLICE_PRIORITY_LOW 0
+#define GPUSLICE_PRIORITY_NORMAL 1
+#define GPUSLICE_PRIORITY_HIGH 2
+
+/* gate.tokens at or above this: the daemon has opened the gate (no limit) */
+#define GPUSLICE_GATE_OPEN 1152921504606846976
 
 struct gpuslice_request {
     uint32_t magic;   /* GPUSLICE_REQUEST_MAGIC */
@@ -53,6 +61,8 @@ struct gpuslice_slice_gpu {
     uint64_t context_reserve; /* bytes charged per CUDA context (the driver's own use) */
     uint32_t cores;           /* compute share, 1-100; 0 = no guaranteed share */
     uint32_t policy;          /* GPUSLICE_POLICY_* */
+    uint32_t priority;        /* GPUSLICE_PRIORITY_* */
+    uint32_t pad;
 };
 
 /* Written by the daemon only; processes map it read-only. */
@@ -72,6 +82,17 @@ struct gpuslice_proc_usage {
     uint64_t used[GPUSLICE_SLICE_MAX_GPUS]; /* bytes this process holds */
 };
 
+/* The launch gate of one slice GPU (docs/compute.md), one cache line.  Every
+ * launch of the slice's processes takes its cost (the threads it starts)
+ * from tokens and waits while they are spent; the daemon adds the next
+ * period's budget, or opens the gate. */
+struct gpuslice_gate {
+    int64_t tokens;          /* budget left, in threads; a launch waits while <= 0 */
+    uint64_t next_refill_ns; /* CLOCK_MONOTONIC of the daemon's next refill */
+    uint64_t waits;          /* launches that found the budget spent: the slice wants more */
+    uint64_t pad[5];
+};
+
 /* Shared read-write by every process of the slice; updated with atomics:
  * used[g] is the slice's total and is raised with compare-and-swap against
  * the limit before an allocation reaches the driver. */
@@ -80,7 +101,12 @@ struct gpuslice_usage {
     uint32_t version;
     uint64_t used[GPUSLICE_SLICE_MAX_GPUS];
     struct gpuslice_proc_usage proc[GPUSLICE_SLICE_MAX_PROCS];
+    uint8_t pad_to_line[56]; /* gates start on a cache line */
+    struct gpuslice_gate gate[GPUSLICE_SLICE_MAX_GPUS];
 };
 /* cdef-end */
+
+_Static_assert(__builtin_offsetof(struct gpuslice_usage, gate) % 64 == 0, "gates start on a cache line");
+_Static_assert(sizeof(struct gpuslice_gate) == 64, "a gate is one cache line");
 
 #endif

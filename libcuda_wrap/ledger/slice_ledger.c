@@ -53,3 +53,28 @@ LEDGER_API uint64_t gpuslice_usage_release_proc(struct gpuslice_usage *u, uint32
     __atomic_store_n(&u->proc[slot].pid, 0, __ATOMIC_RELEASE);
     return freed;
 }
+
+/* The daemon's side of a launch gate (the processes only take from it).
+ * Adds `add` tokens, but never past `cap`, keeping what launches took beyond
+ * the budget as debt; *before is what was left of the last period.  Returns
+ * the new value. */
+LEDGER_API int64_t gpuslice_gate_refill(struct gpuslice_gate *g, int64_t add, int64_t cap, uint64_t next_refill_ns,
+                                        int64_t *before)
+{
+    int64_t cur = __atomic_load_n(&g->tokens, __ATOMIC_ACQUIRE), next;
+    do {
+        /* an open gate being closed starts from nothing */
+        int64_t base = cur >= GPUSLICE_GATE_OPEN ? 0 : cur;
+        next = base + add < cap ? base + add : cap;
+    } while (!__atomic_compare_exchange_n(&g->tokens, &cur, next, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+    __atomic_store_n(&g->next_refill_ns, next_refill_ns, __ATOMIC_RELEASE);
+    *before = cur;
+    return next;
+}
+
+/* Open the gate (no limit until the next refill); *before as above. */
+LEDGER_API void gpuslice_gate_open(struct gpuslice_gate *g, uint64_t next_refill_ns, int64_t *before)
+{
+    *before = __atomic_exchange_n(&g->tokens, (int64_t)GPUSLICE_GATE_OPEN * 2, __ATOMIC_ACQ_REL);
+    __atomic_store_n(&g->next_refill_ns, next_refill_ns, __ATOMIC_RELEASE);
+}

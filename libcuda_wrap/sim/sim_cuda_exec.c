@@ -571,6 +571,70 @@ CUAPI cuGraphAddKernelNode_v2(CUgraphNode *out, CUgraph g, const CUgraphNode *de
     return add_node(out, g, deps, n, &k);
 }
 
+CUAPI cuGraphGetNodes(CUgraph h, CUgraphNode *nodes, size_t *count)
+{
+    SIM_ENTER();
+    struct sim_graph *g = graph_of(h);
+    if (!g || !count)
+        return CUDA_ERROR_INVALID_VALUE;
+    size_t n = 0, cap = *count;
+    pthread_mutex_lock(&sim_mu);
+    for (struct sim_node *x = g->nodes; x; x = x->next, n++)
+        if (nodes && n < cap)
+            nodes[n] = (CUgraphNode)x;
+    pthread_mutex_unlock(&sim_mu);
+    if (nodes) {
+        for (size_t i = n; i < cap; i++)
+            nodes[i] = NULL;
+        *count = n < cap ? n : cap;
+    } else {
+        *count = n;
+    }
+    return CUDA_SUCCESS;
+}
+
+static struct sim_node *node_of(CUgraphNode h)
+{
+    struct sim_node *n = (struct sim_node *)h;
+    return n && n->magic == MAGIC_NODE ? n : NULL;
+}
+
+CUAPI cuGraphNodeGetType(CUgraphNode h, CUgraphNodeType *type)
+{
+    SIM_ENTER();
+    struct sim_node *n = node_of(h);
+    if (!n || !type)
+        return CUDA_ERROR_INVALID_VALUE;
+    *type = n->is_kernel ? CU_GRAPH_NODE_TYPE_KERNEL : CU_GRAPH_NODE_TYPE_EMPTY;
+    return CUDA_SUCCESS;
+}
+
+static CUresult kernel_node(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS_v2 *p)
+{
+    SIM_ENTER();
+    struct sim_node *n = node_of(h);
+    if (!n || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!n->is_kernel)
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct sim_kernel_launch *k = &n->k;
+    *p = (CUDA_KERNEL_NODE_PARAMS_v2){.func = (CUfunction)k->func, .gridDimX = k->grid[0], .gridDimY = k->grid[1],
+                                      .gridDimZ = k->grid[2], .blockDimX = k->block[0], .blockDimY = k->block[1],
+                                      .blockDimZ = k->block[2], .sharedMemBytes = k->shmem};
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuGraphKernelNodeGetParams(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS_v1 *p)
+{
+    CUDA_KERNEL_NODE_PARAMS_v2 v2;
+    CUresult r = kernel_node(h, p ? &v2 : NULL);
+    if (r == CUDA_SUCCESS)
+        memcpy(p, &v2, sizeof *p); /* v1 is v2's leading fields */
+    return r;
+}
+
+CUAPI cuGraphKernelNodeGetParams_v2(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS_v2 *p) { return kernel_node(h, p); }
+
 CUAPI cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph h, unsigned long long flags)
 {
     SIM_ENTER();

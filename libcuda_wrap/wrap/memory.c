@@ -91,6 +91,13 @@ static CUresult current_gpu(int *g)
     return CUDA_SUCCESS;
 }
 
+/* The slice GPU the current context runs on (-1: none), for the launch gate. */
+int gs_current_gpu(void)
+{
+    int g = -1;
+    return current_gpu(&g) == CUDA_SUCCESS ? g : -1;
+}
+
 /* ---- the ledger --------------------------------------------------------- */
 
 static inline int charge(int g, uint64_t bytes)

@@ -52,7 +52,10 @@ int gs_table_take(uint64_t key, struct gs_entry *out); /* out->kind selects */
 int gs_table_get(uint64_t key, struct gs_entry *out);
 void gs_table_reset(void);
 
+#define GS_KIND_GRAPH_EXEC 100 /* table entries of gate.c: an executable graph's cost */
+
 /* memory.c, CUDA interposer only (weak: the NVML one has none) */
 __attribute__((weak)) void gs_contexts_forget(void);
+int gs_current_gpu(void); /* the slice GPU of the current context, or -1 */
 
 #endif

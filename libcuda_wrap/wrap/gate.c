@@ -1,0 +1,317 @@
+/* The launch gate (docs/compute.md): every way of starting GPU work takes its
+ * cost, the threads it starts, from the slice's budget for that GPU, and
+ * waits while the budget is spent.  The daemon measures what each slice
+ * really ran and sets the budget every period.  Under budget a launch costs
+ * one atomic subtraction on the slice's shared gate: no lock, no syscall. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "gpuslice_cuda.h"
+#include "wrap.h"
+
+#define FWD(name) extern void *gs_real_##name;
+#include "../symbols/cuda_exports.def"
+#undef FWD
+
+#define REAL(name) ((__typeof__(&name))gs_real_##name)
+
+#define STALE_NS 2000000000ll  /* a daemon silent this long no longer holds launches back */
+#define MAX_SLEEP_NS 100000000ll
+#define WAKE_AFTER_REFILL_NS 200000ll
+#define LEGACY_THREADS 1024    /* cuLaunchGrid's block shape is not known here: the most */
+#define MAX_GRAPH_DEPTH 8
+
+CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st);
+CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st);
+CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n);
+CUresult cuGraphNodeGetType(CUgraphNode n, CUgraphNodeType *t);
+CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode n, CUDA_KERNEL_NODE_PARAMS_v2 *p);
+CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph *g);
+
+static int captures; /* stream captures under way: only then is a launch asked about it */
+static int warned_stale;
+
+static inline int64_t threads_of(unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz)
+{
+    uint64_t blocks = (uint64_t)gx * gy * gz, per = (uint64_t)bx * by * bz;
+    if (blocks > (1ull << 40))
+        blocks = 1ull << 40;
+    if (per > (1ull << 20))
+        per = 1ull << 20;
+    uint64_t t = blocks * per;
+    return t ? (int64_t)t : 1;
+}
+
+static int64_t now_ns(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000ll + t.tv_nsec;
+}
+
+/* The budget is spent: give back what this launch took, then sleep until the
+ * daemon's next refill and take again. */
+static __attribute__((noinline)) void wait_for_budget(struct gpuslice_gate *gt, int64_t cost)
+{
+    __atomic_add_fetch(&gt->tokens, cost, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&gt->waits, 1, __ATOMIC_RELAXED);
+    for (;;) {
+        int64_t now = now_ns(), next = (int64_t)__atomic_load_n(&gt->next_refill_ns, __ATOMIC_ACQUIRE);
+        if (now - next > STALE_NS) {
+            if (!__atomic_exchange_n(&warned_stale, 1, __ATOMIC_RELAXED))
+                gs_log(1, "the daemon has not refilled the launch budget for %lld ms: launches pass ungated",
+                       (long long)((now - next) / 1000000));
+            __atomic_sub_fetch(&gt->tokens, cost, __ATOMIC_RELAXED);
+            return;
+        }
+        int64_t until = next + WAKE_AFTER_REFILL_NS > now ? next + WAKE_AFTER_REFILL_NS : now + 1000000;
+        if (until > now + MAX_SLEEP_NS)
+            until = now + MAX_SLEEP_NS;
+        struct timespec ts = {until / 1000000000ll, until % 1000000000ll};
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+            ;
+        if (__atomic_fetch_sub(&gt->tokens, cost, __ATOMIC_RELAXED) > 0)
+            return;
+        __atomic_add_fetch(&gt->tokens, cost, __ATOMIC_RELAXED);
+    }
+}
+
+static int capturing(CUstream s, int ptds)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = ptds ? REAL(cuStreamIsCapturing_ptsz)(s, &st) : REAL(cuStreamIsCapturing)(s, &st);
+    return r == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+/* The gate of the GPU this launch runs on, or NULL: not in a slice, a whole
+ * GPU (never throttled), or a launch into a stream capture (it runs when
+ * the graph is launched, and is charged then). */
+static inline struct gpuslice_gate *gate_for(CUstream s, int ptds)
+{
+    if (__atomic_load_n(&gs.mode, __ATOMIC_ACQUIRE) != GS_SLICE)
+        return NULL;
+    const struct gpuslice_limits *l = gs.limits;
+    int g = l->gpu_count == 1 ? 0 : gs_current_gpu();
+    if (g < 0 || l->gpu[g].cores >= 100)
+        return NULL;
+    if (__builtin_expect(__atomic_load_n(&captures, __ATOMIC_RELAXED) != 0, 0) && capturing(s, ptds))
+        return NULL;
+    return &gs.usage->gate[g];
+}
+
+static inline void gate(CUstream s, int ptds, int64_t cost)
+{
+    struct gpuslice_gate *gt = gate_for(s, ptds);
+    if (gt && __builtin_expect(__atomic_fetch_sub(&gt->tokens, cost, __ATOMIC_RELAXED) <= 0, 0))
+        wait_for_budget(gt, cost);
+}
+
+/* ---- kernels ------------------------------------------------------------ */
+
+WRAP_API CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                 unsigned bz, unsigned sh, CUstream s, void **params, void **extra)
+{
+    gate(s, 0, threads_of(gx, gy, gz, bx, by, bz));
+    return REAL(cuLaunchKernel)(f, gx, gy, gz, bx, by, bz, sh, s, params, extra);
+}
+
+WRAP_API CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                      unsigned bz, unsigned sh, CUstream s, void **params, void **extra)
+{
+    gate(s, 1, threads_of(gx, gy, gz, bx, by, bz));
+    return REAL(cuLaunchKernel_ptsz)(f, gx, gy, gz, bx, by, bz, sh, s, params, extra);
+}
+
+WRAP_API CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                            unsigned by, unsigned bz, unsigned sh, CUstream s, void **params)
+{
+    gate(s, 0, threads_of(gx, gy, gz, bx, by, bz));
+    return REAL(cuLaunchCooperativeKernel)(f, gx, gy, gz, bx, by, bz, sh, s, params);
+}
+
+WRAP_API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                                 unsigned by, unsigned bz, unsigned sh, CUstream s, void **params)
+{
+    gate(s, 1, threads_of(gx, gy, gz, bx, by, bz));
+    return REAL(cuLaunchCooperativeKernel_ptsz)(f, gx, gy, gz, bx, by, bz, sh, s, params);
+}
+
+static inline int64_t config_threads(const CUlaunchConfig *c)
+{
+    return c ? threads_of(c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ) : 1;
+}
+
+WRAP_API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    gate(c ? c->hStream : NULL, 0, config_threads(c));
+    return REAL(cuLaunchKernelEx)(c, f, params, extra);
+}
+
+WRAP_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
+{
+    gate(c ? c->hStream : NULL, 1, config_threads(c));
+    return REAL(cuLaunchKernelEx_ptsz)(c, f, params, extra);
+}
+
+WRAP_API CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS_v1 *list, unsigned n, unsigned flags)
+{
+    for (unsigned i = 0; list && i < n; i++) {
+        const CUDA_LAUNCH_PARAMS_v1 *p = &list[i];
+        gate(p->hStream, 0, threads_of(p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
+                                       p->blockDimZ));
+    }
+    return REAL(cuLaunchCooperativeKernelMultiDevice)(list, n, flags);
+}
+
+/* The pre-4.0 launches: the block shape was set with cuFuncSetBlockShape. */
+WRAP_API CUresult cuLaunch(CUfunction f)
+{
+    gate(NULL, 0, LEGACY_THREADS);
+    return REAL(cuLaunch)(f);
+}
+
+WRAP_API CUresult cuLaunchGrid(CUfunction f, int w, int h)
+{
+    gate(NULL, 0, threads_of((unsigned)w, (unsigned)h, 1, LEGACY_THREADS, 1, 1));
+    return REAL(cuLaunchGrid)(f, w, h);
+}
+
+WRAP_API CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
+{
+    gate(s, 0, threads_of((unsigned)w, (unsigned)h, 1, LEGACY_THREADS, 1, 1));
+    return REAL(cuLaunchGridAsync)(f, w, h, s);
+}
+
+/* ---- graphs: the cost of an executable graph is known when it is made ----- */
+
+static int64_t graph_cost(CUgraph g, int depth)
+{
+    size_t n = 0;
+    if (depth > MAX_GRAPH_DEPTH || REAL(cuGraphGetNodes)(g, NULL, &n) != CUDA_SUCCESS || n == 0)
+        return 0;
+    CUgraphNode *nodes = calloc(n, sizeof *nodes);
+    if (!nodes)
+        return 0;
+    int64_t cost = 0;
+    if (REAL(cuGraphGetNodes)(g, nodes, &n) == CUDA_SUCCESS) {
+        for (size_t i = 0; i < n; i++) {
+            CUgraphNodeType t;
+            CUDA_KERNEL_NODE_PARAMS_v2 p;
+            CUgraph child;
+            if (REAL(cuGraphNodeGetType)(nodes[i], &t) != CUDA_SUCCESS)
+                continue;
+            if (t == CU_GRAPH_NODE_TYPE_KERNEL && REAL(cuGraphKernelNodeGetParams_v2)(nodes[i], &p) == CUDA_SUCCESS)
+                cost += threads_of(p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ);
+            else if (t == CU_GRAPH_NODE_TYPE_GRAPH && REAL(cuGraphChildGraphNodeGetGraph)(nodes[i], &child) == CUDA_SUCCESS)
+                cost += graph_cost(child, depth + 1);
+        }
+    }
+    free(nodes);
+    return cost;
+}
+
+static CUresult instantiated(CUresult r, CUgraphExec *out, CUgraph g)
+{
+    if (r == CUDA_SUCCESS && out && *out && gs.mode == GS_SLICE) {
+        int64_t cost = graph_cost(g, 0);
+        if (gs_table_put((uint64_t)(uintptr_t)*out, (uint64_t)(cost ? cost : 1), 0, GS_KIND_GRAPH_EXEC, 0) != 0)
+            gs_log(0, "graph table full: this graph's launches cost one thread each");
+    }
+    return r;
+}
+
+WRAP_API CUresult cuGraphInstantiate(CUgraphExec *out, CUgraph g, CUgraphNode *err, char *log, size_t n)
+{
+    return instantiated(REAL(cuGraphInstantiate)(out, g, err, log, n), out, g);
+}
+
+WRAP_API CUresult cuGraphInstantiate_v2(CUgraphExec *out, CUgraph g, CUgraphNode *err, char *log, size_t n)
+{
+    return instantiated(REAL(cuGraphInstantiate_v2)(out, g, err, log, n), out, g);
+}
+
+WRAP_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph g, unsigned long long flags)
+{
+    return instantiated(REAL(cuGraphInstantiateWithFlags)(out, g, flags), out, g);
+}
+
+WRAP_API CUresult cuGraphInstantiateWithParams(CUgraphExec *out, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    return instantiated(REAL(cuGraphInstantiateWithParams)(out, g, p), out, g);
+}
+
+WRAP_API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *out, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS *p)
+{
+    return instantiated(REAL(cuGraphInstantiateWithParams_ptsz)(out, g, p), out, g);
+}
+
+WRAP_API CUresult cuGraphExecDestroy(CUgraphExec e)
+{
+    struct gs_entry x = {.kind = GS_KIND_GRAPH_EXEC};
+    gs_table_take((uint64_t)(uintptr_t)e, &x);
+    return REAL(cuGraphExecDestroy)(e);
+}
+
+static inline int64_t exec_cost(CUgraphExec e)
+{
+    struct gs_entry x = {.kind = GS_KIND_GRAPH_EXEC};
+    return gs_table_get((uint64_t)(uintptr_t)e, &x) == 0 ? (int64_t)x.bytes : 1;
+}
+
+WRAP_API CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
+{
+    struct gpuslice_gate *gt = gate_for(s, 0);
+    if (gt && __atomic_fetch_sub(&gt->tokens, exec_cost(e), __ATOMIC_RELAXED) <= 0)
+        wait_for_budget(gt, exec_cost(e));
+    return REAL(cuGraphLaunch)(e, s);
+}
+
+WRAP_API CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
+{
+    struct gpuslice_gate *gt = gate_for(s, 1);
+    if (gt && __atomic_fetch_sub(&gt->tokens, exec_cost(e), __ATOMIC_RELAXED) <= 0)
+        wait_for_budget(gt, exec_cost(e));
+    return REAL(cuGraphLaunch_ptsz)(e, s);
+}
+
+/* ---- stream capture: counted, so launches ask only while one is under way -- */
+
+static CUresult capture_began(CUresult r)
+{
+    if (r == CUDA_SUCCESS)
+        __atomic_add_fetch(&captures, 1, __ATOMIC_RELAXED);
+    return r;
+}
+
+static CUresult capture_ended(CUresult r)
+{
+    /* a capture ends with this call whether or not the graph is valid */
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED || r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED) {
+        int c = __atomic_load_n(&captures, __ATOMIC_RELAXED);
+        while (c > 0 && !__atomic_compare_exchange_n(&captures, &c, c - 1, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            ;
+    }
+    return r;
+}
+
+WRAP_API CUresult cuStreamBeginCapture(CUstream s) { return capture_began(REAL(cuStreamBeginCapture)(s)); }
+WRAP_API CUresult cuStreamBeginCapture_ptsz(CUstream s) { return capture_began(REAL(cuStreamBeginCapture_ptsz)(s)); }
+
+WRAP_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode m)
+{
+    return capture_began(REAL(cuStreamBeginCapture_v2)(s, m));
+}
+
+WRAP_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m)
+{
+    return capture_began(REAL(cuStreamBeginCapture_v2_ptsz)(s, m));
+}
+
+WRAP_API CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { return capture_ended(REAL(cuStreamEndCapture)(s, g)); }
+
+WRAP_API CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *g)
+{
+    return capture_ended(REAL(cuStreamEndCapture_ptsz)(s, g));
+}
