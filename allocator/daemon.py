@@ -11,6 +11,7 @@ from concurrent import futures
 
 import grpc
 from gpuslice.allocator import inventory, metrics
+from gpuslice.allocator.compute import ComputeController, NvmlUtilization
 from gpuslice.allocator.config import Config
 from gpuslice.allocator.driver_limits import DriverLimits
 from gpuslice.allocator.ledger import Ledger
@@ -49,6 +50,7 @@ class Daemon:
         )
         self.watcher = ProcessWatcher()
         self.manager.on_release.append(self.watcher.forget)
+        self.compute = ComputeController(self.manager.files_snapshot, NvmlUtilization(), cfg.compute_period)
         self._stop = threading.Event()
 
     def _reattach(self) -> None:
@@ -85,9 +87,10 @@ class Daemon:
         slice_server = SliceSocketServer(self.cfg.slice_socket, self.manager, self.watcher)
         slice_server.start()
         if self.cfg.metrics_port:
-            metrics.register(self.manager)
+            metrics.register(self.manager, self.compute)
             start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_address)
         threading.Thread(target=self._sweeper, name="sweeper", daemon=True).start()
+        self.compute.start()
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         health_servicer.set("gpuslice.v1.Allocator", health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -98,6 +101,7 @@ class Daemon:
         self._stop.wait()
         health_servicer.enter_graceful_shutdown()
         server.stop(2).wait()
+        self.compute.stop()
         slice_server.stop()
         self.watcher.stop()
         self.ledger.close()

@@ -19,8 +19,9 @@ RPC_SECONDS = Histogram(
 
 
 class SliceCollector(Collector):
-    def __init__(self, manager) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, manager, compute=None) -> None:  # type: ignore[no-untyped-def]
         self.m = manager
+        self.compute = compute
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         gpu_total = GaugeMetricFamily("gpuslice_gpu_memory_total_bytes", "GPU memory", labels=["gpu", "uuid"])
@@ -56,7 +57,20 @@ class SliceCollector(Collector):
             procs.add_metric([r.container_id, r.id], v.processes)
             driver.add_metric([r.container_id, r.id], 1 if v.enforcement.startswith("driver") else 0)
         yield from (gpu_total, gpu_reserved, gpu_cores, gpu_slices, lim, used, cores, procs, driver)
+        yield from self._compute()
+
+    def _compute(self) -> Iterator[GaugeMetricFamily]:
+        target = GaugeMetricFamily(
+            "gpuslice_slice_compute_target_ratio", "share of the GPU the controller aims at", labels=["slice", "gpu"]
+        )
+        used = GaugeMetricFamily(
+            "gpuslice_slice_compute_used_ratio", "share of the GPU used in the last period", labels=["slice", "gpu"]
+        )
+        for sid, g, t, u in self.compute.report() if self.compute else ():
+            target.add_metric([sid, str(g)], t)
+            used.add_metric([sid, str(g)], u)
+        yield from (target, used)
 
 
-def register(manager) -> None:  # type: ignore[no-untyped-def]
-    REGISTRY.register(SliceCollector(manager))
+def register(manager, compute=None) -> None:  # type: ignore[no-untyped-def]
+    REGISTRY.register(SliceCollector(manager, compute))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -16,11 +17,16 @@ from cffi import FFI
 
 from gpuslice.paths import native_dir
 
+OPEN_UNTIL_CONTROLLED_NS = 1_000_000_000
+
 LEDGER_FUNCTIONS = """
 int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpuslice_limits *l, uint32_t slot,
                           uint32_t gpu, uint64_t bytes);
 void gpuslice_usage_uncharge(struct gpuslice_usage *u, uint32_t slot, uint32_t gpu, uint64_t bytes);
 uint64_t gpuslice_usage_release_proc(struct gpuslice_usage *u, uint32_t slot);
+int64_t gpuslice_gate_refill(struct gpuslice_gate *g, int64_t add, int64_t cap, uint64_t next_refill_ns,
+                             int64_t *before);
+void gpuslice_gate_open(struct gpuslice_gate *g, uint64_t next_refill_ns, int64_t *before);
 """
 
 
@@ -49,6 +55,14 @@ class GpuLimit:
     cores: int
     hard: bool
     context_reserve: int = 0
+    priority: str = "normal"
+
+
+PRIORITY_CONSTANT = {
+    "low": "GPUSLICE_PRIORITY_LOW",
+    "normal": "GPUSLICE_PRIORITY_NORMAL",
+    "high": "GPUSLICE_PRIORITY_HIGH",
+}
 
 
 class SliceFiles:
@@ -91,6 +105,10 @@ class SliceFiles:
             lim.gpu[i].context_reserve = g.context_reserve
             lim.gpu[i].cores = g.cores
             lim.gpu[i].policy = constant("GPUSLICE_POLICY_HARD" if g.hard else "GPUSLICE_POLICY_ELASTIC")
+            lim.gpu[i].priority = constant(PRIORITY_CONSTANT[g.priority])
+            gate = self.usage.gate[i]
+            if gate.next_refill_ns == 0:  # open until the compute controller first sets a budget
+                self.open_gate(i, time.monotonic_ns() + OPEN_UNTIL_CONTROLLED_NS)
         lim.generation += 1
         lim.magic = constant("GPUSLICE_LIMITS_MAGIC")
 
@@ -122,6 +140,22 @@ class SliceFiles:
 
     def uncharge(self, slot: int, gpu: int, nbytes: int) -> None:
         self.lib.gpuslice_usage_uncharge(self.usage, slot, gpu, nbytes)
+
+    # -- launch gates (docs/compute.md) -------------------------------------------
+    def refill_gate(self, gpu: int, add: int, cap: int, next_refill_ns: int) -> tuple[int, int]:
+        """Add a period's budget (capped); returns (tokens before, tokens after)."""
+        before = self.ffi.new("int64_t *")
+        after = self.lib.gpuslice_gate_refill(self.ffi.addressof(self.usage.gate[gpu]), add, cap, next_refill_ns, before)
+        return int(before[0]), int(after)
+
+    def open_gate(self, gpu: int, next_refill_ns: int) -> tuple[int, int]:
+        """No limit until the next refill; returns (tokens before, tokens after)."""
+        before = self.ffi.new("int64_t *")
+        self.lib.gpuslice_gate_open(self.ffi.addressof(self.usage.gate[gpu]), next_refill_ns, before)
+        return int(before[0]), 2 * constant("GPUSLICE_GATE_OPEN")
+
+    def gate_waits(self, gpu: int) -> int:
+        return int(self.usage.gate[gpu].waits)
 
     def open_fds(self) -> tuple[int, int]:
         """fds to pass to a process: limits read-only, usage read-write."""

@@ -78,6 +78,11 @@ class SliceManager:
         ]
 
     # -- files -----------------------------------------------------------------------
+    def files_snapshot(self) -> dict[str, SliceFiles]:
+        """The slices' shared files as they are now (for the compute controller)."""
+        with self._lock:
+            return dict(self.files)
+
     def _files_for(self, rec: SliceRecord) -> SliceFiles:
         with self._lock:
             f = self.files.get(rec.id)
@@ -85,7 +90,10 @@ class SliceManager:
                 f = self.files[rec.id] = SliceFiles(self.ledger_dir, rec.id)
             hard = rec.policy == requests.ComputePolicy.HARD.value
             f.write_limits(
-                [GpuLimit(a.gpu_uuid, a.memory, a.cores, hard, self.context_reserve) for a in rec.allocations]
+                [
+                    GpuLimit(a.gpu_uuid, a.memory, a.cores, hard, self.context_reserve, rec.priority)
+                    for a in rec.allocations
+                ]
             )
             return f
 

@@ -378,10 +378,17 @@ static CUresult graph_add(struct sim_graph *g, const struct sim_kernel_launch *k
     return CUDA_SUCCESS;
 }
 
+static void run_on_gpu(struct sim_stream *s, int dev, uint64_t ns);
+
 /* Put `ns` of work on the stream's GPU after what the stream waits for. */
 static void run_on_stream(struct sim_stream *s, uint64_t ns)
 {
-    uint64_t end = sim_gpu_run(s->ctx->dev, sim_stream_not_before(s), ns);
+    run_on_gpu(s, s->ctx->dev, ns);
+}
+
+static void run_on_gpu(struct sim_stream *s, int dev, uint64_t ns)
+{
+    uint64_t end = sim_gpu_run(dev, sim_stream_not_before(s), ns);
     sim_ready_raise(s, end);
     uint64_t now = sim_now_ns();
     if (end > now + QUEUE_AHEAD_NS) /* a full launch queue makes the CPU wait */
@@ -700,9 +707,8 @@ static CUresult graph_launch(CUgraphExec h, CUstream hs, int ptds)
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     for (int d = 0; d < SIM_MAX_GPUS; d++)
-        if (e->ns_by_dev[d]) {
-            sim_ready_raise(s, sim_gpu_run(d, sim_stream_not_before(s), e->ns_by_dev[d]));
-        }
+        if (e->ns_by_dev[d])
+            run_on_gpu(s, d, e->ns_by_dev[d]);
     return CUDA_SUCCESS;
 }
 
@@ -764,3 +770,16 @@ static CUresult is_capturing(CUstream hs, CUstreamCaptureStatus *st, int ptds)
 
 CUAPI cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) { return is_capturing(s, st, 0); }
 CUAPI cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st) { return is_capturing(s, st, 1); }
+
+/* ---- simulator only: the calling process's exact GPU time ------------- */
+
+/* GPU time (ns) the calling process's work occupied on device `dev` in
+ * [from_ns, to_ns) of CLOCK_MONOTONIC, whole 10 ms buckets of the last 2.5 s:
+ * the ground truth that load tools and share tests measure against. */
+SIM_API unsigned long long gpusliceSimBusyNs(int dev, unsigned long long from_ns, unsigned long long to_ns)
+{
+    int slot = sim_self_slot();
+    if (slot < 0 || dev < 0 || dev >= sim_machine()->gpu_count)
+        return 0;
+    return sim_busy_between(dev, slot, from_ns, to_ns);
+}

@@ -321,7 +321,7 @@ static nvmlReturn_t list_procs(int idx, unsigned int *count, void *out, size_t s
 static void write_v2(void *dst, const struct sim_proc *p, int idx)
 {
     nvmlProcessInfo_t *e = dst;
-    e->pid = (unsigned)p->pid;
+    e->pid = (unsigned)sim_pid_for_reader((int)(p - sim_shm->proc));
     e->usedGpuMemory = p->mem[idx];
     e->gpuInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
     e->computeInstanceId = NVML_VALUE_NOT_AVAILABLE_UINT;
@@ -330,7 +330,7 @@ static void write_v2(void *dst, const struct sim_proc *p, int idx)
 static void write_v1(void *dst, const struct sim_proc *p, int idx)
 {
     nvmlProcessInfo_v1_t *e = dst;
-    e->pid = (unsigned)p->pid;
+    e->pid = (unsigned)sim_pid_for_reader((int)(p - sim_shm->proc));
     e->usedGpuMemory = p->mem[idx];
 }
 
@@ -410,7 +410,7 @@ NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSamp
         if (!busy)
             continue;
         if (samples && n < cap)
-            samples[n] = (nvmlProcessUtilizationSample_t){.pid = (unsigned)p->pid, .timeStamp = now_us,
+            samples[n] = (nvmlProcessUtilizationSample_t){.pid = (unsigned)sim_pid_for_reader(i), .timeStamp = now_us,
                                                           .smUtil = percent(busy, window)};
         n++;
     }

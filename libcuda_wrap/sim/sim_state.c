@@ -2,6 +2,7 @@
  * directory, process slots whose liveness is an OFD lock, and the per-GPU
  * memory counter and kernel timeline. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -308,6 +309,57 @@ static uint64_t pidns_inode(void)
 {
     struct stat st;
     return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+/* Does /proc/<pid> (ours) belong to pid namespace `ns` and have pid `nspid` there? */
+static int proc_is(int pid, uint64_t ns, int32_t nspid)
+{
+    char path[64], line[256];
+    struct stat st;
+    snprintf(path, sizeof path, "/proc/%d/ns/pid", pid);
+    if (stat(path, &st) != 0 || (uint64_t)st.st_ino != ns)
+        return 0;
+    snprintf(path, sizeof path, "/proc/%d/status", pid);
+    FILE *f = fopen(path, "re");
+    int yes = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (strncmp(line, "NSpid:", 6) == 0) {
+            char *last = strrchr(line, '\t');
+            yes = last && atoi(last + 1) == nspid;
+            break;
+        }
+    if (f)
+        fclose(f);
+    return yes;
+}
+
+/* The pid of a slot's process as the caller sees it.  The driver reports
+ * pids of the caller's pid namespace (the host's, for a node daemon); a
+ * process in a container registered its own, so it is looked up in /proc
+ * (remembered per slot, checked at each use).  Not visible: its own pid. */
+int32_t sim_pid_for_reader(int slot)
+{
+    static int32_t seen[SIM_MAX_PROCS];
+    static uint64_t own_ns;
+    const struct sim_proc *p = &sim_shm->proc[slot];
+    if (!own_ns)
+        own_ns = pidns_inode();
+    if (!p->pidns || p->pidns == own_ns)
+        return p->pid;
+    int32_t cached = __atomic_load_n(&seen[slot], __ATOMIC_RELAXED);
+    if (cached > 0 && proc_is(cached, p->pidns, p->pid))
+        return cached;
+    DIR *d = opendir("/proc");
+    int32_t found = 0;
+    for (struct dirent *e; d && !found && (e = readdir(d));) {
+        int pid = atoi(e->d_name);
+        if (pid > 0 && proc_is(pid, p->pidns, p->pid))
+            found = pid;
+    }
+    if (d)
+        closedir(d);
+    __atomic_store_n(&seen[slot], found, __ATOMIC_RELAXED);
+    return found ? found : p->pid;
 }
 
 int sim_register_self(void)

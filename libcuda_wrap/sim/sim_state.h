@@ -117,6 +117,7 @@ int sim_register_self(void); /* take a process slot; -1 if none free */
 int sim_self_slot(void);
 void sim_sweep_dead(void);   /* reclaim the slots of dead processes */
 int sim_slot_alive(int slot);
+int32_t sim_pid_for_reader(int slot); /* its pid in the caller's pid namespace, where visible */
 void sim_gpu_lock(int gpu);
 void sim_gpu_unlock(int gpu);
 int sim_mem_charge(int gpu, uint64_t bytes);   /* 0 or -1 if it does not fit */

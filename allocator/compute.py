@@ -1,0 +1,263 @@
+"""The compute controller: gives each slice the share of GPU time it asked
+for (docs/compute.md).
+
+Every period it measures what each slice ran on each GPU (NVML per-process
+utilization, summed over the slice's processes), decides each slice's target
+share (policy and priority), and turns the difference into the next period's
+launch budget in the slice's gate: budget = target time / learned cost of a
+thread, corrected by the integral of the past error.  The interposers spend
+the budget; the daemon never sits on a launch path."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import pynvml
+from gpuslice.allocator.slice_ledger import SliceFiles, constant
+
+log = logging.getLogger(__name__)
+
+KI = 0.15  # integral gain per period: the loop's delay is about two periods
+CREDIT_LIMIT_S = 0.5  # at most this much time (of target) is owed or banked
+ACTIVE_HOLD_S = 0.5  # a slice that launched this recently still holds its share
+RATIO_PERIODS = 20  # cost-per-thread estimate over about a second
+BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %)
+BEST_EFFORT_FLOOR = 0.01  # ... which still progresses when every share is taken
+OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
+TIERS = ("high", "normal", "low")
+PRIORITY_NAMES = {
+    "GPUSLICE_PRIORITY_HIGH": "high",
+    "GPUSLICE_PRIORITY_NORMAL": "normal",
+    "GPUSLICE_PRIORITY_LOW": "low",
+}
+
+# uuid -> {pid: fraction of the GPU since the last call}, or None: no reading
+Sampler = Callable[[str], "dict[int, float] | None"]
+
+
+class NvmlUtilization:
+    """Per-process GPU utilization through NVML, each call covering the time
+    since the previous one (pids as this process sees them)."""
+
+    def __init__(self) -> None:
+        pynvml.nvmlInit()
+        self.handles: dict[str, object] = {}
+        self.last_seen: dict[str, int] = {}
+
+    def __call__(self, uuid: str) -> dict[int, float] | None:
+        h = self.handles.get(uuid)
+        if h is None:
+            h = self.handles[uuid] = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
+        now_us = time.time_ns() // 1000
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(h, self.last_seen.get(uuid, now_us - 100_000))
+        except pynvml.NVMLError_NotFound:
+            samples = []
+        except pynvml.NVMLError as e:  # e.g. a process came between the size and the data
+            log.debug("process utilization of %s: %s", uuid, e)
+            return None
+        per_pid: dict[int, list[int]] = {}
+        for x in samples:
+            per_pid.setdefault(int(x.pid), []).append(int(x.smUtil))
+        self.last_seen[uuid] = max([int(x.timeStamp) for x in samples] + [now_us])
+        return {pid: sum(v) / len(v) / 100 for pid, v in per_pid.items()}
+
+
+@dataclass
+class Share:
+    """What a slice is entitled to on one GPU."""
+
+    slice_id: str
+    gpu: int  # index within the slice
+    uuid: str
+    guarantee: float  # 0..1; 0: no guaranteed share (best effort)
+    hard: bool
+    priority: str
+
+
+@dataclass
+class GateState:
+    after: int | None = None  # tokens right after our last refill
+    waits: int = 0
+    hungry: bool = False  # launches waited for budget in the last period
+    target: float = 1.0
+    opened: bool = True
+    credit_ns: float = 0.0
+    last_active: float = -1e9
+    consumed: int = 0  # threads launched in the last period
+    busy: float = 0.0  # fraction of the GPU used in the last period
+    history: deque = field(default_factory=lambda: deque(maxlen=RATIO_PERIODS))
+
+    def ns_per_thread(self) -> float | None:
+        busy = sum(b for b, _ in self.history)
+        threads = sum(t for _, t in self.history)
+        return busy / threads if busy > 0 and threads > 0 else None
+
+
+def targets(shares: list[Share], active: set[str]) -> dict[str, float]:
+    """Target fraction of the GPU per slice id, for the slices on one GPU.
+
+    Guarantees first, by priority; the capacity no active slice is guaranteed
+    goes to the active elastic slices of the highest priority that has any,
+    split by their shares."""
+    out: dict[str, float] = {}
+    left = 1.0
+    for tier in TIERS:
+        for s in (s for s in shares if s.priority == tier):
+            out[s.slice_id] = min(s.guarantee, max(left, 0.0))
+            if s.slice_id in active:
+                left -= out[s.slice_id]
+    for tier in TIERS:
+        takers = [s for s in shares if s.priority == tier and not s.hard and s.slice_id in active]
+        if takers and left > 0:
+            weight = {s.slice_id: s.guarantee or BEST_EFFORT_WEIGHT for s in takers}
+            total = sum(weight.values())
+            for s in takers:
+                out[s.slice_id] += left * weight[s.slice_id] / total
+            left = 0.0
+            break
+    for s in shares:
+        if s.guarantee == 0:
+            out[s.slice_id] = max(out[s.slice_id], BEST_EFFORT_FLOOR)
+    return out
+
+
+class ComputeController:
+    def __init__(self, files: Callable[[], dict[str, SliceFiles]], sampler: Sampler, period: float = 0.05) -> None:
+        self.files = files
+        self.sample = sampler
+        self.period = period
+        self.state: dict[tuple[str, int], GateState] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last = time.monotonic()
+
+    # -- lifecycle -------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="compute", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        next_tick = time.monotonic()
+        while not self._stop.is_set():
+            next_tick += self.period
+            try:
+                self.tick()
+            except Exception:
+                log.exception("compute controller tick failed")
+            delay = next_tick - time.monotonic()
+            if delay < 0:  # fell behind: start again from now
+                next_tick = time.monotonic()
+                delay = 0
+            self._stop.wait(delay)
+
+    # -- one period ------------------------------------------------------------------
+    def shares(self, files: dict[str, SliceFiles]) -> list[Share]:
+        out = []
+        hard = constant("GPUSLICE_POLICY_HARD")
+        prio = {constant(k): v for k, v in PRIORITY_NAMES.items()}
+        for sid, f in files.items():
+            lim = f.limits
+            if lim.magic != constant("GPUSLICE_LIMITS_MAGIC"):
+                continue
+            for g in range(int(lim.gpu_count)):
+                cores = int(lim.gpu[g].cores)
+                if cores >= 100:  # a whole GPU is never throttled
+                    continue
+                uuid = self.ffi_text(f, lim.gpu[g].uuid)
+                out.append(
+                    Share(
+                        sid,
+                        g,
+                        uuid,
+                        cores / 100,
+                        int(lim.gpu[g].policy) == hard,
+                        prio.get(int(lim.gpu[g].priority), "normal"),
+                    )
+                )
+        return out
+
+    @staticmethod
+    def ffi_text(f: SliceFiles, arr) -> str:  # type: ignore[no-untyped-def]
+        return f.ffi.string(arr).decode()
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        dt = max(now - self._last, 1e-3)
+        self._last = now
+        files = self.files()
+        shares = self.shares(files)
+        by_gpu: dict[str, list[Share]] = {}
+        for s in shares:
+            by_gpu.setdefault(s.uuid, []).append(s)
+        seen = set()
+        next_refill = time.monotonic_ns() + int(self.period * 1e9)
+        for uuid, on_gpu in by_gpu.items():
+            usage = self.sample(uuid)
+            active = set()
+            for s in on_gpu:
+                st = self.state.setdefault((s.slice_id, s.gpu), GateState())
+                f = files[s.slice_id]
+                if usage is not None:  # else: last period's reading stands
+                    st.busy = sum(usage.get(pid, 0.0) for pid in f.slot_pids().values())
+                waits = f.gate_waits(s.gpu)
+                hungry = waits > st.waits
+                st.waits = waits
+                if hungry or st.consumed > 0 or st.busy > 0.001:
+                    st.last_active = now
+                if now - st.last_active < ACTIVE_HOLD_S:
+                    active.add(s.slice_id)
+                st.hungry = hungry
+            goal = targets(on_gpu, active)
+            for s in on_gpu:
+                self._budget(files[s.slice_id], s, self.state[(s.slice_id, s.gpu)], goal[s.slice_id], dt, next_refill)
+                seen.add((s.slice_id, s.gpu))
+        for key in set(self.state) - seen:
+            del self.state[key]
+
+    def _budget(self, f: SliceFiles, s: Share, st: GateState, target: float, dt: float, next_refill: int) -> None:
+        busy_ns = st.busy * dt * 1e9
+        if st.after is not None:
+            st.history.append((busy_ns, st.consumed))
+        if not st.opened:
+            err = st.target * dt * 1e9 - busy_ns
+            if err < 0 or st.hungry:
+                st.credit_ns += err  # a slice under its target by choice banks nothing
+            limit = CREDIT_LIMIT_S * 1e9 * max(target, 0.01)
+            st.credit_ns = min(max(st.credit_ns, -limit), limit)
+        else:
+            st.credit_ns = 0.0
+        want_open = target >= OPEN_AT and not s.hard
+        if want_open:
+            before, after = f.open_gate(s.gpu, next_refill)
+        else:
+            allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns)
+            ratio = st.ns_per_thread()
+            if ratio is None:
+                # nothing measured yet: twice the last period's launches (at least
+                # one more), until there is enough use for NVML to see
+                tokens = int(f.usage.gate[s.gpu].tokens)
+                debt = -tokens if tokens < 0 else 0
+                threads = max(1 + debt, 2 * st.consumed)
+            else:
+                threads = max(1, int(allowance_ns / ratio))
+            before, after = f.refill_gate(s.gpu, threads, 2 * threads, next_refill)
+        st.consumed = max(0, (st.after - before) if st.after is not None else 0)
+        st.after = after
+        st.opened = want_open
+        st.target = target
+
+    def report(self) -> Iterable[tuple[str, int, float, float]]:
+        """(slice id, slice GPU, target, last measured) for metrics."""
+        for (sid, g), st in list(self.state.items()):
+            yield sid, g, st.target, st.busy
