@@ -36,36 +36,48 @@ PRIORITY_NAMES = {
     "GPUSLICE_PRIORITY_LOW": "low",
 }
 
-# uuid -> {pid: fraction of the GPU since the last call}, or None: no reading
-Sampler = Callable[[str], "dict[int, float] | None"]
+@dataclass
+class Reading:
+    """GPU time per pid over a window; consecutive readings tile time."""
+
+    busy_ns: dict[int, float]
+    window_ns: int
+
+
+Sampler = Callable[[str], Reading]
 
 
 class NvmlUtilization:
-    """Per-process GPU utilization through NVML, each call covering the time
-    since the previous one (pids as this process sees them)."""
+    """Per-process GPU utilization through NVML: each call covers the time
+    since the newest sample of the previous one (pids as this process sees
+    them)."""
 
     def __init__(self) -> None:
         pynvml.nvmlInit()
         self.handles: dict[str, object] = {}
         self.last_seen: dict[str, int] = {}
 
-    def __call__(self, uuid: str) -> dict[int, float] | None:
+    def __call__(self, uuid: str) -> Reading:
         h = self.handles.get(uuid)
         if h is None:
             h = self.handles[uuid] = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
-        now_us = time.time_ns() // 1000
+        seen = self.last_seen.get(uuid) or time.time_ns() // 1000 - 100_000
         try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(h, self.last_seen.get(uuid, now_us - 100_000))
-        except pynvml.NVMLError_NotFound:
-            samples = []
+            samples = pynvml.nvmlDeviceGetProcessUtilization(h, seen)
+        except pynvml.NVMLError_NotFound:  # nothing ran: the next reading covers this time too
+            return Reading({}, 0)
         except pynvml.NVMLError as e:  # e.g. a process came between the size and the data
             log.debug("process utilization of %s: %s", uuid, e)
-            return None
-        per_pid: dict[int, list[int]] = {}
+            return Reading({}, 0)
+        newest = max(int(x.timeStamp) for x in samples)
+        if newest <= seen:
+            return Reading({}, 0)
+        window_ns = (newest - seen) * 1000
+        busy: dict[int, float] = {}
         for x in samples:
-            per_pid.setdefault(int(x.pid), []).append(int(x.smUtil))
-        self.last_seen[uuid] = max([int(x.timeStamp) for x in samples] + [now_us])
-        return {pid: sum(v) / len(v) / 100 for pid, v in per_pid.items()}
+            busy[int(x.pid)] = busy.get(int(x.pid), 0.0) + int(x.smUtil) / 100 * window_ns
+        self.last_seen[uuid] = newest
+        return Reading(busy, window_ns)
 
 
 @dataclass
@@ -90,7 +102,9 @@ class GateState:
     credit_ns: float = 0.0
     last_active: float = -1e9
     consumed: int = 0  # threads launched in the last period
-    busy: float = 0.0  # fraction of the GPU used in the last period
+    busy: float = 0.0  # fraction of the GPU used in the last reading
+    busy_ns: float = 0.0  # GPU time used in the last reading
+    window_ns: int = 0  # the time that reading covered
     history: deque = field(default_factory=lambda: deque(maxlen=RATIO_PERIODS))
 
     def ns_per_thread(self) -> float | None:
@@ -203,17 +217,20 @@ class ComputeController:
         seen = set()
         next_refill = time.monotonic_ns() + int(self.period * 1e9)
         for uuid, on_gpu in by_gpu.items():
-            usage = self.sample(uuid)
+            reading = self.sample(uuid)
             active = set()
             for s in on_gpu:
                 st = self.state.setdefault((s.slice_id, s.gpu), GateState())
                 f = files[s.slice_id]
-                if usage is not None:  # else: last period's reading stands
-                    st.busy = sum(usage.get(pid, 0.0) for pid in f.slot_pids().values())
+                pids = f.slot_pids().values()
+                st.busy_ns = sum(reading.busy_ns.get(pid, 0.0) for pid in pids)
+                st.window_ns = reading.window_ns
+                if reading.window_ns:
+                    st.busy = st.busy_ns / reading.window_ns
                 waits = f.gate_waits(s.gpu)
                 hungry = waits > st.waits
                 st.waits = waits
-                if hungry or st.consumed > 0 or st.busy > 0.001:
+                if hungry or st.consumed > 0 or st.busy_ns > 0:
                     st.last_active = now
                 if now - st.last_active < ACTIVE_HOLD_S:
                     active.add(s.slice_id)
@@ -226,11 +243,10 @@ class ComputeController:
             del self.state[key]
 
     def _budget(self, f: SliceFiles, s: Share, st: GateState, target: float, dt: float, next_refill: int) -> None:
-        busy_ns = st.busy * dt * 1e9
         if st.after is not None:
-            st.history.append((busy_ns, st.consumed))
+            st.history.append((st.busy_ns, st.consumed))
         if not st.opened:
-            err = st.target * dt * 1e9 - busy_ns
+            err = st.target * st.window_ns - st.busy_ns
             if err < 0 or st.hungry:
                 st.credit_ns += err  # a slice under its target by choice banks nothing
             limit = CREDIT_LIMIT_S * 1e9 * max(target, 0.01)
@@ -252,6 +268,10 @@ class ComputeController:
             else:
                 threads = max(1, int(allowance_ns / ratio))
             before, after = f.refill_gate(s.gpu, threads, 2 * threads, next_refill)
+        log.debug(
+            "%s/%d target %.3f busy %.3f credit %.1f ms ratio %s open %s hungry %s",
+            s.slice_id[:8], s.gpu, target, st.busy, st.credit_ns / 1e6, st.ns_per_thread(), want_open, st.hungry,
+        )  # fmt: skip
         st.consumed = max(0, (st.after - before) if st.after is not None else 0)
         st.after = after
         st.opened = want_open

@@ -67,8 +67,9 @@ def write_config(d: Path, gpus: list[dict], topology: list | None = None, **over
 def start(d: Path, config: Path) -> RunningDaemon:
     cfg = yaml.safe_load(config.read_text())
     log = open(d / "daemon.log", "a")  # noqa: SIM115 - handed to the child
+    verbose = ["--verbose"] if os.environ.get("GPUSLICE_DAEMON_VERBOSE") else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuslice.cli", "daemon", "--config", str(config)],
+        [sys.executable, "-m", "gpuslice.cli", "daemon", "--config", str(config), *verbose],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

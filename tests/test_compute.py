@@ -27,6 +27,7 @@ class Tenant:
 
     def __init__(self, node: Node, name: str, annotations: dict[str, str], seconds: float, mix: str, graph: int = 0):
         self.name = name
+        self.node = node
         self.box = node.containers()
         node.client.reserve(name, annotations)
         node.client.bind(name, self.box.init_pid)
@@ -42,6 +43,7 @@ class Tenant:
             lines = [json.loads(x) for x in out.splitlines()]
             assert self.proc.returncode == 0 and lines[-1].get("done"), (self.name, lines[-3:])
             self._points = [(x["t"], x["busy"]) for x in lines if "t" in x]
+            self.node.client.release(self.name)
         return self._points
 
     def share(self, start_ns: int, end_ns: int) -> float:
@@ -59,6 +61,11 @@ class Node:
         self.client = self.d.client()
         self.containers = containers
         self.env = wrapped_env(self.d)
+        self.made = 0
+
+    def tenant(self, annotations: dict[str, str], seconds: float, mix: str, graph: int = 0) -> Tenant:
+        self.made += 1
+        return Tenant(self, f"t{self.made}", annotations, seconds, mix, graph)
 
 
 @pytest.fixture
@@ -76,10 +83,14 @@ def slice_of(cores: int, policy: str = "elastic", priority: str = "normal") -> d
     }
 
 
-def run_mix(node: Node, cores: list[int], mixes: list[str], policy: str = "hard") -> list[float]:
+def run_mix(node: Node, cores: list[int], mixes: list[str], policy: str = "hard", graphs: list[int] | None = None,
+            priorities: list[str] | None = None) -> list[float]:  # fmt: skip
     seconds = SETTLE + WINDOW + 1.5
+    graphs = graphs or [0] * len(cores)
+    priorities = priorities or ["normal"] * len(cores)
     tenants = [
-        Tenant(node, f"t{i}", slice_of(c, policy), seconds, mix) for i, (c, mix) in enumerate(zip(cores, mixes))
+        node.tenant(slice_of(c, policy, p), seconds, mix, g)
+        for c, mix, g, p in zip(cores, mixes, graphs, priorities, strict=True)
     ]
     start = max(t.started for t in tenants) + int(SETTLE * 1e9)
     shares = [t.share(start, start + int(WINDOW * 1e9)) for t in tenants]
@@ -88,7 +99,7 @@ def run_mix(node: Node, cores: list[int], mixes: list[str], policy: str = "hard"
 
 
 def assert_shares(measured: list[float], cores: list[int]) -> None:
-    for got, want in zip(measured, cores):
+    for got, want in zip(measured, cores, strict=True):
         assert abs(got - want) <= TOLERANCE, (measured, cores)
 
 
@@ -108,3 +119,41 @@ def test_kernels_of_10us_and_10ms_keep_the_shares(node):
     # one tenant of 10 us kernels against one of 10 ms kernels, then each mixing both
     assert_shares(run_mix(node, cores, ["10", "10000"]), cores)
     assert_shares(run_mix(node, [70, 30], ["10000x1,10x1000", "10x500,10000x2"]), [70, 30])
+
+
+def test_graph_launches_are_held_to_their_share(node):
+    # the 30 % tenant launches graphs of four 100 us kernels, the other plain kernels
+    assert_shares(run_mix(node, [30, 70], ["100", "100"], graphs=[4, 0]), [30, 70])
+
+
+def test_hard_slice_alone_stays_at_its_share(node):
+    assert_shares(run_mix(node, [30], ["100"], "hard"), [30])
+
+
+def test_elastic_slice_borrows_the_idle_gpu_and_gives_it_back(node):
+    alone = node.tenant(slice_of(30, "elastic"), SETTLE + 2 + 2 + WINDOW + 1, "100")
+    time.sleep(SETTLE + 2)
+    other = node.tenant(slice_of(70, "elastic"), 2 + WINDOW + 1, "1000")
+    t0 = alone.started + int(SETTLE * 1e9)
+    borrowed = alone.share(t0, t0 + 2 * 10**9)
+    t2 = other.started + 2 * 10**9
+    back = alone.share(t2, t2 + int(WINDOW * 1e9))
+    seconds = [round(alone.share(t2 + i * 10**9, t2 + (i + 1) * 10**9), 1) for i in range(int(WINDOW))]
+    grid = -(-other.started // 10**8) * 10**8
+    first = [round(alone.share(grid + i * 10**8, grid + (i + 1) * 10**8)) for i in range(20)]
+    print(f"elastic alone {borrowed:.1f} %, from 2 s after the second tenant {back:.1f} %, per second {seconds},"
+          f" per 100 ms after it started {first}")  # fmt: skip
+    assert borrowed > 90
+    assert abs(back - 30) <= TOLERANCE
+    assert abs(other.share(t2, t2 + int(WINDOW * 1e9)) - 70) <= TOLERANCE
+
+
+def test_high_priority_takes_the_spare_capacity_first(node):
+    # two elastic 30 % slices, both saturating: the 40 % no one holds goes to the high one
+    assert_shares(run_mix(node, [30, 30], ["100", "100"], "elastic", priorities=["high", "normal"]), [70, 30])
+
+
+def test_whole_gpu_slice_is_never_throttled(node):
+    t = node.tenant({"gpuslice.io/memory": "1Gi", "gpuslice.io/cores": "100"}, SETTLE + 3, "100")
+    start = t.started + int(SETTLE * 1e9)
+    assert t.share(start, start + 2 * 10**9) > 97

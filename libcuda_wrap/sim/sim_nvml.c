@@ -384,6 +384,10 @@ NVAPI nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
     return NVML_SUCCESS;
 }
 
+/* One sample per process covering the 10 ms buckets completed since
+ * last_seen (at most the last second), stamped with the end of the last
+ * bucket: a caller that passes back the newest timestamp it saw gets
+ * consecutive windows that tile time exactly. */
 NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *samples, unsigned int *count,
                                       unsigned long long last_seen_us)
 {
@@ -393,24 +397,32 @@ NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSamp
     sim_sweep_dead();
     struct timespec rt;
     clock_gettime(CLOCK_REALTIME, &rt);
+    uint64_t mono = sim_now_ns();
     unsigned long long now_us = (unsigned long long)rt.tv_sec * 1000000ull + (unsigned long long)rt.tv_nsec / 1000;
-    uint64_t to = sim_now_ns() / SIM_BUCKET_NS * SIM_BUCKET_NS;
-    uint64_t window = SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS;
-    /* samples cover at most the last second, and only what came after last_seen */
-    if (last_seen_us && last_seen_us < now_us && (now_us - last_seen_us) * 1000ull < window)
-        window = ((now_us - last_seen_us) * 1000ull + SIM_BUCKET_NS - 1) / SIM_BUCKET_NS * SIM_BUCKET_NS;
-    if (last_seen_us >= now_us)
-        window = 0;
+    uint64_t to = mono / SIM_BUCKET_NS * SIM_BUCKET_NS;
+    uint64_t from = to - SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS;
+    unsigned long long stamp = now_us - (mono - to) / 1000; /* `to` on the realtime clock */
+    if (last_seen_us) {
+        if (last_seen_us >= stamp) {
+            from = to;
+        } else {
+            uint64_t seen = to - (stamp - last_seen_us) * 1000ull; /* back on the monotonic clock */
+            seen = (seen + SIM_BUCKET_NS / 2) / SIM_BUCKET_NS * SIM_BUCKET_NS;
+            if (seen > from)
+                from = seen;
+        }
+    }
+    uint64_t window = to > from ? to - from : 0;
     unsigned n = 0, cap = *count;
     for (int i = 0; window && i < SIM_MAX_PROCS; i++) {
         const struct sim_proc *p = &sim_shm->proc[i];
         if (!p->live || (!p->contexts[idx] && !p->mem[idx]))
             continue;
-        uint64_t busy = sim_busy_between(idx, i, to - window, to);
+        uint64_t busy = sim_busy_between(idx, i, from, to);
         if (!busy)
             continue;
         if (samples && n < cap)
-            samples[n] = (nvmlProcessUtilizationSample_t){.pid = (unsigned)sim_pid_for_reader(i), .timeStamp = now_us,
+            samples[n] = (nvmlProcessUtilizationSample_t){.pid = (unsigned)sim_pid_for_reader(i), .timeStamp = stamp,
                                                           .smUtil = percent(busy, window)};
         n++;
     }
