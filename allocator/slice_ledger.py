@@ -145,7 +145,8 @@ class SliceFiles:
     def refill_gate(self, gpu: int, add: int, cap: int, next_refill_ns: int) -> tuple[int, int]:
         """Add a period's budget (capped); returns (tokens before, tokens after)."""
         before = self.ffi.new("int64_t *")
-        after = self.lib.gpuslice_gate_refill(self.ffi.addressof(self.usage.gate[gpu]), add, cap, next_refill_ns, before)
+        gate = self.ffi.addressof(self.usage.gate[gpu])
+        after = self.lib.gpuslice_gate_refill(gate, add, cap, next_refill_ns, before)
         return int(before[0]), int(after)
 
     def open_gate(self, gpu: int, next_refill_ns: int) -> tuple[int, int]:
