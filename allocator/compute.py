@@ -36,6 +36,7 @@ PRIORITY_NAMES = {
     "GPUSLICE_PRIORITY_LOW": "low",
 }
 
+
 @dataclass
 class Reading:
     """GPU time per pid over a window; consecutive readings tile time."""
