@@ -261,11 +261,13 @@ class ComputeController:
             allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns)
             ratio = st.ns_per_thread()
             if ratio is None:
-                # nothing measured yet: twice the last period's launches (at least
-                # one more), until there is enough use for NVML to see
+                # nothing measured yet: what it launched through an open gate, scaled
+                # to the target; else twice the last period's launches (at least one
+                # more), until there is enough use for NVML to see
                 tokens = int(f.usage.gate[s.gpu].tokens)
                 debt = -tokens if tokens < 0 else 0
-                threads = max(1 + debt, 2 * st.consumed)
+                grow = st.consumed * target if st.opened else 2 * st.consumed
+                threads = max(1 + debt, int(grow))
             else:
                 threads = max(1, int(allowance_ns / ratio))
             before, after = f.refill_gate(s.gpu, threads, 2 * threads, next_refill)

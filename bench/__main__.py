@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import click
-from gpuslice.bench import container_start, daemon_rpc, interposer_calls, sim_calls
+from gpuslice.bench import compute_shares, container_start, daemon_rpc, interposer_calls, sim_calls
 
 BENCHMARKS = {
     "sim-calls": sim_calls.main,
     "daemon-rpc": daemon_rpc.main,
     "interposer-calls": interposer_calls.main,
     "container-start": container_start.main,
+    "compute-shares": compute_shares.main,
 }
 
 

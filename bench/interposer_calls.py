@@ -1,8 +1,10 @@
 """The interposer's cost per call, measured side by side with the simulator
 it wraps: nanoseconds, and instructions under callgrind (repeatable whatever
 else the machine does), for a forwarded call, cuMemAlloc+cuMemFree, and
-cuLaunchKernel.  As root the interposer runs enforcing a slice (daemon and a
-container's pid namespace); otherwise in pass-through mode, and says so."""
+cuLaunchKernel through the launch gate (under budget: the slice's gate is
+open or has tokens left).  As root the interposer runs enforcing a slice
+(daemon and a container's pid namespace); otherwise in pass-through mode, and
+says so."""
 
 from __future__ import annotations
 

@@ -1,0 +1,207 @@
+"""Compute shares on the simulator: saturating tenants, each in its own slice
+and pid namespace behind the interposer's launch gate, on one GPU with the
+daemon's controller; prints each tenant's share of GPU time over 10 s windows
+against its target (docs/compute.md).  Needs root (pid namespaces)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import click
+from gpuslice.allocator import sim_daemon
+
+from gpuslice.paths import native_dir
+
+LOAD = native_dir() / "tools" / "gpuslice-cuda-load"
+WINDOW = 10.0  # seconds
+SETTLE = 2.0  # seconds from the last start before a window opens
+NS = 1_000_000_000
+
+
+class Box(Protocol):
+    init_pid: int
+
+    def command(self, argv: list[str]) -> list[str]: ...
+
+
+class PidNamespace:
+    """A process in a new pid namespace, standing for a container's init."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "600"])
+        deadline = time.monotonic() + 5
+        self.init_pid = 0
+        while not self.init_pid and time.monotonic() < deadline:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+            self.init_pid = int(children[0]) if children else 0
+            time.sleep(0.02)
+        if not self.init_pid:
+            raise RuntimeError("unshare did not start its child")
+
+    def command(self, argv: list[str]) -> list[str]:
+        return ["nsenter", "--target", str(self.init_pid), "--pid", "--", *argv]
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+
+def tenant_env(d: sim_daemon.RunningDaemon) -> dict[str, str]:
+    """The interposer in front of the simulator, attached to the daemon's slices."""
+    return {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(native_dir() / "wrap"),
+        "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / "libcuda.so.1"),
+        "GPUSLICE_REAL_LIBNVML": str(native_dir() / "sim" / "libnvidia-ml.so.1"),
+        "GPUSLICE_SLICE_SOCKET": str(d.slice_socket),
+        "GPUSLICE_SIM_CONFIG": str(d.dir / "sim.yaml"),
+        "GPUSLICE_SIM_STATE_DIR": str(d.dir / "sim"),
+    }
+
+
+class Tenant:
+    """A slice held by a box, running gpuslice-cuda-load in it."""
+
+    def __init__(self, client, env: dict[str, str], box: Box, name: str, annotations: dict[str, str],  # type: ignore[no-untyped-def]
+                 seconds: float, mix: str, graph: int = 0) -> None:  # fmt: skip
+        self.client, self.name = client, name
+        client.reserve(name, annotations)
+        client.bind(name, box.init_pid)
+        self.started = time.monotonic_ns()
+        argv = [str(LOAD), str(seconds), mix, str(graph)]
+        self.proc = subprocess.Popen(box.command(argv), env=env, stdout=subprocess.PIPE, text=True)
+        self._points: dict[int, int] | None = None
+
+    def points(self) -> dict[int, int]:
+        """time ns -> GPU ns used so far, every 100 ms; the slice is released after."""
+        if self._points is None:
+            out, _ = self.proc.communicate(timeout=120)
+            lines = [json.loads(x) for x in out.splitlines()]
+            if self.proc.returncode != 0 or not lines or not lines[-1].get("done"):
+                raise RuntimeError(f"{self.name}: gpuslice-cuda-load failed: {lines[-3:]}")
+            self._points = {x["t"]: x["busy"] for x in lines if "t" in x}
+            self.client.release(self.name)
+        return self._points
+
+    def share(self, start_ns: int, end_ns: int) -> float:
+        """Percent of the GPU this tenant used in [start, end) (on its 100 ms grid)."""
+        at = self.points()
+        a = min((t for t in at if t >= start_ns), default=None)
+        b = max((t for t in at if t <= end_ns), default=None)
+        if a is None or b is None or b <= a:
+            raise ValueError(f"{self.name}: no measurement in [{start_ns}, {end_ns})")
+        return 100.0 * (at[b] - at[a]) / (b - a)
+
+
+def slice_of(cores: int, policy: str = "elastic", priority: str = "normal") -> dict[str, str]:
+    return {
+        "gpuslice.io/memory": "1Gi",
+        "gpuslice.io/cores": str(cores),
+        "gpuslice.io/compute-policy": policy,
+        "gpuslice.io/priority": priority,
+    }
+
+
+@dataclass
+class Mix:
+    name: str
+    cores: list[int]
+    kernels: list[str]  # gpuslice-cuda-load MIX per tenant
+    policy: str = "hard"
+    graphs: list[int] | None = None
+    priorities: list[str] | None = None
+    expect: list[int] | None = None  # default: the cores
+
+
+def run_mix(client, env: dict[str, str], boxes, m: Mix) -> list[float]:  # type: ignore[no-untyped-def]
+    """Each tenant's share over a 10 s window that opens 2 s after the last start."""
+    seconds = SETTLE + WINDOW + 1.5
+    n = len(m.cores)
+    graphs, prios = m.graphs or [0] * n, m.priorities or ["normal"] * n
+    tenants = [
+        Tenant(client, env, boxes(), f"{m.name}-{i}", slice_of(m.cores[i], m.policy, prios[i]), seconds,
+               m.kernels[i], graphs[i])
+        for i in range(n)
+    ]  # fmt: skip
+    start = max(t.started for t in tenants) + int(SETTLE * NS)
+    return [t.share(start, start + int(WINDOW * NS)) for t in tenants]
+
+
+@dataclass
+class Handover:
+    alone: float  # elastic 30 % alone, % of the GPU
+    back: float  # the 10 s from 2 s after a 70 % tenant started
+    other: float
+    per_second: list[float]
+    settled_ms: int  # from the second start until every later 500 ms window is within 3 points
+
+
+def run_handover(client, env: dict[str, str], boxes) -> Handover:  # type: ignore[no-untyped-def]
+    first = Tenant(client, env, boxes(), "elastic-30", slice_of(30), SETTLE + 4 + WINDOW + 1, "100")
+    time.sleep(SETTLE + 2)
+    second = Tenant(client, env, boxes(), "elastic-70", slice_of(70), 2 + WINDOW + 1, "1000")
+    t0 = first.started + int(SETTLE * NS)
+    t2 = second.started + 2 * NS
+    grid = -(-second.started // (NS // 10)) * (NS // 10)
+    halves = [first.share(grid + i * NS // 10, grid + i * NS // 10 + NS // 2) for i in range(100)]
+    settled = next((i for i in range(len(halves)) if all(abs(h - 30) <= 3 for h in halves[i:])), len(halves))
+    return Handover(
+        alone=first.share(t0, t0 + 2 * NS),
+        back=first.share(t2, t2 + int(WINDOW * NS)),
+        other=second.share(t2, t2 + int(WINDOW * NS)),
+        per_second=[round(first.share(t2 + i * NS, t2 + (i + 1) * NS), 1) for i in range(int(WINDOW))],
+        settled_ms=(grid - second.started) // 1_000_000 + settled * 100,
+    )
+
+
+MIXES = [
+    Mix("30/70 hard", [30, 70], ["100", "100"]),
+    Mix("30/70 elastic", [30, 70], ["100", "100"], policy="elastic"),
+    Mix("10/20/30/40", [10, 20, 30, 40], ["100"] * 4),
+    Mix("10us vs 10ms", [30, 70], ["10", "10000"]),
+    Mix("mixed 10us+10ms", [70, 30], ["10000x1,10x1000", "10x500,10000x2"]),
+    Mix("graphs vs kernels", [30, 70], ["100", "100"], graphs=[4, 0]),
+    Mix("hard 30 alone", [30], ["100"]),
+    Mix("priority high/normal", [30, 30], ["100", "100"], "elastic", priorities=["high", "normal"], expect=[70, 30]),
+]
+
+
+def main() -> None:
+    if os.geteuid() != 0:
+        raise click.ClickException("compute-shares needs root (each tenant gets its own pid namespace)")
+    boxes: list[PidNamespace] = []
+
+    def box() -> PidNamespace:
+        boxes.append(PidNamespace())
+        return boxes[-1]
+
+    with tempfile.TemporaryDirectory(prefix="gpuslice-bench-") as t:
+        d_dir = Path(t) / "daemon"
+        d_dir.mkdir()
+        d = sim_daemon.start(d_dir, sim_daemon.write_config(d_dir, [{"memory": "16Gi"}]))
+        env = tenant_env(d)
+        try:
+            with d.client() as client:
+                click.echo(f"one simulated GPU, {WINDOW:.0f} s windows from {SETTLE:.0f} s after the last start")
+                click.echo(f"  {'mix':<22}{'target %':<18}{'measured %':<30}{'worst error':>11}")
+                for m in MIXES:
+                    got = run_mix(client, env, box, m)
+                    want = m.expect or m.cores
+                    worst = max(abs(g - w) for g, w in zip(got, want, strict=True))
+                    shown = "/".join(f"{g:.1f}" for g in got)
+                    click.echo(f"  {m.name:<22}{'/'.join(map(str, want)):<18}{shown:<30}{worst:>10.2f}")
+                h = run_handover(client, env, box)
+                click.echo(f"  elastic 30 alone: {h.alone:.1f} %; with a 70 % tenant: {h.back:.1f} % (other"
+                           f" {h.other:.1f} %), per second {h.per_second}; within 3 points {h.settled_ms} ms"
+                           f" after the second start")  # fmt: skip
+        finally:
+            d.kill()
+            for b in boxes:
+                b.stop()
