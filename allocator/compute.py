@@ -23,9 +23,10 @@ from gpuslice.allocator.slice_ledger import SliceFiles, constant
 log = logging.getLogger(__name__)
 
 KI = 0.15  # integral gain per period: the loop's delay is about two periods
-CREDIT_LIMIT_S = 0.5  # at most this much time (of target) is owed or banked
+CREDIT_PERIODS = 4  # at most this many periods of target are owed or banked
 ACTIVE_HOLD_S = 0.5  # a slice that launched this recently still holds its share
 RATIO_PERIODS = 20  # cost-per-thread estimate over about a second
+RATIO_MIN_PERIODS = 4  # ... from this many measured periods on; before, the GPU's other slices'
 BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %)
 BEST_EFFORT_FLOOR = 0.01  # ... which still progresses when every share is taken
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
@@ -109,9 +110,10 @@ class GateState:
     history: deque = field(default_factory=lambda: deque(maxlen=RATIO_PERIODS))
 
     def ns_per_thread(self) -> float | None:
-        busy = sum(b for b, _ in self.history)
-        threads = sum(t for _, t in self.history)
-        return busy / threads if busy > 0 and threads > 0 else None
+        """GPU time per launched thread, once a few periods have been measured."""
+        if sum(1 for b, t in self.history if b > 0 and t > 0) < RATIO_MIN_PERIODS:
+            return None
+        return sum(b for b, _ in self.history) / max(1, sum(t for _, t in self.history))
 
 
 def targets(shares: list[Share], active: set[str]) -> dict[str, float]:
@@ -237,29 +239,34 @@ class ComputeController:
                     active.add(s.slice_id)
                 st.hungry = hungry
             goal = targets(on_gpu, active)
+            known = sorted(r for s in on_gpu if (r := self.state[(s.slice_id, s.gpu)].ns_per_thread()) is not None)
+            prior = known[len(known) // 2] if known else None
             for s in on_gpu:
-                self._budget(files[s.slice_id], s, self.state[(s.slice_id, s.gpu)], goal[s.slice_id], dt, next_refill)
+                st = self.state[(s.slice_id, s.gpu)]
+                self._budget(files[s.slice_id], s, st, goal[s.slice_id], dt, next_refill, prior)
                 seen.add((s.slice_id, s.gpu))
         for key in set(self.state) - seen:
             del self.state[key]
 
-    def _budget(self, f: SliceFiles, s: Share, st: GateState, target: float, dt: float, next_refill: int) -> None:
+    def _budget(
+        self, f: SliceFiles, s: Share, st: GateState, target: float, dt: float, next_refill: int, prior: float | None
+    ) -> None:
         if st.after is not None:
             st.history.append((st.busy_ns, st.consumed))
-        if not st.opened:
+        if not st.opened and st.ns_per_thread() is not None:
             err = st.target * st.window_ns - st.busy_ns
             if err < 0 or st.hungry:
                 st.credit_ns += err  # a slice under its target by choice banks nothing
-            limit = CREDIT_LIMIT_S * 1e9 * max(target, 0.01)
+            limit = CREDIT_PERIODS * self.period * 1e9 * max(target, 0.01)
             st.credit_ns = min(max(st.credit_ns, -limit), limit)
-        else:
+        else:  # open, or still learning its cost: no error to carry
             st.credit_ns = 0.0
         want_open = target >= OPEN_AT and not s.hard
         if want_open:
             before, after = f.open_gate(s.gpu, next_refill)
         else:
             allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns)
-            ratio = st.ns_per_thread()
+            ratio = st.ns_per_thread() or prior
             if ratio is None:
                 # nothing measured yet: what it launched through an open gate, scaled
                 # to the target; else twice the last period's launches (at least one
