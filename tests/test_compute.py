@@ -6,8 +6,10 @@ scenarios are gpuslice-bench compute-shares' own."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
-from gpuslice.bench.compute_shares import MIXES, NS, SETTLE, Mix, Tenant, run_handover, run_mix, tenant_env
+from gpuslice.bench.compute_shares import MIXES, NS, SETTLE, Mix, Tenant, run_handover, run_mix, slice_of, tenant_env
 
 from tests.conftest import gpu, needs_root
 
@@ -50,3 +52,20 @@ def test_whole_gpu_slice_is_never_throttled(node):
                SETTLE + 3, "100")  # fmt: skip
     start = t.started + int(SETTLE * NS)
     assert t.share(start, start + 2 * NS) > 97
+
+
+def test_launches_pass_while_the_daemon_is_gone_and_are_held_again_after_restart(node, daemon):
+    t = Tenant(node.client, node.env, node.boxes(), "hard", slice_of(30, "hard"), 14, "100")
+    time.sleep(SETTLE + 1)
+    node.d.proc.kill()  # no refills from now on
+    node.d.proc.wait()
+    killed = time.monotonic_ns()
+    time.sleep(4.5)
+    restarted = daemon.restart(node.d)
+    back = time.monotonic_ns()
+    node.client = restarted.client()
+    during = t.share(killed + 3 * NS, killed + 4 * NS)  # the gate gives up waiting 2 s after the last refill
+    after = t.share(back + 2 * NS, back + 6 * NS)
+    print(f"hard 30 %: {during:.1f} % with the daemon gone, {after:.1f} % from 2 s after its restart")
+    assert during > 90
+    assert abs(after - 30) <= TOLERANCE

@@ -1,11 +1,15 @@
 /* The slice ledger's atomics under contention: 8 threads charge and give back
  * at random against one limit.  The total never passes the limit, never goes
  * negative, a dead row is released exactly, and everything ends at zero.
+ * Then a launch gate: 6 threads take launch costs the way the interposer does
+ * while the daemon's refills and opens run; what the refills say was used
+ * equals, to the thread, what the takers took.
  * Built with TSan and with ASan/UBSan (make check-sanitizers). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sched.h>
 #include <string.h>
 
 #include "gpuslice_slice.h"
@@ -14,6 +18,9 @@ int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpuslice_limits
                           uint64_t bytes);
 void gpuslice_usage_uncharge(struct gpuslice_usage *u, uint32_t slot, uint32_t gpu, uint64_t bytes);
 uint64_t gpuslice_usage_release_proc(struct gpuslice_usage *u, uint32_t slot);
+int64_t gpuslice_gate_refill(struct gpuslice_gate *g, int64_t add, int64_t cap, uint64_t next_refill_ns,
+                             int64_t *before);
+void gpuslice_gate_open(struct gpuslice_gate *g, uint64_t next_refill_ns, int64_t *before);
 
 #define LIMIT (64ull << 20)
 static struct gpuslice_limits limits;
@@ -47,6 +54,60 @@ static void *worker(void *arg)
     return NULL;
 }
 
+static int refilling = 1;
+static int64_t taken[6];
+
+static void *taker(void *arg)
+{
+    uintptr_t me = (uintptr_t)arg;
+    unsigned seed = (unsigned)me + 100;
+    struct gpuslice_gate *g = &usage.gate[1];
+    while (__atomic_load_n(&refilling, __ATOMIC_ACQUIRE)) {
+        int64_t cost = 1 + rand_r(&seed) % 5000;
+        if (__atomic_fetch_sub(&g->tokens, cost, __ATOMIC_RELAXED) > 0) {
+            taken[me] += cost;
+        } else { /* spent: give it back, as the interposer's slow path does */
+            __atomic_add_fetch(&g->tokens, cost, __ATOMIC_RELAXED);
+            __atomic_add_fetch(&g->waits, 1, __ATOMIC_RELAXED);
+            sched_yield();
+        }
+    }
+    return NULL;
+}
+
+static int gate_stress(void)
+{
+    struct gpuslice_gate *g = &usage.gate[1];
+    pthread_t t[6];
+    for (uintptr_t i = 0; i < 6; i++)
+        pthread_create(&t[i], NULL, taker, (void *)i);
+    int64_t used = 0, last_after = 0, before;
+    for (int i = 0; i < 20000; i++) {
+        if (i % 1000 == 999) {
+            gpuslice_gate_open(g, 0, &before);
+            used += last_after - before;
+            last_after = (int64_t)GPUSLICE_GATE_OPEN * 2;
+        } else {
+            int64_t a = gpuslice_gate_refill(g, 20000, 40000, 0, &before);
+            used += last_after - before;
+            last_after = a;
+        }
+        sched_yield();
+    }
+    __atomic_store_n(&refilling, 0, __ATOMIC_RELEASE);
+    for (int i = 0; i < 6; i++)
+        pthread_join(t[i], NULL);
+    used += last_after - __atomic_load_n(&g->tokens, __ATOMIC_ACQUIRE);
+    int64_t sum = 0;
+    for (int i = 0; i < 6; i++)
+        sum += taken[i];
+    if (used != sum || sum == 0) {
+        fprintf(stderr, "ledger_stress: gate used %lld, taken %lld\n", (long long)used, (long long)sum);
+        return 1;
+    }
+    return 0;
+}
+
 int main(void)
 {
     limits.gpu_count = 1;
@@ -63,6 +124,8 @@ int main(void)
                 (unsigned long long)dead, (unsigned long long)usage.used[0]);
         return 1;
     }
+    if (gate_stress() != 0)
+        return 1;
     puts("ledger_stress: ok");
     return 0;
 }
