@@ -239,17 +239,29 @@ class ComputeController:
                     active.add(s.slice_id)
                 st.hungry = hungry
             goal = targets(on_gpu, active)
+            for s in on_gpu:  # an idle slice's budget is what it would get if it started now
+                if s.slice_id not in active:
+                    goal[s.slice_id] = targets(on_gpu, active | {s.slice_id})[s.slice_id]
             known = sorted(r for s in on_gpu if (r := self.state[(s.slice_id, s.gpu)].ns_per_thread()) is not None)
             prior = known[len(known) // 2] if known else None
             for s in on_gpu:
                 st = self.state[(s.slice_id, s.gpu)]
-                self._budget(files[s.slice_id], s, st, goal[s.slice_id], dt, next_refill, prior)
+                idle = s.slice_id not in active
+                self._budget(files[s.slice_id], s, st, goal[s.slice_id], dt, next_refill, prior, idle)
                 seen.add((s.slice_id, s.gpu))
         for key in set(self.state) - seen:
             del self.state[key]
 
     def _budget(
-        self, f: SliceFiles, s: Share, st: GateState, target: float, dt: float, next_refill: int, prior: float | None
+        self,
+        f: SliceFiles,
+        s: Share,
+        st: GateState,
+        target: float,
+        dt: float,
+        next_refill: int,
+        prior: float | None,
+        idle: bool = False,
     ) -> None:
         if st.after is not None:
             st.history.append((st.busy_ns, st.consumed))
@@ -261,7 +273,9 @@ class ComputeController:
             st.credit_ns = min(max(st.credit_ns, -limit), limit)
         else:  # open, or still learning its cost: no error to carry
             st.credit_ns = 0.0
-        want_open = target >= OPEN_AT and not s.hard
+        # open: an elastic slice entitled to the whole GPU, or an idle one whose cost is
+        # not known yet (its first period's launches, then measured, set its budget)
+        want_open = (target >= OPEN_AT and not s.hard) or (idle and st.ns_per_thread() is None and prior is None)
         if want_open:
             before, after = f.open_gate(s.gpu, next_refill)
         else:

@@ -23,8 +23,13 @@ from gpuslice.allocator import sim_daemon
 from gpuslice.paths import native_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-OPS = ("forwarded:cuCtxGetCurrent", "cuMemAlloc+cuMemFree", "cuLaunchKernel")
-PER_CALL = {"forwarded:cuCtxGetCurrent": 1, "cuMemAlloc+cuMemFree": 10, "cuLaunchKernel": 10}
+OPS = ("forwarded:cuCtxGetCurrent", "cuMemAlloc+cuMemFree", "cuLaunchKernel", "cuLaunchKernel:rejected")
+PER_CALL = {
+    "forwarded:cuCtxGetCurrent": 1,
+    "cuMemAlloc+cuMemFree": 10,
+    "cuLaunchKernel": 10,
+    "cuLaunchKernel:rejected": 1,
+}
 
 
 def _binary(tmp: Path) -> Path:
