@@ -138,6 +138,7 @@ def run_mix(client, env: dict[str, str], boxes, m: Mix) -> list[float]:  # type:
 class Handover:
     alone: float  # elastic 30 % alone, % of the GPU
     back: float  # the 10 s from 2 s after a 70 % tenant started
+    back_2s: float  # the 2 s from 2 s after it started
     other: float
     per_second: list[float]
     settled_ms: int  # from the second start to the end of the first 1 s window from which all are within 3 points
@@ -156,6 +157,7 @@ def run_handover(client, env: dict[str, str], boxes) -> Handover:  # type: ignor
     return Handover(
         alone=first.share(t0, t0 + 2 * NS),
         back=first.share(t2, t2 + int(WINDOW * NS)),
+        back_2s=first.share(t2, t2 + 2 * NS),
         other=second.share(t2, t2 + int(WINDOW * NS)),
         per_second=[round(first.share(t2 + i * NS, t2 + (i + 1) * NS), 1) for i in range(int(WINDOW))],
         settled_ms=(grid - second.started) // 1_000_000 + settled * 100 + 1000,
@@ -199,9 +201,11 @@ def main() -> None:
                     shown = "/".join(f"{g:.1f}" for g in got)
                     click.echo(f"  {m.name:<22}{'/'.join(map(str, want)):<18}{shown:<30}{worst:>10.2f}")
                 h = run_handover(client, env, box)
-                click.echo(f"  elastic 30 alone: {h.alone:.1f} %; with a 70 % tenant: {h.back:.1f} % (other"
-                           f" {h.other:.1f} %), per second {h.per_second}; within 3 points {h.settled_ms} ms"
-                           f" after the second start")  # fmt: skip
+                click.echo(f"  elastic 30 alone: {h.alone:.1f} %")
+                click.echo(f"  from 2 s after a 70 % tenant starts: {h.back:.1f} % over 10 s (other {h.other:.1f} %),"
+                           f" {h.back_2s:.1f} % over 2 s")  # fmt: skip
+                click.echo(f"  per second from then: {h.per_second}")
+                click.echo(f"  every sliding 1 s window within 3 points from {h.settled_ms} ms after the second start")
         finally:
             d.kill()
             for b in boxes:
