@@ -30,6 +30,10 @@ SLICES = (
     ("quarter", {"gpuslice.io/memory": "25%", "gpuslice.io/cores": "50"}),
 )
 HOLD_SECONDS = 4
+# hard shares, each container saturating the GPU with 100 us kernels
+COMPUTE = (("twenty", 20), ("thirty", 30), ("fifty", 50))
+LOAD_SECONDS = 8
+MEASURE_FROM, MEASURE_TO = 2.5, 7.5  # seconds after the last container's first report
 
 
 class DemoUnavailable(RuntimeError):
@@ -39,7 +43,7 @@ class DemoUnavailable(RuntimeError):
 @dataclass
 class Runner:
     name: str
-    start: callable  # (container name, annotations) -> Popen
+    start: callable  # (container name, annotations, argv) -> Popen
 
 
 def available() -> str | None:
@@ -54,11 +58,11 @@ def available() -> str | None:
 
 
 def _podman(root: Path) -> Runner:
-    def start(name: str, annotations: dict[str, str]) -> subprocess.Popen:
+    def start(name: str, annotations: dict[str, str], argv: list[str]) -> subprocess.Popen:
         notes = [a for k, v in annotations.items() for a in ("--annotation", f"{k}={v}")]
         return subprocess.Popen(
             ["podman", "run", "--rm", "--name", name, *PODMAN, "--device", "gpuslice.io/gpu=0", *notes,
-             "--rootfs", str(root), rootfs.PROBE, "256", str(HOLD_SECONDS)],
+             "--rootfs", str(root), *argv],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
 
@@ -66,11 +70,10 @@ def _podman(root: Path) -> Runner:
 
 
 def _ctr(root: Path, shim: Path) -> Runner:
-    def start(name: str, annotations: dict[str, str]) -> subprocess.Popen:
+    def start(name: str, annotations: dict[str, str], argv: list[str]) -> subprocess.Popen:
         notes = [a for k, v in annotations.items() for a in ("--annotation", f"{k}={v}")]
         return subprocess.Popen(
-            ["ctr", "run", "--rm", "--runc-binary", str(shim), *notes, "--rootfs", str(root), name, rootfs.PROBE,
-             "256", str(HOLD_SECONDS)],
+            ["ctr", "run", "--rm", "--runc-binary", str(shim), *notes, "--rootfs", str(root), name, *argv],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
 
@@ -143,7 +146,9 @@ def _show(node: SimNode, echo) -> None:
     echo(f"\n== three containers on one simulated GPU: {runner.name} ==")
     procs = {}
     for name, asks in SLICES:
-        procs[name] = runner.start(f"gpuslice-demo-{name}-{os.getpid()}", asks)
+        procs[name] = runner.start(
+            f"gpuslice-demo-{name}-{os.getpid()}", asks, [rootfs.PROBE, "256", str(HOLD_SECONDS)]
+        )
         echo(f"started {name}: {', '.join(f'{k}={v}' for k, v in asks.items())}")
     time.sleep(HOLD_SECONDS / 2)
     with daemon.client() as c:
@@ -165,3 +170,29 @@ def _show(node: SimNode, echo) -> None:
             time.sleep(0.2)
         echo("\n== gpuslice status, after they exited ==")
         echo(render_status(c.inventory(), c.list()))
+    _show_compute(runner, daemon, echo)
+
+
+def _show_compute(runner: Runner, daemon: sim_daemon.RunningDaemon, echo) -> None:
+    echo(f"\n== compute shares: three containers saturating the GPU for {LOAD_SECONDS} s, hard shares ==")
+    procs = {}
+    for name, cores in COMPUTE:
+        asks = {"gpuslice.io/memory": "1Gi", "gpuslice.io/cores": str(cores), "gpuslice.io/compute-policy": "hard"}
+        argv = [rootfs.LOAD, str(LOAD_SECONDS), "100"]
+        procs[name] = runner.start(f"gpuslice-demo-{name}-{os.getpid()}", asks, argv)
+        echo(f"started {name}: {', '.join(f'{k}={v}' for k, v in asks.items())}")
+    points = {}
+    for name, p in procs.items():
+        out, err = p.communicate(timeout=120)
+        if p.returncode != 0:
+            raise RuntimeError(f"container {name} failed: {err.strip() or out.strip()}")
+        lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+        points[name] = {x["t"]: x["busy"] for x in lines if "t" in x}
+    t0 = max(min(p) for p in points.values())
+    a, b = t0 + int(MEASURE_FROM * 1e9), t0 + int(MEASURE_TO * 1e9)
+    echo(f"GPU time each used from {MEASURE_FROM} s to {MEASURE_TO} s (the simulator's own accounting):")
+    for name, cores in COMPUTE:
+        at = points[name]
+        lo = min(t for t in at if t >= a)
+        hi = max(t for t in at if t <= b)
+        echo(f"{name:<8} share {cores:>3} %   measured {100 * (at[hi] - at[lo]) / (hi - lo):5.1f} %")

@@ -1,6 +1,6 @@
 """A minimal container root filesystem for the demo and the end-to-end tests:
-busybox, the CUDA probe, and the shared libraries they and the driver
-libraries need (no image registry is needed)."""
+busybox, the CUDA probe and load generator, and the shared libraries they and
+the driver libraries need (no image registry is needed)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from gpuslice.paths import native_dir
 
 PROBE = "/usr/bin/gpuslice-cuda-probe"
+LOAD = "/usr/bin/gpuslice-cuda-load"
 
 
 def _deps(binary: Path) -> set[Path]:
@@ -30,10 +31,12 @@ def build(root: Path) -> Path:
     for cmd in ("sh", "cat", "echo", "sleep", "ls", "true"):
         (root / "bin" / cmd).unlink(missing_ok=True)
         (root / "bin" / cmd).symlink_to("busybox")
-    probe = native_dir() / "tools" / "gpuslice-cuda-probe"
     (root / "usr/bin").mkdir(parents=True, exist_ok=True)
-    shutil.copy2(probe, root / PROBE.lstrip("/"))
-    libs = _deps(probe)
+    libs: set[Path] = set()
+    for tool in (PROBE, LOAD):
+        built = native_dir() / "tools" / Path(tool).name
+        shutil.copy2(built, root / tool.lstrip("/"))
+        libs |= _deps(built)
     for lib in ("wrap/libcuda.so.1", "wrap/libnvidia-ml.so.1", "sim/libcuda.so.1", "sim/libnvidia-ml.so.1"):
         libs |= _deps(native_dir() / lib)
     for lib in libs:

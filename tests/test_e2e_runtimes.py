@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -277,5 +278,9 @@ def test_the_demo_runs_three_containers_on_one_gpu():
     for name, total in (("small", "2.0 GiB"), ("medium", "4.0 GiB"), ("quarter", "4.0 GiB")):
         assert f"{name:<8} sees total {total}, allocated {total}, then CUDA_ERROR_OUT_OF_MEMORY" in r.stdout
     assert "10.0 GiB / 16.0 GiB" in r.stdout  # all three slices at once in gpuslice status
+    # compute: hard 20/30/50 shares through Podman, CDI and the launch gate
+    for name, cores in (("twenty", 20), ("thirty", 30), ("fifty", 50)):
+        m = re.search(rf"^{name}\s+share\s+{cores} %\s+measured\s+([\d.]+) %$", r.stdout, re.M)
+        assert m and abs(float(m.group(1)) - cores) <= 3, r.stdout
     assert r.stdout.rstrip().endswith("daemon stopped") and "no slices" in r.stdout
     assert not Path("/var/run/cdi/gpuslice-demo.json").exists()
