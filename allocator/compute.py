@@ -107,6 +107,7 @@ class GateState:
     busy: float = 0.0  # fraction of the GPU used in the last reading
     busy_ns: float = 0.0  # GPU time used in the last reading
     window_ns: int = 0  # the time that reading covered
+    used_avg: float = 0.0  # busy, averaged over about a second (for status and metrics)
     history: deque = field(default_factory=lambda: deque(maxlen=RATIO_PERIODS))
 
     def ns_per_thread(self) -> float | None:
@@ -230,6 +231,8 @@ class ComputeController:
                 st.window_ns = reading.window_ns
                 if reading.window_ns:
                     st.busy = st.busy_ns / reading.window_ns
+                    w = min(1.0, reading.window_ns / 1e9)
+                    st.used_avg += w * (st.busy - st.used_avg)
                 waits = f.gate_waits(s.gpu)
                 hungry = waits > st.waits
                 st.waits = waits
@@ -302,6 +305,11 @@ class ComputeController:
         st.target = target
 
     def report(self) -> Iterable[tuple[str, int, float, float]]:
-        """(slice id, slice GPU, target, last measured) for metrics."""
+        """(slice id, slice GPU, target, used over about a second) for metrics."""
         for (sid, g), st in list(self.state.items()):
-            yield sid, g, st.target, st.busy
+            yield sid, g, st.target, st.used_avg
+
+    def view(self, slice_id: str, gpu: int) -> tuple[float, float]:
+        """(target, used over about a second) of one slice GPU; (0, 0) where not controlled."""
+        st = self.state.get((slice_id, gpu))
+        return (st.target, st.used_avg) if st else (0.0, 0.0)

@@ -75,7 +75,7 @@ class Daemon:
         self.cfg.socket.parent.mkdir(parents=True, exist_ok=True)
         self.cfg.socket.unlink(missing_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
-        pb_grpc.add_AllocatorServicer_to_server(AllocatorService(self.manager), server)
+        pb_grpc.add_AllocatorServicer_to_server(AllocatorService(self.manager, self.compute), server)
         health_servicer = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         old = os.umask(0o077)  # the control socket is root-only from its first moment

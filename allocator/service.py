@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import grpc
 from gpuslice.allocator import metrics
+from gpuslice.allocator.compute import ComputeController
 from gpuslice.allocator.placement import PlacementError
 from gpuslice.allocator.slices import Conflict, Invalid, NotFound, SliceManager, SliceView
 
@@ -19,15 +20,20 @@ from gpuslice.request import RequestError
 log = logging.getLogger(__name__)
 
 
-def slice_message(view: SliceView) -> pb.Slice:
+def slice_message(view: SliceView, compute: ComputeController | None = None) -> pb.Slice:
     r = view.record
+    gpus = []
+    for i, a in enumerate(r.allocations):
+        target, used = compute.view(r.id, i) if compute else (0.0, 0.0)
+        gpus.append(
+            pb.SliceGpu(index=a.gpu_index, uuid=a.gpu_uuid, memory_limit=a.memory, cores=a.cores,
+                        compute_target=target, compute_used=used)
+        )  # fmt: skip
     return pb.Slice(
         id=r.id,
         container_id=r.container_id,
         state=r.state,
-        gpus=[
-            pb.SliceGpu(index=a.gpu_index, uuid=a.gpu_uuid, memory_limit=a.memory, cores=a.cores) for a in r.allocations
-        ],
+        gpus=gpus,
         policy=r.policy,
         priority=r.priority,
         whole=r.whole,
@@ -79,8 +85,9 @@ def _rpc(name: str) -> Callable:
 
 
 class AllocatorService(pb_grpc.AllocatorServicer):
-    def __init__(self, manager: SliceManager) -> None:
+    def __init__(self, manager: SliceManager, compute: ComputeController | None = None) -> None:
         self.m = manager
+        self.compute = compute
 
     @_rpc("Inventory")
     def Inventory(self, request, context):
@@ -118,11 +125,11 @@ class AllocatorService(pb_grpc.AllocatorServicer):
 
     @_rpc("Get")
     def Get(self, request, context):
-        return slice_message(self.m.get(request.container_id))
+        return slice_message(self.m.get(request.container_id), self.compute)
 
     @_rpc("List")
     def List(self, request, context):
-        return pb.ListReply(slices=[slice_message(v) for v in self.m.list()])
+        return pb.ListReply(slices=[slice_message(v, self.compute) for v in self.m.list()])
 
     @_rpc("Resize")
     def Resize(self, request, context):

@@ -70,3 +70,17 @@ def test_launches_pass_while_the_daemon_is_gone_and_are_held_again_after_restart
     print(f"hard 30 %: {during:.1f} % with the daemon gone, {after:.1f} % from 2 s after its restart")
     assert during > 90
     assert abs(after - 30) <= TOLERANCE
+
+
+def test_status_shows_each_slices_target_and_use(node):
+    from gpuslice.status_table import render_status
+
+    t = Tenant(node.client, node.env, node.boxes(), "shown", slice_of(30, "hard"), 6, "100")
+    time.sleep(4)
+    (s,) = node.client.list()
+    g = s.gpus[0]
+    table = render_status(node.client.inventory(), node.client.list())
+    t.points()
+    assert g.compute_target == pytest.approx(0.3)
+    assert abs(g.compute_used - 0.3) < 0.05, g
+    assert any(" 30 " in line and "%" in line and "hard" in line for line in table.splitlines()), table

@@ -72,16 +72,20 @@ class ReserveRequest(_message.Message):
     def __init__(self, container_id: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ...) -> None: ...
 
 class SliceGpu(_message.Message):
-    __slots__ = ("index", "uuid", "memory_limit", "cores")
+    __slots__ = ("index", "uuid", "memory_limit", "cores", "compute_target", "compute_used")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_TARGET_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_USED_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     memory_limit: int
     cores: int
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., memory_limit: _Optional[int] = ..., cores: _Optional[int] = ...) -> None: ...
+    compute_target: float
+    compute_used: float
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., memory_limit: _Optional[int] = ..., cores: _Optional[int] = ..., compute_target: _Optional[float] = ..., compute_used: _Optional[float] = ...) -> None: ...
 
 class Slice(_message.Message):
     __slots__ = ("id", "container_id", "state", "gpus", "policy", "priority", "whole", "created_unix_ms", "pid", "pid_ns", "cgroup", "memory_used", "processes", "enforcement")
