@@ -194,13 +194,13 @@ def main() -> None:
         try:
             with d.client() as client:
                 click.echo(f"one simulated GPU, {WINDOW:.0f} s windows from {SETTLE:.0f} s after the last start")
-                click.echo(f"  {'mix':<22}{'target %':<18}{'measured %':<30}{'worst error':>11}")
+                click.echo(f"  {'mix':<22}{'target %':<26}{'measured %':<40}{'worst error':>11}")
                 for m in MIXES:
                     got = run_mix(client, env, box, m)
                     want = m.expect or m.cores
                     worst = max(abs(g - w) for g, w in zip(got, want, strict=True))
                     shown = "/".join(f"{g:.1f}" for g in got)
-                    click.echo(f"  {m.name:<22}{'/'.join(map(str, want)):<18}{shown:<30}{worst:>10.2f}")
+                    click.echo(f"  {m.name:<22}{'/'.join(map(str, want)):<26}{shown:<40}{worst:>10.2f}")
                 h = run_handover(client, env, box)
                 click.echo(f"  elastic 30 alone: {h.alone:.1f} %")
                 click.echo(f"  from 2 s after a 70 % tenant starts: {h.back:.1f} % over 10 s (other {h.other:.1f} %),"
