@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 KI = 0.15  # integral gain per period: the loop's delay is about two periods
 CREDIT_PERIODS = 4  # at most this many periods of target are owed or banked
 ACTIVE_HOLD_S = 0.5  # a slice that launched this recently still holds its share
+HUNGRY_HOLD_S = 0.5  # ... and one that waited for budget this recently still wants more
 RATIO_PERIODS = 20  # cost-per-thread estimate over about a second
 RATIO_MIN_PERIODS = 4  # ... from this many measured periods on; before, the GPU's other slices'
 BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %)
@@ -99,6 +100,7 @@ class GateState:
     after: int | None = None  # tokens right after our last refill
     waits: int = 0
     hungry: bool = False  # launches waited for budget in the last period
+    last_hungry: float = -1e9
     target: float = 1.0
     opened: bool = True
     credit_ns: float = 0.0
@@ -241,6 +243,8 @@ class ComputeController:
                 if now - st.last_active < ACTIVE_HOLD_S:
                     active.add(s.slice_id)
                 st.hungry = hungry
+                if hungry:
+                    st.last_hungry = now
             goal = targets(on_gpu, active)
             for s in on_gpu:  # an idle slice's budget is what it would get if it started now
                 if s.slice_id not in active:
@@ -270,8 +274,11 @@ class ComputeController:
             st.history.append((st.busy_ns, st.consumed))
         if not st.opened and st.ns_per_thread() is not None:
             err = st.target * st.window_ns - st.busy_ns
-            if err < 0 or st.hungry:
-                st.credit_ns += err  # a slice under its target by choice banks nothing
+            # A slice under its target by choice (it has not waited for budget lately)
+            # banks nothing; one that waits now and then does, so that its error
+            # integrates both ways.
+            if err < 0 or time.monotonic() - st.last_hungry < HUNGRY_HOLD_S:
+                st.credit_ns += err
             limit = CREDIT_PERIODS * self.period * 1e9 * max(target, 0.01)
             st.credit_ns = min(max(st.credit_ns, -limit), limit)
         else:  # open, or still learning its cost: no error to carry
@@ -296,8 +303,9 @@ class ComputeController:
                 threads = max(1, int(allowance_ns / ratio))
             before, after = f.refill_gate(s.gpu, threads, 2 * threads, next_refill)
         log.debug(
-            "%s/%d target %.3f busy %.3f credit %.1f ms ratio %s open %s hungry %s",
-            s.slice_id[:8], s.gpu, target, st.busy, st.credit_ns / 1e6, st.ns_per_thread(), want_open, st.hungry,
+            "%s/%d target %.3f busy %.3f credit %.1f ms ratio %s open %s window %.1f used %.3f ms hungry %s",
+            s.slice_id[:8], s.gpu, target, st.busy, st.credit_ns / 1e6, st.ns_per_thread(), want_open,
+            st.window_ns / 1e6, st.busy_ns / 1e6, st.hungry,
         )  # fmt: skip
         st.consumed = max(0, (st.after - before) if st.after is not None else 0)
         st.after = after
