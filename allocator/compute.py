@@ -76,9 +76,10 @@ class NvmlUtilization:
         if newest <= seen:
             return Reading({}, 0)
         window_ns = (newest - seen) * 1000
-        busy: dict[int, float] = {}
-        for x in samples:
-            busy[int(x.pid)] = busy.get(int(x.pid), 0.0) + int(x.smUtil) / 100 * window_ns
+        per_pid: dict[int, list[int]] = {}
+        for x in samples:  # a real driver may give several samples per process
+            per_pid.setdefault(int(x.pid), []).append(int(x.smUtil))
+        busy = {pid: sum(u) / len(u) / 100 * window_ns for pid, u in per_pid.items()}
         self.last_seen[uuid] = newest
         return Reading(busy, window_ns)
 
