@@ -70,7 +70,7 @@ class Tenant:
     """A slice held by a box, running gpuslice-cuda-load in it."""
 
     def __init__(self, client, env: dict[str, str], box: Box, name: str, annotations: dict[str, str],  # type: ignore[no-untyped-def]
-                 seconds: float, mix: str, graph: int = 0) -> None:  # fmt: skip
+                 seconds: float, mix: str, graph: int | str = 0) -> None:  # fmt: skip
         self.client, self.name = client, name
         client.reserve(name, annotations)
         client.bind(name, box.init_pid)
@@ -115,7 +115,7 @@ class Mix:
     cores: list[int]
     kernels: list[str]  # gpuslice-cuda-load MIX per tenant
     policy: str = "hard"
-    graphs: list[int] | None = None
+    graphs: list[int | str] | None = None  # GRAPH_NODES per tenant: 4, or "c4" (stream capture)
     priorities: list[str] | None = None
     expect: list[int] | None = None  # default: the cores
 
@@ -172,6 +172,7 @@ MIXES = [
     Mix("10us vs 10ms", [30, 70], ["10", "10000"]),
     Mix("mixed 10us+10ms", [70, 30], ["10000x1,10x1000", "10x500,10000x2"]),
     Mix("graphs vs kernels", [30, 70], ["100", "100"], graphs=[4, 0]),
+    Mix("captured graphs", [30, 70], ["100", "100"], graphs=["c4", 0]),
     Mix("hard 30 alone", [30], ["100"]),
     Mix("priority high/normal", [30, 30], ["100", "100"], "elastic", priorities=["high", "normal"], expect=[70, 30]),
 ]

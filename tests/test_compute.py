@@ -84,3 +84,27 @@ def test_status_shows_each_slices_target_and_use(node):
     assert g.compute_target == pytest.approx(0.3)
     assert abs(g.compute_used - 0.3) < 0.05, g
     assert any(" 30 " in line and "%" in line and "hard" in line for line in table.splitlines()), table
+
+
+def test_cuda_bindings_launches_are_held_to_a_hard_share(node):
+    """NVIDIA's own Python client: cuda.bindings resolves cuLaunchKernel through
+    cuGetProcAddress, and gets the gated hook."""
+    from tests.conftest import Agent
+
+    box = node.boxes()
+    node.client.reserve("py", slice_of(30, "hard"))
+    node.client.bind("py", box.init_pid)
+    agent = Agent(node.env, prefix=box.command([]))
+    try:
+        assert agent.call("init")["error"] == "CUDA_SUCCESS"
+        start = time.monotonic_ns()
+        agent.call("launch_for", seconds=6.0, grid=8640)  # 100 us kernels
+        time.sleep(4.3)  # the simulator keeps the last 2.5 s of its accounting
+        a, b = start + 2 * NS, start + 4 * NS  # whole 10 ms buckets of the simulator's accounting
+        a, b = a - a % (NS // 100), b - b % (NS // 100)
+        used = 100 * agent.call("sim_busy", from_ns=a, to_ns=b)["busy"] / (b - a)
+        agent.call("join")
+    finally:
+        agent.close()
+    print(f"cuda.bindings client in a hard 30 % slice: {used:.1f} %")
+    assert abs(used - 30) <= TOLERANCE

@@ -8,7 +8,8 @@
  *   MIX          lengths in microseconds, each with an optional repeat count,
  *                cycled: "100", or "10000x1,10x1000" (one 10 ms kernel, then
  *                a thousand 10 us ones)
- *   GRAPH_NODES  launch each length as a CUDA graph of this many kernels
+ *   GRAPH_NODES  launch each length as a CUDA graph of this many kernels, built
+ *                with cuGraphAddKernelNode ("4") or by stream capture ("c4")
  * out: JSON lines {"t": NS, "busy": NS} (CLOCK_MONOTONIC, 100 ms apart), then
  *      {"done": true, "launches": N} */
 #define _GNU_SOURCE
@@ -78,7 +79,8 @@ int main(int argc, char **argv)
         return 2;
     }
     double seconds = atof(argv[1]);
-    unsigned graph_nodes = argc > 3 ? (unsigned)atoi(argv[3]) : 0;
+    int captured = argc > 3 && argv[3][0] == 'c';
+    unsigned graph_nodes = argc > 3 ? (unsigned)atoi(argv[3] + captured) : 0;
     struct kind kinds[MAX_KINDS];
     int nk = 0;
     for (char *tok = strtok(argv[2], ","); tok && nk < MAX_KINDS; tok = strtok(NULL, ",")) {
@@ -128,12 +130,23 @@ int main(int argc, char **argv)
         if (graph_nodes) {
             CUgraph g;
             CUgraphNode node;
+            CUstream cs;
             CUDA_KERNEL_NODE_PARAMS_v1 p = {fn, kinds[i].grid, 1, 1, THREADS, 1, 1, 0, NULL, NULL};
-            if ((r = CU(cuGraphCreate, &g, 0)))
-                return fail("cuGraphCreate", r);
-            for (unsigned n = 0; n < graph_nodes; n++)
-                if ((r = CU(cuGraphAddKernelNode, &node, g, NULL, (size_t)0, &p)))
-                    return fail("cuGraphAddKernelNode", r);
+            if (captured) { /* the launches are recorded, not run: they cost nothing until the graph runs */
+                if ((r = CU(cuStreamCreate, &cs, 1u)) || (r = CU(cuStreamBeginCapture_v2, cs, 0)))
+                    return fail("cuStreamBeginCapture", r);
+                for (unsigned n = 0; n < graph_nodes; n++)
+                    if ((r = CU(cuLaunchKernel, fn, kinds[i].grid, 1, 1, THREADS, 1, 1, 0, cs, NULL, NULL)))
+                        return fail("captured cuLaunchKernel", r);
+                if ((r = CU(cuStreamEndCapture, cs, &g)))
+                    return fail("cuStreamEndCapture", r);
+            } else {
+                if ((r = CU(cuGraphCreate, &g, 0)))
+                    return fail("cuGraphCreate", r);
+                for (unsigned n = 0; n < graph_nodes; n++)
+                    if ((r = CU(cuGraphAddKernelNode, &node, g, NULL, (size_t)0, &p)))
+                        return fail("cuGraphAddKernelNode", r);
+            }
             if ((r = CU(cuGraphInstantiateWithFlags, &kinds[i].exec, g, 0ull)))
                 return fail("cuGraphInstantiateWithFlags", r);
         }

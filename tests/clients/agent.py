@@ -209,6 +209,13 @@ class Agent:
             self.worker.join()
         return {}
 
+    def sim_busy(self, from_ns: int, to_ns: int, device: int = 0) -> dict:
+        """This process's exact GPU time in [from, to), from the simulator behind the interposer."""
+        sim = ctypes.CDLL(os.environ.get("GPUSLICE_REAL_LIBCUDA", "libcuda.so.1"))
+        sim.gpusliceSimBusyNs.restype = ctypes.c_ulonglong
+        sim.gpusliceSimBusyNs.argtypes = [ctypes.c_int, ctypes.c_ulonglong, ctypes.c_ulonglong]
+        return {"busy": int(sim.gpusliceSimBusyNs(device, from_ns, to_ns))}
+
     # -- cuGetProcAddress ------------------------------------------------------
     def procaddr(self, symbol: str, version: int, flags: int) -> dict:
         err, pfn, status = cu.cuGetProcAddress(symbol.encode(), version, flags)
