@@ -108,3 +108,23 @@ def test_cuda_bindings_launches_are_held_to_a_hard_share(node):
         agent.close()
     print(f"cuda.bindings client in a hard 30 % slice: {used:.1f} %")
     assert abs(used - 30) <= TOLERANCE
+
+
+def test_launches_recorded_by_stream_capture_are_not_charged(node):
+    """Captured launches run (and are charged) when their graph is launched: a
+    capture of 10 s of kernels in a hard 30 % slice takes no time at all."""
+    from tests.conftest import Agent
+
+    box = node.boxes()
+    node.client.reserve("cap", slice_of(30, "hard"))
+    node.client.bind("cap", box.init_pid)
+    agent = Agent(node.env, prefix=box.command([]))
+    try:
+        assert agent.call("init")["error"] == "CUDA_SUCCESS"
+        agent.call("launch_for", seconds=3.0, grid=8640)  # the slice is busy and held to its budget
+        time.sleep(1.5)
+        got = agent.call("capture", kernels=1000, grid=864 * 1000)  # 1000 kernels of 10 ms
+        agent.call("join")
+    finally:
+        agent.close()
+    assert got["error"] == "CUDA_SUCCESS" and got["seconds"] < 1.0, got

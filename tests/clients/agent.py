@@ -209,6 +209,19 @@ class Agent:
             self.worker.join()
         return {}
 
+    def capture(self, kernels: int, grid: int) -> dict:
+        """Record `kernels` launches into a graph by stream capture; how long that took."""
+        _, mod = cu.cuModuleLoadData(PTX)
+        _, fn = cu.cuModuleGetFunction(mod, b"spin")
+        _, stream = cu.cuStreamCreate(1)
+        t0 = time.monotonic()
+        (e1,) = cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        errs = [cu.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, stream, 0, 0)[0] for _ in range(kernels)]
+        e2, _graph = cu.cuStreamEndCapture(stream)
+        took = time.monotonic() - t0
+        bad = next((e for e in [e1, *errs, e2] if e != cu.CUresult.CUDA_SUCCESS), cu.CUresult.CUDA_SUCCESS)
+        return {"error": name_of(bad), "seconds": took}
+
     def sim_busy(self, from_ns: int, to_ns: int, device: int = 0) -> dict:
         """This process's exact GPU time in [from, to), from the simulator behind the interposer."""
         sim = ctypes.CDLL(os.environ.get("GPUSLICE_REAL_LIBCUDA", "libcuda.so.1"))
