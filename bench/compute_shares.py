@@ -16,6 +16,7 @@ from typing import Protocol
 
 import click
 from gpuslice.allocator import sim_daemon
+from gpuslice.allocator.sim_daemon import PidNamespace, interposer_env
 
 from gpuslice.paths import native_dir
 
@@ -29,41 +30,6 @@ class Box(Protocol):
     init_pid: int
 
     def command(self, argv: list[str]) -> list[str]: ...
-
-
-class PidNamespace:
-    """A process in a new pid namespace, standing for a container's init."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "600"])
-        deadline = time.monotonic() + 5
-        self.init_pid = 0
-        while not self.init_pid and time.monotonic() < deadline:
-            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-            self.init_pid = int(children[0]) if children else 0
-            time.sleep(0.02)
-        if not self.init_pid:
-            raise RuntimeError("unshare did not start its child")
-
-    def command(self, argv: list[str]) -> list[str]:
-        return ["nsenter", "--target", str(self.init_pid), "--pid", "--", *argv]
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-
-
-def tenant_env(d: sim_daemon.RunningDaemon) -> dict[str, str]:
-    """The interposer in front of the simulator, attached to the daemon's slices."""
-    return {
-        **os.environ,
-        "LD_LIBRARY_PATH": str(native_dir() / "wrap"),
-        "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / "libcuda.so.1"),
-        "GPUSLICE_REAL_LIBNVML": str(native_dir() / "sim" / "libnvidia-ml.so.1"),
-        "GPUSLICE_SLICE_SOCKET": str(d.slice_socket),
-        "GPUSLICE_SIM_CONFIG": str(d.dir / "sim.yaml"),
-        "GPUSLICE_SIM_STATE_DIR": str(d.dir / "sim"),
-    }
 
 
 class Tenant:
@@ -191,7 +157,7 @@ def main() -> None:
         d_dir = Path(t) / "daemon"
         d_dir.mkdir()
         d = sim_daemon.start(d_dir, sim_daemon.write_config(d_dir, [{"memory": "16Gi"}]))
-        env = tenant_env(d)
+        env = interposer_env(d)
         try:
             with d.client() as client:
                 click.echo(f"one simulated GPU, {WINDOW:.0f} s windows from {SETTLE:.0f} s after the last start")

@@ -13,7 +13,6 @@ import re
 import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import click
@@ -62,12 +61,10 @@ def _enforced_env(tmp: Path, sim_cfg: Path) -> tuple[dict[str, str], list[str], 
     d_dir.mkdir()
     cfg = sim_daemon.write_config(d_dir, [{"memory": "80Gi", "wave_time": "1ns"}])
     d = sim_daemon.start(d_dir, cfg)
-    box = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "600"])
-    time.sleep(0.3)
-    init = int(Path(f"/proc/{box.pid}/task/{box.pid}/children").read_text().split()[0])
+    box = sim_daemon.PidNamespace()
     with d.client() as c:
         c.reserve("bench", {"gpuslice.io/memory": "64Gi", "gpuslice.io/cores": "50"})
-        c.bind("bench", init)
+        c.bind("bench", box.init_pid)
     env = {
         "GPUSLICE_SLICE_SOCKET": str(d.slice_socket),
         "GPUSLICE_SIM_CONFIG": str(d_dir / "sim.yaml"),
@@ -75,10 +72,10 @@ def _enforced_env(tmp: Path, sim_cfg: Path) -> tuple[dict[str, str], list[str], 
     }
 
     def stop() -> None:
-        box.kill()
+        box.stop()
         d.kill()
 
-    return env, ["nsenter", "--target", str(init), "--pid", "--"], stop
+    return env, box.command([]), stop
 
 
 def main() -> None:

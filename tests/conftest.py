@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import yaml
+from gpuslice.allocator.sim_daemon import PidNamespace
 
 from gpuslice.paths import sim_lib_dir
 
@@ -84,26 +84,7 @@ class Agent:
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create pid namespaces (unshare)")
 
 
-class Container:
-    """A process in a new pid namespace, standing for a container's init."""
-
-    def __init__(self) -> None:
-        self.unshare = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "600"])
-        deadline = time.monotonic() + 5
-        self.init_pid = 0
-        while not self.init_pid and time.monotonic() < deadline:
-            children = Path(f"/proc/{self.unshare.pid}/task/{self.unshare.pid}/children").read_text().split()
-            self.init_pid = int(children[0]) if children else 0
-            time.sleep(0.02)
-        assert self.init_pid, "unshare did not start its child"
-
-    def command(self, argv: list[str]) -> list[str]:
-        """argv run inside this container's pid namespace."""
-        return ["nsenter", "--target", str(self.init_pid), "--pid", "--", *argv]
-
-    def stop(self) -> None:
-        self.unshare.kill()
-        self.unshare.wait(10)
+Container = PidNamespace  # a process in a new pid namespace, standing for a container's init
 
 
 @pytest.fixture

@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 
 import pytest
-from gpuslice.bench.compute_shares import MIXES, NS, SETTLE, Mix, Tenant, run_handover, run_mix, slice_of, tenant_env
+from gpuslice.allocator.sim_daemon import interposer_env
+from gpuslice.bench.compute_shares import MIXES, NS, SETTLE, Mix, Tenant, run_handover, run_mix, slice_of
 
-from tests.conftest import gpu, needs_root
+from tests.conftest import Agent, gpu, needs_root
 
 pytestmark = needs_root
 TOLERANCE = 3.0  # percentage points over 10 s windows
@@ -21,13 +22,27 @@ class Node:
     def __init__(self, daemon, containers) -> None:  # type: ignore[no-untyped-def]
         self.d = daemon([gpu("16Gi")])
         self.client = self.d.client()
-        self.env = tenant_env(self.d)
+        self.env = interposer_env(self.d)
         self.boxes = containers
+        self.agents: list[Agent] = []
+
+    def agent(self, name: str, annotations: dict[str, str]) -> Agent:
+        """A cuda.bindings client (tests/clients/agent.py) in a new slice, CUDA initialised."""
+        box = self.boxes()
+        self.client.reserve(name, annotations)
+        self.client.bind(name, box.init_pid)
+        a = Agent(self.env, prefix=box.command([]))
+        self.agents.append(a)
+        assert a.call("init")["error"] == "CUDA_SUCCESS"
+        return a
 
 
 @pytest.fixture
-def node(daemon, containers) -> Node:
-    return Node(daemon, containers)
+def node(daemon, containers):
+    n = Node(daemon, containers)
+    yield n
+    for a in n.agents:
+        a.close()
 
 
 @pytest.mark.parametrize("mix", MIXES, ids=[m.name for m in MIXES])
@@ -89,23 +104,14 @@ def test_status_shows_each_slices_target_and_use(node):
 def test_cuda_bindings_launches_are_held_to_a_hard_share(node):
     """NVIDIA's own Python client: cuda.bindings resolves cuLaunchKernel through
     cuGetProcAddress, and gets the gated hook."""
-    from tests.conftest import Agent
-
-    box = node.boxes()
-    node.client.reserve("py", slice_of(30, "hard"))
-    node.client.bind("py", box.init_pid)
-    agent = Agent(node.env, prefix=box.command([]))
-    try:
-        assert agent.call("init")["error"] == "CUDA_SUCCESS"
-        start = time.monotonic_ns()
-        agent.call("launch_for", seconds=6.0, grid=8640)  # 100 us kernels
-        time.sleep(4.3)  # the simulator keeps the last 2.5 s of its accounting
-        a, b = start + 2 * NS, start + 4 * NS  # whole 10 ms buckets of the simulator's accounting
-        a, b = a - a % (NS // 100), b - b % (NS // 100)
-        used = 100 * agent.call("sim_busy", from_ns=a, to_ns=b)["busy"] / (b - a)
-        agent.call("join")
-    finally:
-        agent.close()
+    agent = node.agent("py", slice_of(30, "hard"))
+    start = time.monotonic_ns()
+    agent.call("launch_for", seconds=6.0, grid=8640)  # 100 us kernels
+    time.sleep(4.3)  # the simulator keeps the last 2.5 s of its accounting
+    a, b = start + 2 * NS, start + 4 * NS  # whole 10 ms buckets of the simulator's accounting
+    a, b = a - a % (NS // 100), b - b % (NS // 100)
+    used = 100 * agent.call("sim_busy", from_ns=a, to_ns=b)["busy"] / (b - a)
+    agent.call("join")
     print(f"cuda.bindings client in a hard 30 % slice: {used:.1f} %")
     assert abs(used - 30) <= TOLERANCE
 
@@ -113,18 +119,9 @@ def test_cuda_bindings_launches_are_held_to_a_hard_share(node):
 def test_launches_recorded_by_stream_capture_are_not_charged(node):
     """Captured launches run (and are charged) when their graph is launched: a
     capture of 10 s of kernels in a hard 30 % slice takes no time at all."""
-    from tests.conftest import Agent
-
-    box = node.boxes()
-    node.client.reserve("cap", slice_of(30, "hard"))
-    node.client.bind("cap", box.init_pid)
-    agent = Agent(node.env, prefix=box.command([]))
-    try:
-        assert agent.call("init")["error"] == "CUDA_SUCCESS"
-        agent.call("launch_for", seconds=3.0, grid=8640)  # the slice is busy and held to its budget
-        time.sleep(1.5)
-        got = agent.call("capture", kernels=1000, grid=864 * 1000)  # 1000 kernels of 10 ms
-        agent.call("join")
-    finally:
-        agent.close()
+    agent = node.agent("cap", slice_of(30, "hard"))
+    agent.call("launch_for", seconds=3.0, grid=8640)  # the slice is busy and held to its budget
+    time.sleep(1.5)
+    got = agent.call("capture", kernels=1000, grid=864 * 1000)  # 1000 kernels of 10 ms
+    agent.call("join")
     assert got["error"] == "CUDA_SUCCESS" and got["seconds"] < 1.0, got

@@ -5,7 +5,6 @@ namespace."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -13,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from gpuslice.allocator.sim_daemon import interposer_env
 from gpuslice.allocator.slice_ledger import SliceFiles
 
-from gpuslice.paths import native_dir
 from tests.conftest import Agent, Container, GiB, MiB, gpu, needs_root
 from tests.test_sim_memory import DEVICE_PATHS
 
@@ -48,16 +47,7 @@ class Slice:
 
 
 def wrapped_env(d) -> dict[str, str]:
-    return {
-        **os.environ,
-        "LD_LIBRARY_PATH": str(native_dir() / "wrap"),
-        "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / "libcuda.so.1"),
-        "GPUSLICE_REAL_LIBNVML": str(native_dir() / "sim" / "libnvidia-ml.so.1"),
-        "GPUSLICE_SLICE_SOCKET": str(d.slice_socket),
-        "GPUSLICE_SIM_CONFIG": str(d.dir / "sim.yaml"),
-        "GPUSLICE_SIM_STATE_DIR": str(d.dir / "sim"),
-        "PYTHONPATH": str(ROOT),
-    }
+    return {**interposer_env(d), "PYTHONPATH": str(ROOT)}
 
 
 @pytest.fixture
