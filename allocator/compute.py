@@ -113,9 +113,11 @@ class GateState:
     used_avg: float = 0.0  # busy, averaged over about a second (for status and metrics)
     history: deque = field(default_factory=lambda: deque(maxlen=RATIO_PERIODS))
 
-    def ns_per_thread(self) -> float | None:
-        """GPU time per launched thread, once a few periods have been measured."""
-        if sum(1 for b, t in self.history if b > 0 and t > 0) < RATIO_MIN_PERIODS:
+    def ns_per_thread(self, settled: bool = True) -> float | None:
+        """GPU time per launched thread: once a few periods have been measured
+        (settled), or from whatever has been (not settled)."""
+        measured = sum(1 for b, t in self.history if b > 0 and t > 0)
+        if measured == 0 or (settled and measured < RATIO_MIN_PERIODS):
             return None
         return sum(b for b, _ in self.history) / max(1, sum(t for _, t in self.history))
 
@@ -254,11 +256,13 @@ class ComputeController:
             prior = known[len(known) // 2] if known else None
             for s in on_gpu:
                 st = self.state[(s.slice_id, s.gpu)]
-                idle = s.slice_id not in active
-                self._budget(files[s.slice_id], s, st, goal[s.slice_id], dt, next_refill, prior, idle)
+                self._budget(files[s.slice_id], s, st, goal[s.slice_id], dt, next_refill, prior)
                 seen.add((s.slice_id, s.gpu))
+        # gone, or no longer controlled; a slice whose limits are being rewritten keeps what was learned
+        rewriting = {sid for sid, f in files.items() if f.limits.magic != constant("GPUSLICE_LIMITS_MAGIC")}
         for key in set(self.state) - seen:
-            del self.state[key]
+            if key[0] not in rewriting:
+                del self.state[key]
 
     def _budget(
         self,
@@ -269,37 +273,37 @@ class ComputeController:
         dt: float,
         next_refill: int,
         prior: float | None,
-        idle: bool = False,
     ) -> None:
         if st.after is not None:
             st.history.append((st.busy_ns, st.consumed))
-        if not st.opened and st.ns_per_thread() is not None:
+        entitled = st.opened and st.target >= OPEN_AT and not s.hard  # had the whole GPU to itself
+        ratio = st.ns_per_thread() or prior
+        if not entitled and st.after is not None:
             err = st.target * st.window_ns - st.busy_ns
-            # A slice under its target by choice (it has not waited for budget lately)
-            # banks nothing; one that waits now and then does, so that its error
-            # integrates both ways.
-            if err < 0 or time.monotonic() - st.last_hungry < HUNGRY_HOLD_S:
+            if ratio is None:
+                # still learning its cost: what it ran beyond its target is owed, nothing is banked
+                st.credit_ns += min(err, 0.0)
+            elif err < 0 or time.monotonic() - st.last_hungry < HUNGRY_HOLD_S:
+                # a slice under its target by choice (it has not waited for budget
+                # lately) banks nothing; one that waits now and then does, so that
+                # its error integrates both ways
                 st.credit_ns += err
             limit = CREDIT_PERIODS * self.period * 1e9 * max(target, 0.01)
             st.credit_ns = min(max(st.credit_ns, -limit), limit)
-        else:  # open, or still learning its cost: no error to carry
+        else:
             st.credit_ns = 0.0
-        # open: an elastic slice entitled to the whole GPU, or an idle one whose cost is
-        # not known yet (its first period's launches, then measured, set its budget)
-        want_open = (target >= OPEN_AT and not s.hard) or (idle and st.ns_per_thread() is None and prior is None)
+        want_open = target >= OPEN_AT and not s.hard  # an elastic slice entitled to the whole GPU
         if want_open:
             before, after = f.open_gate(s.gpu, next_refill)
         else:
             allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns)
-            ratio = st.ns_per_thread() or prior
+            ratio = ratio or st.ns_per_thread(settled=False)
             if ratio is None:
-                # nothing measured yet: what it launched through an open gate, scaled
-                # to the target; else twice the last period's launches (at least one
-                # more), until there is enough use for NVML to see
+                # nothing measured yet: one launch, then twice the last period's, until
+                # NVML sees enough use to measure
                 tokens = int(f.usage.gate[s.gpu].tokens)
                 debt = -tokens if tokens < 0 else 0
-                grow = st.consumed * target if st.opened else 2 * st.consumed
-                threads = max(1 + debt, int(grow))
+                threads = max(1 + debt, 2 * st.consumed)
             else:
                 threads = max(1, int(allowance_ns / ratio))
             before, after = f.refill_gate(s.gpu, threads, 2 * threads, next_refill)

@@ -125,3 +125,14 @@ def test_launches_recorded_by_stream_capture_are_not_charged(node):
     got = agent.call("capture", kernels=1000, grid=864 * 1000)  # 1000 kernels of 10 ms
     agent.call("join")
     assert got["error"] == "CUDA_SUCCESS" and got["seconds"] < 1.0, got
+
+
+def test_resize_moves_the_share(node):
+    t = Tenant(node.client, node.env, node.boxes(), "grow", slice_of(30, "hard"), 11, "100")
+    time.sleep(4)
+    node.client.resize("grow", {"gpuslice.io/cores": "60"})
+    resized = time.monotonic_ns()
+    before = t.share(t.started + 1 * NS, t.started + 3 * NS)
+    after = t.share(resized + 2 * NS, resized + 6 * NS)
+    print(f"hard slice resized from 30 to 60 %: {before:.1f} % before, {after:.1f} % after")
+    assert abs(before - 30) <= TOLERANCE and abs(after - 60) <= TOLERANCE
