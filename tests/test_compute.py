@@ -128,11 +128,11 @@ def test_launches_recorded_by_stream_capture_are_not_charged(node):
 
 
 def test_resize_moves_the_share(node):
-    t = Tenant(node.client, node.env, node.boxes(), "grow", slice_of(30, "hard"), 11, "100")
-    time.sleep(4)
+    t = Tenant(node.client, node.env, node.boxes(), "grow", slice_of(30, "hard"), 12, "100")
+    time.sleep(SETTLE + 3)
     node.client.resize("grow", {"gpuslice.io/cores": "60"})
     resized = time.monotonic_ns()
-    before = t.share(t.started + 1 * NS, t.started + 3 * NS)
+    before = t.share(t.started + int(SETTLE * NS), t.started + int(SETTLE * NS) + 3 * NS)
     after = t.share(resized + 2 * NS, resized + 6 * NS)
     print(f"hard slice resized from 30 to 60 %: {before:.1f} % before, {after:.1f} % after")
     assert abs(before - 30) <= TOLERANCE and abs(after - 60) <= TOLERANCE
