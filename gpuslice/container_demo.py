@@ -32,8 +32,8 @@ SLICES = (
 HOLD_SECONDS = 4
 # hard shares, each container saturating the GPU with 100 us kernels
 COMPUTE = (("twenty", 20), ("thirty", 30), ("fifty", 50))
-LOAD_SECONDS = 8
-MEASURE_FROM, MEASURE_TO = 2.5, 7.5  # seconds after the last container's first report
+LOAD_SECONDS = 9
+MEASURE_FROM, MEASURE_TO = 3.0, 8.0  # seconds after the last container's first report
 
 
 class DemoUnavailable(RuntimeError):

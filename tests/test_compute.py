@@ -90,8 +90,8 @@ def test_launches_pass_while_the_daemon_is_gone_and_are_held_again_after_restart
 def test_status_shows_each_slices_target_and_use(node):
     from gpuslice.status_table import render_status
 
-    t = Tenant(node.client, node.env, node.boxes(), "shown", slice_of(30, "hard"), 6, "100")
-    time.sleep(4)
+    t = Tenant(node.client, node.env, node.boxes(), "shown", slice_of(30, "hard"), 8, "100")
+    time.sleep(6)  # past the start-up ramp, and a second of the average shown
     (s,) = node.client.list()
     g = s.gpus[0]
     table = render_status(node.client.inventory(), node.client.list())
