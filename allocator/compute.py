@@ -100,8 +100,7 @@ class Share:
 class GateState:
     after: int | None = None  # tokens right after our last refill
     waits: int = 0
-    hungry: bool = False  # launches waited for budget in the last period
-    last_hungry: float = -1e9
+    last_hungry: float = -1e9  # when launches last waited for budget (the tick that saw it)
     target: float = 1.0
     opened: bool = True
     credit_ns: float = 0.0
@@ -197,7 +196,7 @@ class ComputeController:
                 cores = int(lim.gpu[g].cores)
                 if cores >= 100:  # a whole GPU is never throttled
                     continue
-                uuid = self.ffi_text(f, lim.gpu[g].uuid)
+                uuid = f.ffi.string(lim.gpu[g].uuid).decode()
                 out.append(
                     Share(
                         sid,
@@ -209,10 +208,6 @@ class ComputeController:
                     )
                 )
         return out
-
-    @staticmethod
-    def ffi_text(f: SliceFiles, arr) -> str:  # type: ignore[no-untyped-def]
-        return f.ffi.string(arr).decode()
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -245,7 +240,6 @@ class ComputeController:
                     st.last_active = now
                 if now - st.last_active < ACTIVE_HOLD_S:
                     active.add(s.slice_id)
-                st.hungry = hungry
                 if hungry:
                     st.last_hungry = now
             goal = targets(on_gpu, active)
@@ -283,7 +277,7 @@ class ComputeController:
             if ratio is None:
                 # still learning its cost: what it ran beyond its target is owed, nothing is banked
                 st.credit_ns += min(err, 0.0)
-            elif err < 0 or time.monotonic() - st.last_hungry < HUNGRY_HOLD_S:
+            elif err < 0 or self._last - st.last_hungry < HUNGRY_HOLD_S:
                 # a slice under its target by choice (it has not waited for budget
                 # lately) banks nothing; one that waits now and then does, so that
                 # its error integrates both ways
@@ -310,7 +304,7 @@ class ComputeController:
         log.debug(
             "%s/%d target %.3f busy %.3f credit %.1f ms ratio %s open %s window %.1f used %.3f ms hungry %s",
             s.slice_id[:8], s.gpu, target, st.busy, st.credit_ns / 1e6, st.ns_per_thread(), want_open,
-            st.window_ns / 1e6, st.busy_ns / 1e6, st.hungry,
+            st.window_ns / 1e6, st.busy_ns / 1e6, st.last_hungry == self._last,
         )  # fmt: skip
         st.consumed = max(0, (st.after - before) if st.after is not None else 0)
         st.after = after

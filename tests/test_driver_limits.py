@@ -15,7 +15,7 @@ import pytest
 
 from gpuslice import rootfs
 from tests.conftest import GiB, gpu
-from tests.test_e2e_runtimes import PODMAN_FLAGS, SPEC_PATH, Node, needs_runtimes, probe_result
+from tests.test_e2e_runtimes import PODMAN, SPEC_PATH, Node, needs_runtimes, podman_detached, probe_result
 
 pytestmark = needs_runtimes
 BYPASS = ["--env", "GPUSLICE_PROBE_LIBCUDA=/usr/lib/gpuslice/driver/libcuda.so.1"]
@@ -36,7 +36,7 @@ def make_node(daemon, tmp_path):
 
 def run_probe(root_fs, extra: list[str]) -> dict:
     r = subprocess.run(
-        ["podman", "run", "--rm", *PODMAN_FLAGS, "--device", "gpuslice.io/gpu=0", "--annotation",
+        ["podman", "run", "--rm", *PODMAN, "--device", "gpuslice.io/gpu=0", "--annotation",
          "gpuslice.io/memory=1Gi", *extra, "--rootfs", str(root_fs), rootfs.PROBE, "256"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -74,12 +74,7 @@ def _exec_probe(name: str, extra: list[str]) -> dict:
 def test_status_resize_and_daemon_restart(make_node, root_fs, daemon, supported):
     node = make_node(supported)
     name = f"gpuslice-limits-{os.getpid()}-{int(supported)}"
-    r = subprocess.run(
-        ["podman", "run", "-d", "--name", name, *PODMAN_FLAGS, "--device", "gpuslice.io/gpu=0",
-         "--annotation", "gpuslice.io/memory=1Gi", "--rootfs", str(root_fs), "/bin/sleep", "120"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    podman_detached(name, root_fs, 120)
     try:
         (s,) = node.client.list()
         assert s.enforcement == ("driver+interposer" if supported else "interposer")

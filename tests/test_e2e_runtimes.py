@@ -20,11 +20,10 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 from gpuslice import rootfs
+from gpuslice.container_demo import PODMAN
 from tests.conftest import gpu
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference"
-PODMAN_FLAGS = ["--runtime", "runc", "--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit",
-                "nproc=1024:1024"]  # fmt: skip
 SPEC_PATH = Path("/var/run/cdi/gpuslice-e2e.json")
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -97,9 +96,19 @@ def node(daemon, tmp_path):
 
 def podman(args: list[str], root: Path, cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["podman", "run", "--rm", *PODMAN_FLAGS, *args, "--rootfs", str(root), *cmd],
+        ["podman", "run", "--rm", *PODMAN, *args, "--rootfs", str(root), *cmd],
         capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
+
+
+def podman_detached(name: str, root: Path, seconds: int) -> None:
+    """A container holding a 1 GiB slice of GPU 0 (CDI), sleeping in the background."""
+    r = subprocess.run(
+        ["podman", "run", "-d", "--name", name, *PODMAN, "--device", "gpuslice.io/gpu=0",
+         "--annotation", "gpuslice.io/memory=1Gi", "--rootfs", str(root), "/bin/sleep", str(seconds)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
 
 
 def probe_result(r: subprocess.CompletedProcess) -> dict:
@@ -158,12 +167,7 @@ def test_bad_annotations_fail_the_run_and_reserve_nothing(node, root_fs, annotat
 
 def test_container_whose_poststop_never_ran_is_reclaimed(node, root_fs):
     name = f"gpuslice-orphan-{os.getpid()}"
-    r = subprocess.run(
-        ["podman", "run", "-d", "--name", name, *PODMAN_FLAGS, "--device", "gpuslice.io/gpu=0",
-         "--annotation", "gpuslice.io/memory=1Gi", "--rootfs", str(root_fs), "/bin/sleep", "60"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    podman_detached(name, root_fs, 60)
     try:
         assert [s.state for s in node.client.list()] == ["bound"]
         pid = int(subprocess.run(["podman", "inspect", "--format", "{{.State.Pid}}", name], capture_output=True,
@@ -244,7 +248,7 @@ def test_podman_hooks_d_files_bind_and_release(node, root_fs, tmp_path):
         f.write_text(json.dumps(data))
     name = f"gpuslice-hooksd-{os.getpid()}"
     run = subprocess.Popen(
-        ["podman", "--hooks-dir", str(hooks_dir), "run", "--rm", "--name", name, *PODMAN_FLAGS,
+        ["podman", "--hooks-dir", str(hooks_dir), "run", "--rm", "--name", name, *PODMAN,
          "--annotation", "gpuslice.io/memory=3Gi", "--rootfs", str(root_fs), "/bin/sleep", "3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -68,6 +68,15 @@ def our_prototypes(source: str, exports: str, tmp_path: Path) -> dict[str, str]:
     return protos
 
 
+def compiles(lines: list[str], inc: Path, define: str, src: Path) -> None:
+    """The checks in `lines` compile against NVIDIA's headers in `inc`."""
+    src.write_text("\n".join(lines) + "\n")
+    r = subprocess.run(
+        ["cc", "-std=gnu11", define, f"-I{inc}", "-fsyntax-only", str(src)], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 def test_hooks_match_the_toolkit_prototypes(tmp_path):
     inc = needs("cudaTypedefs.h")
     protos = {}
@@ -80,14 +89,7 @@ def test_hooks_match_the_toolkit_prototypes(tmp_path):
         lines.append(
             f'_Static_assert(__builtin_types_compatible_p(__typeof__(&ours_{hook}), {pfn_of(hook)}), "{hook}");'
         )
-    src = tmp_path / "check.c"
-    src.write_text("\n".join(lines) + "\n")
-    r = subprocess.run(
-        ["cc", "-std=gnu11", "-D__CUDA_API_VERSION_INTERNAL", f"-I{inc}", "-fsyntax-only", str(src)],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    compiles(lines, inc, "-D__CUDA_API_VERSION_INTERNAL", tmp_path / "check.c")
 
 
 def test_nvml_hooks_match_nvml_h(tmp_path):
@@ -102,15 +104,8 @@ def test_nvml_hooks_match_nvml_h(tmp_path):
         lines.append(
             f'_Static_assert(__builtin_types_compatible_p(__typeof__(&ours_{name}), __typeof__(&{name})), "{name}");'
         )
-    src = tmp_path / "check_nvml.c"
-    src.write_text("\n".join(lines) + "\n")
     # the legacy (unversioned) entry points are declared only with this set
-    r = subprocess.run(
-        ["cc", "-std=gnu11", "-DNVML_NO_UNVERSIONED_FUNC_DEFS", f"-I{inc}", "-fsyntax-only", str(src)],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    compiles(lines, inc, "-DNVML_NO_UNVERSIONED_FUNC_DEFS", tmp_path / "check_nvml.c")
     assert len(lines) > 10
 
 

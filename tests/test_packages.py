@@ -22,10 +22,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gpuslice import rootfs
 from gpuslice.client import AllocatorClient
+from gpuslice.container_demo import PODMAN
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTALLED = Path("/usr/lib/gpuslice/python/gpuslice/_native")
-PODMAN = ["--runtime", "runc", "--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 SPEC = Path("/var/run/cdi/gpuslice-pkg.json")
 DAEMON_SOCKET = "/run/gpuslice/gpuslice.sock"
 GiB = 1 << 30

@@ -101,11 +101,17 @@ static inline struct gpuslice_gate *gate_for(CUstream s, int ptds)
     return &gs.usage->gate[g];
 }
 
+static inline void take(struct gpuslice_gate *gt, int64_t cost)
+{
+    if (__builtin_expect(__atomic_fetch_sub(&gt->tokens, cost, __ATOMIC_RELAXED) <= 0, 0))
+        wait_for_budget(gt, cost);
+}
+
 static inline void gate(CUstream s, int ptds, int64_t cost)
 {
     struct gpuslice_gate *gt = gate_for(s, ptds);
-    if (gt && __builtin_expect(__atomic_fetch_sub(&gt->tokens, cost, __ATOMIC_RELAXED) <= 0, 0))
-        wait_for_budget(gt, cost);
+    if (gt)
+        take(gt, cost);
 }
 
 /* ---- kernels ------------------------------------------------------------ */
@@ -260,19 +266,23 @@ static inline int64_t exec_cost(CUgraphExec e)
     return gs_table_get((uint64_t)(uintptr_t)e, &x) == 0 ? (int64_t)x.bytes : 1;
 }
 
+/* The table is read only for a gated launch. */
+static inline void gate_graph(CUgraphExec e, CUstream s, int ptds)
+{
+    struct gpuslice_gate *gt = gate_for(s, ptds);
+    if (gt)
+        take(gt, exec_cost(e));
+}
+
 WRAP_API CUresult cuGraphLaunch(CUgraphExec e, CUstream s)
 {
-    struct gpuslice_gate *gt = gate_for(s, 0);
-    if (gt && __atomic_fetch_sub(&gt->tokens, exec_cost(e), __ATOMIC_RELAXED) <= 0)
-        wait_for_budget(gt, exec_cost(e));
+    gate_graph(e, s, 0);
     return REAL(cuGraphLaunch)(e, s);
 }
 
 WRAP_API CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
 {
-    struct gpuslice_gate *gt = gate_for(s, 1);
-    if (gt && __atomic_fetch_sub(&gt->tokens, exec_cost(e), __ATOMIC_RELAXED) <= 0)
-        wait_for_budget(gt, exec_cost(e));
+    gate_graph(e, s, 1);
     return REAL(cuGraphLaunch_ptsz)(e, s);
 }
 
