@@ -72,11 +72,17 @@ class Daemon:
         self._reattach()
         self.manager.sweep(self.cfg.reservation_timeout)
 
+        # Everything a client may reach is up before the control socket opens; health
+        # starts NOT_SERVING (grpc's servicer says SERVING for "" by default).
+        if self.cfg.metrics_port:
+            metrics.register(self.manager, self.compute)
+            start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_address)
         self.cfg.socket.parent.mkdir(parents=True, exist_ok=True)
         self.cfg.socket.unlink(missing_ok=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
         pb_grpc.add_AllocatorServicer_to_server(AllocatorService(self.manager, self.compute), server)
         health_servicer = health.HealthServicer()
+        health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         old = os.umask(0o077)  # the control socket is root-only from its first moment
         try:
@@ -86,9 +92,6 @@ class Daemon:
             os.umask(old)
         slice_server = SliceSocketServer(self.cfg.slice_socket, self.manager, self.watcher)
         slice_server.start()
-        if self.cfg.metrics_port:
-            metrics.register(self.manager, self.compute)
-            start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_address)
         threading.Thread(target=self._sweeper, name="sweeper", daemon=True).start()
         self.compute.start()
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
