@@ -6,10 +6,12 @@ scenarios are gpuslice-bench compute-shares' own."""
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
 from gpuslice.allocator.sim_daemon import interposer_env
+from gpuslice.allocator.slice_ledger import SliceFiles
 from gpuslice.bench.compute_shares import MIXES, NS, SETTLE, Mix, Tenant, run_handover, run_mix, slice_of
 
 from tests.conftest import Agent, gpu, needs_root
@@ -125,6 +127,47 @@ def test_launches_recorded_by_stream_capture_are_not_charged(node):
     got = agent.call("capture", kernels=1000, grid=864 * 1000)  # 1000 kernels of 10 ms
     agent.call("join")
     assert got["error"] == "CUDA_SUCCESS" and got["seconds"] < 1.0, got
+
+
+def test_a_graph_costs_what_it_runs_after_updates_and_captures_into_it(node):
+    """What each call takes from the gate, exactly: the daemon is stopped, so
+    nothing refills and, 2 s on, launches pass and still pay.  A graph costs
+    its kernel nodes' threads as they are after cuGraphExecKernelNodeSetParams
+    and cuGraphExecUpdate; launches recorded by cuStreamBeginCaptureToGraph
+    cost nothing until their graph runs."""
+    agent = node.agent("g", slice_of(30, "hard"))
+    files = SliceFiles(node.d.dir / "ledgers", node.client.get("g").id)
+
+    def blocks(op: str, **args) -> int:
+        """Blocks of 256 threads the call took from the gate."""
+        before = int(files.usage.gate[0].tokens)
+        got = agent.call(op, **args)
+        assert got["error"] == "CUDA_SUCCESS", (op, got)
+        return (before - int(files.usage.gate[0].tokens)) // 256
+
+    g = agent.call("graph", grids=[4, 6])["id"]
+    ex = agent.call("instantiate", id=g)["id"]
+    small = agent.call("graph", grids=[1, 2])["id"]
+    into = agent.call("graph", grids=[])["id"]
+    node.d.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(2.3)
+        assert blocks("launch", grid=10) == 10
+        assert blocks("graph_launch", exec=ex) == 4 + 6
+        assert blocks("exec_set_grid", exec=ex, graph=g, node=0, grid=40) == 0
+        assert blocks("graph_launch", exec=ex) == 40 + 6
+        assert blocks("exec_set_grid", exec=ex, graph=g, node=0, grid=8) == 0
+        assert blocks("graph_launch", exec=ex) == 8 + 6
+        assert blocks("exec_update", exec=ex, graph=small) == 0
+        assert blocks("graph_launch", exec=ex) == 1 + 2
+        assert blocks("capture_into", id=into, grids=[5, 5, 5]) == 0
+        captured = agent.call("instantiate", id=into)["id"]
+        assert blocks("graph_launch", exec=captured) == 15
+        refused = agent.call("exec_update", exec=ex, graph=into)  # three kernels for two: nothing changes
+        assert refused["error"] == "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE", refused
+        assert blocks("graph_launch", exec=ex) == 1 + 2
+    finally:
+        node.d.proc.send_signal(signal.SIGCONT)
 
 
 def test_resize_moves_the_share(node):

@@ -50,6 +50,8 @@ CUDA_STRUCTS = {
     "CUlaunchConfig": ["gridDimX", "blockDimZ", "sharedMemBytes", "hStream", "attrs", "numAttrs"],
     "CUDA_KERNEL_NODE_PARAMS_v1": ["func", "gridDimX", "blockDimZ", "sharedMemBytes", "kernelParams", "extra"],
     "CUDA_KERNEL_NODE_PARAMS_v2": ["func", "sharedMemBytes", "kernelParams", "extra", "kern", "ctx"],
+    "CUgraphEdgeData": ["from_port", "to_port", "type", "reserved"],
+    "CUgraphExecUpdateResultInfo": ["result", "errorNode", "errorFromNode"],
     "CUctxCreateParams": ["execAffinityParams", "numExecAffinityParams", "cigParams"],
     "CUipcMemHandle": ["reserved"],
     "CUDA_EXTERNAL_MEMORY_HANDLE_DESC": ["type", "handle", "size", "flags", "reserved"],

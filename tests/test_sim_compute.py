@@ -71,6 +71,44 @@ ok(cu.cuStreamSynchronize(stream))
 ms = ok(cu.cuEventElapsedTime(start, end))
 assert 50.0 <= ms < 50.5, ms
 
+def timed(exe):
+    ok(cu.cuEventRecord(start, stream))
+    ok(cu.cuGraphLaunch(exe, stream))
+    ok(cu.cuEventRecord(end, stream))
+    ok(cu.cuStreamSynchronize(stream))
+    return ok(cu.cuEventElapsedTime(start, end))
+
+# an executable graph changed in place runs what it was changed to
+nodes = ok(cu.cuGraphGetNodes(graph, 5))[0]
+p = ok(cu.cuGraphKernelNodeGetParams(nodes[0]))
+p.gridDimX = sms * 8 * 3000  # 30 ms in place of 10
+ok(cu.cuGraphExecKernelNodeSetParams(exe, nodes[0], p))
+ms = timed(exe)
+assert 70.0 <= ms < 70.5, ms
+# updated from a graph of the same shape: its kernels, 2 ms each
+small = ok(cu.cuGraphCreate(0))
+q = ok(cu.cuGraphKernelNodeGetParams(nodes[1]))
+q.gridDimX = sms * 8 * 200
+for _ in range(5):
+    ok(cu.cuGraphAddKernelNode(small, None, 0, q))
+info = ok(cu.cuGraphExecUpdate(exe, small))
+assert info.result == cu.CUgraphExecUpdateResult.CU_GRAPH_EXEC_UPDATE_SUCCESS
+ms = timed(exe)
+assert 10.0 <= ms < 10.5, ms
+# a graph of another shape is refused, and the exec is as it was
+ok(cu.cuGraphAddKernelNode(small, None, 0, q))
+err, _ = cu.cuGraphExecUpdate(exe, small)
+assert err == cu.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
+ms = timed(exe)
+assert 10.0 <= ms < 10.5, ms
+# capture appended to an existing graph: its 6 nodes and 2 more of 10 ms
+ok(cu.cuStreamBeginCaptureToGraph(stream, small, None, None, 0, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
+for _ in range(2):
+    ok(cu.cuLaunchKernel(fn, sms * 8 * 1000, 1, 1, 256, 1, 1, 0, stream, 0, 0))
+assert int(ok(cu.cuStreamEndCapture(stream))) == int(small)
+ms = timed(ok(cu.cuGraphInstantiate(small, 0)))
+assert 32.0 <= ms < 32.5, ms
+
 # cooperative launches must fit in one wave; bad block shapes are refused
 err, = cu.cuLaunchCooperativeKernel(fn, sms * 8 + 1, 1, 1, 256, 1, 1, 0, stream, 0)
 assert err == cu.CUresult.CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE

@@ -352,10 +352,19 @@ struct sim_graph {
     struct sim_node *nodes, **tail;
 };
 
+/* What an executable graph runs: its kernels in order, each remembered by the
+ * graph node it came from (how cuGraphExecKernelNodeSetParams names it). */
+struct sim_exec_kernel {
+    const struct sim_node *node;
+    int dev;
+    uint64_t ns;
+};
+
 struct sim_exec {
     uint32_t magic;
     uint64_t ns_by_dev[SIM_MAX_GPUS];
     unsigned kernels;
+    struct sim_exec_kernel *k;
 };
 
 static CUresult graph_add(struct sim_graph *g, const struct sim_kernel_launch *k, struct sim_node **out)
@@ -642,6 +651,24 @@ CUAPI cuGraphKernelNodeGetParams(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS_v1 *p)
 
 CUAPI cuGraphKernelNodeGetParams_v2(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS_v2 *p) { return kernel_node(h, p); }
 
+/* The kernels of g, in order; filled into e (its times summed per GPU) when
+ * given.  Nodes run one after another: dependencies only constrain order. */
+static unsigned exec_kernels(const struct sim_graph *g, struct sim_exec *e)
+{
+    unsigned i = 0;
+    for (struct sim_node *n = g->nodes; n; n = n->next) {
+        if (!n->is_kernel || !func_of((CUfunction)n->k.func))
+            continue;
+        if (e) {
+            int dev = n->k.func->module->ctx->dev;
+            e->k[i] = (struct sim_exec_kernel){n, dev, sim_kernel_ns(&n->k, dev)};
+            e->ns_by_dev[dev] += e->k[i].ns;
+        }
+        i++;
+    }
+    return i;
+}
+
 CUAPI cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph h, unsigned long long flags)
 {
     SIM_ENTER();
@@ -653,13 +680,12 @@ CUAPI cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph h, unsigned long lon
     if (!e)
         return CUDA_ERROR_OUT_OF_MEMORY;
     e->magic = MAGIC_EXEC;
-    /* Nodes run one after another: dependencies only constrain order. */
-    for (struct sim_node *n = g->nodes; n; n = n->next)
-        if (n->is_kernel && func_of((CUfunction)n->k.func)) {
-            int dev = n->k.func->module->ctx->dev;
-            e->ns_by_dev[dev] += sim_kernel_ns(&n->k, dev);
-            e->kernels++;
-        }
+    unsigned n = exec_kernels(g, NULL);
+    if (n && !(e->k = calloc(n, sizeof *e->k))) {
+        free(e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    e->kernels = exec_kernels(g, e);
     *out = (CUgraphExec)e;
     return CUDA_SUCCESS;
 }
@@ -691,8 +717,119 @@ CUAPI cuGraphExecDestroy(CUgraphExec h)
     if (!e)
         return CUDA_ERROR_INVALID_VALUE;
     e->magic = MAGIC_DEAD;
+    free(e->k);
     free(e);
     return CUDA_SUCCESS;
+}
+
+/* ---- updating an executable graph in place ----------------------------- */
+
+static void exec_set(struct sim_exec *e, struct sim_exec_kernel *x, const struct sim_kernel_launch *k, int dev)
+{
+    e->ns_by_dev[x->dev] -= x->ns;
+    x->dev = dev;
+    x->ns = sim_kernel_ns(k, dev);
+    e->ns_by_dev[dev] += x->ns;
+}
+
+static CUresult exec_kernel_set(CUgraphExec h, CUgraphNode node, const struct sim_kernel_launch *k)
+{
+    SIM_ENTER();
+    struct sim_exec *e = exec_of(h);
+    if (!e || !node)
+        return CUDA_ERROR_INVALID_VALUE;
+    const struct sim_func *f = func_of((CUfunction)k->func);
+    if (!f)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_mu);
+    struct sim_exec_kernel *x = NULL;
+    for (unsigned i = 0; i < e->kernels && !x; i++)
+        if (e->k[i].node == (const struct sim_node *)node)
+            x = &e->k[i];
+    /* the function may change, but not its context (CUDA says so too) */
+    if (x && f->module->ctx->dev == x->dev && (r = validate(k, 0, x->dev)) == CUDA_SUCCESS)
+        exec_set(e, x, k, x->dev);
+    else if (!x || r == CUDA_SUCCESS)
+        r = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&sim_mu);
+    return r;
+}
+
+CUAPI cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v1 *p)
+{
+    if (!p)
+        return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
+    struct sim_kernel_launch k = KL(p->func, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
+                                    p->blockDimZ, p->sharedMemBytes);
+    return exec_kernel_set(e, n, &k);
+}
+
+CUAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v2 *p)
+{
+    if (!p)
+        return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
+    CUfunction f = p->func ? p->func : (CUfunction)p->kern;
+    struct sim_kernel_launch k = KL(f, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
+                                    p->blockDimZ, p->sharedMemBytes);
+    return exec_kernel_set(e, n, &k);
+}
+
+/* The exec takes the new graph's kernel parameters when the graphs have the
+ * same kernels on the same GPUs, in the same order; otherwise nothing changes
+ * and the result says why, as cuGraphExecUpdate does. */
+static CUresult exec_update(CUgraphExec h, CUgraph hg, CUgraphExecUpdateResultInfo *info)
+{
+    SIM_ENTER();
+    struct sim_exec *e = exec_of(h);
+    struct sim_graph *g = graph_of(hg);
+    if (!e || !g || !info)
+        return CUDA_ERROR_INVALID_VALUE;
+    *info = (CUgraphExecUpdateResultInfo){CU_GRAPH_EXEC_UPDATE_SUCCESS, NULL, NULL};
+    pthread_mutex_lock(&sim_mu);
+    unsigned i = 0;
+    const struct sim_node *n = g->nodes;
+    for (; n && info->result == CU_GRAPH_EXEC_UPDATE_SUCCESS; n = n->next) {
+        if (!n->is_kernel || !func_of((CUfunction)n->k.func))
+            continue;
+        if (i >= e->kernels)
+            info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+        else if (n->k.func->module->ctx->dev != e->k[i].dev)
+            info->result = CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE;
+        else
+            i++;
+        if (info->result != CU_GRAPH_EXEC_UPDATE_SUCCESS)
+            info->errorNode = (CUgraphNode)n;
+    }
+    if (info->result == CU_GRAPH_EXEC_UPDATE_SUCCESS && i != e->kernels)
+        info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+    if (info->result == CU_GRAPH_EXEC_UPDATE_SUCCESS) {
+        i = 0;
+        for (n = g->nodes; n; n = n->next)
+            if (n->is_kernel && func_of((CUfunction)n->k.func)) {
+                exec_set(e, &e->k[i], &n->k, e->k[i].dev);
+                i++;
+            }
+    }
+    pthread_mutex_unlock(&sim_mu);
+    return info->result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+}
+
+CUAPI cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphNode *error_node, CUgraphExecUpdateResult *result)
+{
+    CUgraphExecUpdateResultInfo info;
+    CUresult r = exec_update(e, g, &info);
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE) {
+        if (error_node)
+            *error_node = info.errorNode;
+        if (result)
+            *result = info.result;
+    }
+    return r;
+}
+
+CUAPI cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info)
+{
+    return exec_update(e, g, info);
 }
 
 static CUresult graph_launch(CUgraphExec h, CUstream hs, int ptds)
@@ -731,6 +868,39 @@ static CUresult begin_capture(CUstream hs, int mode, int ptds)
         return CUDA_ERROR_ILLEGAL_STATE;
     s->capture = graph_new();
     return s->capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+/* Capture into an existing graph: its new nodes follow the ones it has (the
+ * simulator runs nodes in order, so dependencies add nothing). */
+static CUresult begin_capture_to_graph(CUstream hs, CUgraph hg, int mode, int ptds)
+{
+    SIM_ENTER();
+    struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
+    if (!s)
+        return r;
+    struct sim_graph *g = graph_of(hg);
+    if (!g || mode < 0 || mode > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s == &s->ctx->legacy)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (s->capture)
+        return CUDA_ERROR_ILLEGAL_STATE;
+    s->capture = g;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *data,
+                                  size_t n, CUstreamCaptureMode mode)
+{
+    (void)deps, (void)data, (void)n;
+    return begin_capture_to_graph(s, g, (int)mode, 0);
+}
+
+CUAPI cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *data,
+                                       size_t n, CUstreamCaptureMode mode)
+{
+    (void)deps, (void)data, (void)n;
+    return begin_capture_to_graph(s, g, (int)mode, 1);
 }
 
 CUAPI cuStreamBeginCapture(CUstream s) { return begin_capture(s, 0, 0); }

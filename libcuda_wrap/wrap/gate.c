@@ -22,6 +22,9 @@
 #define WAKE_AFTER_REFILL_NS 200000ll
 #define LEGACY_THREADS 1024    /* cuLaunchGrid's block shape is not known here: the most */
 #define MAX_GRAPH_DEPTH 8
+/* An exec's table entry carries, in its unused gpu field, whether any of its
+ * nodes has an entry of its own: only then does its end scan the table. */
+#define EXEC_HAS_OVERRIDES 1u
 
 CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st);
 CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st);
@@ -29,6 +32,14 @@ CUresult cuGraphGetNodes(CUgraph g, CUgraphNode *nodes, size_t *n);
 CUresult cuGraphNodeGetType(CUgraphNode n, CUgraphNodeType *t);
 CUresult cuGraphKernelNodeGetParams_v2(CUgraphNode n, CUDA_KERNEL_NODE_PARAMS_v2 *p);
 CUresult cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph *g);
+CUresult cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphNode *err, CUgraphExecUpdateResult *res);
+CUresult cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info);
+CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v1 *p);
+CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v2 *p);
+CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *data,
+                                     size_t n, CUstreamCaptureMode mode);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
+                                          const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode mode);
 
 static int captures; /* stream captures under way: only then is a launch asked about it */
 static int warned_stale;
@@ -253,10 +264,13 @@ WRAP_API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *out, CUgraph g,
     return instantiated(REAL(cuGraphInstantiateWithParams_ptsz)(out, g, p), out, g);
 }
 
+static void forget_overrides(CUgraphExec e);
+
 WRAP_API CUresult cuGraphExecDestroy(CUgraphExec e)
 {
     struct gs_entry x = {.kind = GS_KIND_GRAPH_EXEC};
-    gs_table_take((uint64_t)(uintptr_t)e, &x);
+    if (gs_table_take((uint64_t)(uintptr_t)e, &x) == 0 && x.gpu == EXEC_HAS_OVERRIDES)
+        forget_overrides(e);
     return REAL(cuGraphExecDestroy)(e);
 }
 
@@ -284,6 +298,96 @@ WRAP_API CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
 {
     gate_graph(e, s, 1);
     return REAL(cuGraphLaunch_ptsz)(e, s);
+}
+
+/* ---- updates: an executable graph's cost follows what it will run ---------- */
+
+static void set_exec_cost(CUgraphExec e, int64_t cost, uint32_t overrides)
+{
+    struct gs_entry x = {.kind = GS_KIND_GRAPH_EXEC};
+    gs_table_take((uint64_t)(uintptr_t)e, &x);
+    if (gs_table_put((uint64_t)(uintptr_t)e, (uint64_t)(cost > 0 ? cost : 1), overrides, GS_KIND_GRAPH_EXEC, 0) != 0)
+        gs_log(0, "graph table full: this graph's launches cost one thread each");
+}
+
+/* A kernel node given new parameters in one exec: its threads there, kept
+ * under a key of (exec, node), owned by the exec so that its end drops it. */
+static uint64_t override_key(CUgraphExec e, CUgraphNode n)
+{
+    uint64_t k = ((uint64_t)(uintptr_t)e * 0x9e3779b97f4a7c15ull) ^ (uint64_t)(uintptr_t)n;
+    return k > 2 ? k : k + 3; /* 0-2 are the table's own marks */
+}
+
+static void dropped(const struct gs_entry *x) { (void)x; }
+
+static void forget_overrides(CUgraphExec e) { gs_table_drop_owner((uint64_t)(uintptr_t)e, dropped); }
+
+/* The threads a kernel node runs in exec e now: what it was last set to
+ * there, else what the graph node says. */
+static int64_t node_threads(CUgraphExec e, CUgraphNode n)
+{
+    struct gs_entry x = {.kind = GS_KIND_EXEC_NODE};
+    if (gs_table_get(override_key(e, n), &x) == 0 && x.owner == (uint64_t)(uintptr_t)e)
+        return (int64_t)x.bytes;
+    CUDA_KERNEL_NODE_PARAMS_v2 p;
+    if (REAL(cuGraphKernelNodeGetParams_v2)(n, &p) != CUDA_SUCCESS)
+        return 0;
+    return threads_of(p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ);
+}
+
+static void node_set(CUgraphExec e, CUgraphNode n, int64_t was, int64_t now)
+{
+    uint64_t key = override_key(e, n);
+    struct gs_entry x = {.kind = GS_KIND_EXEC_NODE};
+    gs_table_take(key, &x);
+    if (gs_table_put(key, (uint64_t)now, 0, GS_KIND_EXEC_NODE, (uint64_t)(uintptr_t)e) != 0)
+        gs_log(0, "graph table full: an exec node's new parameters are priced against its graph's");
+    set_exec_cost(e, exec_cost(e) - was + now, EXEC_HAS_OVERRIDES);
+}
+
+WRAP_API CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v1 *p)
+{
+    if (gs.mode != GS_SLICE || !p)
+        return REAL(cuGraphExecKernelNodeSetParams)(e, n, p);
+    int64_t was = node_threads(e, n);
+    CUresult r = REAL(cuGraphExecKernelNodeSetParams)(e, n, p);
+    if (r == CUDA_SUCCESS)
+        node_set(e, n, was, threads_of(p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ));
+    return r;
+}
+
+WRAP_API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v2 *p)
+{
+    if (gs.mode != GS_SLICE || !p)
+        return REAL(cuGraphExecKernelNodeSetParams_v2)(e, n, p);
+    int64_t was = node_threads(e, n);
+    CUresult r = REAL(cuGraphExecKernelNodeSetParams_v2)(e, n, p);
+    if (r == CUDA_SUCCESS)
+        node_set(e, n, was, threads_of(p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ));
+    return r;
+}
+
+/* After an update the exec runs what the new graph holds: its cost is the
+ * new graph's, and earlier per-node settings are gone. */
+static CUresult updated(CUresult r, CUgraphExec e, CUgraph g)
+{
+    if (r == CUDA_SUCCESS && gs.mode == GS_SLICE) {
+        struct gs_entry x = {.kind = GS_KIND_GRAPH_EXEC};
+        if (gs_table_get((uint64_t)(uintptr_t)e, &x) == 0 && x.gpu == EXEC_HAS_OVERRIDES)
+            forget_overrides(e);
+        set_exec_cost(e, graph_cost(g, 0), 0);
+    }
+    return r;
+}
+
+WRAP_API CUresult cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphNode *err, CUgraphExecUpdateResult *res)
+{
+    return updated(REAL(cuGraphExecUpdate)(e, g, err, res), e, g);
+}
+
+WRAP_API CUresult cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info)
+{
+    return updated(REAL(cuGraphExecUpdate_v2)(e, g, info), e, g);
 }
 
 /* ---- stream capture: counted, so launches ask only while one is under way -- */
@@ -317,6 +421,18 @@ WRAP_API CUresult cuStreamBeginCapture_v2(CUstream s, CUstreamCaptureMode m)
 WRAP_API CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, CUstreamCaptureMode m)
 {
     return capture_began(REAL(cuStreamBeginCapture_v2_ptsz)(s, m));
+}
+
+WRAP_API CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
+                                              const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode m)
+{
+    return capture_began(REAL(cuStreamBeginCaptureToGraph)(s, g, deps, data, n, m));
+}
+
+WRAP_API CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
+                                                   const CUgraphEdgeData *data, size_t n, CUstreamCaptureMode m)
+{
+    return capture_began(REAL(cuStreamBeginCaptureToGraph_ptsz)(s, g, deps, data, n, m));
 }
 
 WRAP_API CUresult cuStreamEndCapture(CUstream s, CUgraph *g) { return capture_ended(REAL(cuStreamEndCapture)(s, g)); }

@@ -53,6 +53,7 @@ int gs_table_get(uint64_t key, struct gs_entry *out);
 void gs_table_reset(void);
 
 #define GS_KIND_GRAPH_EXEC 100 /* table entries of gate.c: an executable graph's cost */
+#define GS_KIND_EXEC_NODE 101  /* and a kernel node's threads in one exec, once set there */
 
 /* memory.c, CUDA interposer only (weak: the NVML one has none) */
 __attribute__((weak)) void gs_contexts_forget(void);

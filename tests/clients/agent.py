@@ -222,6 +222,66 @@ class Agent:
         bad = next((e for e in [e1, *errs, e2] if e != cu.CUresult.CUDA_SUCCESS), cu.CUresult.CUDA_SUCCESS)
         return {"error": name_of(bad), "seconds": took}
 
+    # -- graphs: built, captured, instantiated, updated in place ----------------
+    def _spin(self):  # type: ignore[no-untyped-def]
+        if not hasattr(self, "spin"):
+            _, mod = cu.cuModuleLoadData(PTX)
+            _, self.spin = cu.cuModuleGetFunction(mod, b"spin")
+        return self.spin
+
+    def _node_params(self, grid: int) -> cu.CUDA_KERNEL_NODE_PARAMS:
+        p = cu.CUDA_KERNEL_NODE_PARAMS()
+        p.func = self._spin()
+        p.gridDimX, p.gridDimY, p.gridDimZ = grid, 1, 1
+        p.blockDimX, p.blockDimY, p.blockDimZ = 256, 1, 1
+        return p
+
+    def launch(self, grid: int) -> dict:
+        """One kernel of `grid` blocks of 256 threads, waited for."""
+        (err,) = cu.cuLaunchKernel(self._spin(), grid, 1, 1, 256, 1, 1, 0, self.stream, 0, 0)
+        cu.cuStreamSynchronize(self.stream)
+        return {"error": name_of(err)}
+
+    def graph(self, grids: list[int]) -> dict:
+        """A graph of kernel nodes (cuGraphAddKernelNode), one per grid."""
+        err, g = cu.cuGraphCreate(0)
+        nodes = []
+        for grid in grids:
+            e, n = cu.cuGraphAddKernelNode(g, None, 0, self._node_params(grid))
+            err = err or e
+            nodes.append(n)
+        return {"error": name_of(err), "id": self.keep("graph", (g, nodes))}
+
+    def capture_into(self, id: int, grids: list[int]) -> dict:
+        """Launches of these grids recorded into graph `id` by cuStreamBeginCaptureToGraph."""
+        g, _nodes = self.objects[id][1]
+        _, stream = cu.cuStreamCreate(1)
+        mode = cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL
+        (e1,) = cu.cuStreamBeginCaptureToGraph(stream, g, None, None, 0, mode)
+        errs = [cu.cuLaunchKernel(self._spin(), grid, 1, 1, 256, 1, 1, 0, stream, 0, 0)[0] for grid in grids]
+        e2, _same = cu.cuStreamEndCapture(stream)
+        bad = next((e for e in [e1, *errs, e2] if e != cu.CUresult.CUDA_SUCCESS), cu.CUresult.CUDA_SUCCESS)
+        return {"error": name_of(bad)}
+
+    def instantiate(self, id: int) -> dict:
+        err, ex = cu.cuGraphInstantiate(self.objects[id][1][0], 0)
+        return {"error": name_of(err), "id": self.keep("exec", ex)}
+
+    def exec_set_grid(self, exec: int, graph: int, node: int, grid: int) -> dict:
+        """cuGraphExecKernelNodeSetParams: node `node` of `graph` runs `grid` blocks in `exec`."""
+        n = self.objects[graph][1][1][node]
+        (err,) = cu.cuGraphExecKernelNodeSetParams(self.objects[exec][1], n, self._node_params(grid))
+        return {"error": name_of(err)}
+
+    def exec_update(self, exec: int, graph: int) -> dict:
+        err, info = cu.cuGraphExecUpdate(self.objects[exec][1], self.objects[graph][1][0])
+        return {"error": name_of(err), "result": None if info is None else int(info.result)}
+
+    def graph_launch(self, exec: int) -> dict:
+        (err,) = cu.cuGraphLaunch(self.objects[exec][1], self.stream)
+        cu.cuStreamSynchronize(self.stream)
+        return {"error": name_of(err)}
+
     def sim_busy(self, from_ns: int, to_ns: int, device: int = 0) -> dict:
         """This process's exact GPU time in [from, to), from the simulator behind the interposer."""
         sim = ctypes.CDLL(os.environ.get("GPUSLICE_REAL_LIBCUDA", "libcuda.so.1"))
