@@ -27,6 +27,9 @@ CREDIT_PERIODS = 4  # at most this many periods of target are owed or banked
 ACTIVE_HOLD_S = 0.5  # a slice that launched this recently still holds its share
 HUNGRY_HOLD_S = 0.5  # ... and one that waited for budget this recently still wants more
 RATIO_PERIODS = 20  # cost-per-thread estimate over about a second
+LEND_WINDOW_S = 0.5  # an active slice that has not waited for budget this long lends what it has not used
+LEND_HEADROOM = 1.5  # ... keeping this multiple of its peak use over that window
+LEND_MARGIN = 0.05  # ... and at least this much of the GPU above it
 RATIO_MIN_PERIODS = 4  # ... from this many measured periods on; before, the GPU's other slices'
 BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %)
 BEST_EFFORT_FLOOR = 0.01  # ... which still progresses when every share is taken
@@ -111,6 +114,7 @@ class GateState:
     window_ns: int = 0  # the time that reading covered
     used_avg: float = 0.0  # busy, averaged over about a second (for status and metrics)
     history: deque = field(default_factory=lambda: deque(maxlen=RATIO_PERIODS))
+    recent: deque = field(default_factory=deque)  # busy per reading over LEND_WINDOW_S, while active
 
     def ns_per_thread(self, settled: bool = True) -> float | None:
         """GPU time per launched thread: once a few periods have been measured
@@ -121,21 +125,27 @@ class GateState:
         return sum(b for b, _ in self.history) / max(1, sum(t for _, t in self.history))
 
 
-def targets(shares: list[Share], active: set[str]) -> dict[str, float]:
+def targets(shares: list[Share], active: set[str], needs: dict[str, float] | None = None) -> dict[str, float]:
     """Target fraction of the GPU per slice id, for the slices on one GPU.
 
     Guarantees first, by priority; the capacity no active slice is guaranteed
-    goes to the active elastic slices of the highest priority that has any,
-    split by their shares."""
+    or needs goes to the active elastic slices of the highest priority that has
+    any and wants more, split by their shares.  `needs` holds the active
+    slices that use well under their guarantee (and have not waited for budget
+    lately): what they need; they keep their guarantee as their own target,
+    and lend the rest until they need it."""
+    needs = needs or {}
     out: dict[str, float] = {}
     left = 1.0
     for tier in TIERS:
         for s in (s for s in shares if s.priority == tier):
             out[s.slice_id] = min(s.guarantee, max(left, 0.0))
             if s.slice_id in active:
-                left -= out[s.slice_id]
+                left -= min(out[s.slice_id], needs.get(s.slice_id, out[s.slice_id]))
     for tier in TIERS:
-        takers = [s for s in shares if s.priority == tier and not s.hard and s.slice_id in active]
+        takers = [
+            s for s in shares if s.priority == tier and not s.hard and s.slice_id in active and s.slice_id not in needs
+        ]
         if takers and left > 0:
             weight = {s.slice_id: s.guarantee or BEST_EFFORT_WEIGHT for s in takers}
             total = sum(weight.values())
@@ -236,16 +246,19 @@ class ComputeController:
                 waits = f.gate_waits(s.gpu)
                 hungry = waits > st.waits
                 st.waits = waits
+                was_active = now - st.last_active < ACTIVE_HOLD_S
                 if hungry or st.consumed > 0 or st.busy_ns > 0:
                     st.last_active = now
                 if now - st.last_active < ACTIVE_HOLD_S:
                     active.add(s.slice_id)
+                    self._remember_use(st, was_active, reading.window_ns)
                 if hungry:
                     st.last_hungry = now
-            goal = targets(on_gpu, active)
+            needs = {s.slice_id: n for s in on_gpu if s.slice_id in active and (n := self._needs(s, now)) is not None}
+            goal = targets(on_gpu, active, needs)
             for s in on_gpu:  # an idle slice's budget is what it would get if it started now
                 if s.slice_id not in active:
-                    goal[s.slice_id] = targets(on_gpu, active | {s.slice_id})[s.slice_id]
+                    goal[s.slice_id] = targets(on_gpu, active | {s.slice_id}, needs)[s.slice_id]
             known = sorted(r for s in on_gpu if (r := self.state[(s.slice_id, s.gpu)].ns_per_thread()) is not None)
             prior = known[len(known) // 2] if known else None
             for s in on_gpu:
@@ -257,6 +270,24 @@ class ComputeController:
         for key in set(self.state) - seen:
             if key[0] not in rewriting:
                 del self.state[key]
+
+    def _remember_use(self, st: GateState, was_active: bool, window_ns: int) -> None:
+        if not was_active:  # what it used before it went idle says nothing now
+            st.recent.clear()
+        st.recent.append(st.busy if window_ns else 0.0)
+        while len(st.recent) > max(3, round(LEND_WINDOW_S / self.period)):
+            st.recent.popleft()
+
+    def _needs(self, s: Share, now: float) -> float | None:
+        """What an active slice needs, when that is well under its guarantee:
+        its peak use over LEND_WINDOW_S with headroom, provided it has not
+        waited for budget meanwhile.  None: it may want all of its share."""
+        st = self.state[(s.slice_id, s.gpu)]
+        if now - st.last_hungry < LEND_WINDOW_S or len(st.recent) < max(3, round(LEND_WINDOW_S / self.period)):
+            return None
+        peak = max(st.recent)
+        need = max(peak * LEND_HEADROOM, peak + LEND_MARGIN)
+        return need if need < s.guarantee else None
 
     def _budget(
         self,

@@ -36,12 +36,12 @@ class Tenant:
     """A slice held by a box, running gpuslice-cuda-load in it."""
 
     def __init__(self, client, env: dict[str, str], box: Box, name: str, annotations: dict[str, str],  # type: ignore[no-untyped-def]
-                 seconds: float, mix: str, graph: int | str = 0) -> None:  # fmt: skip
+                 seconds: float, mix: str, graph: int | str = 0, duty: str = "") -> None:  # fmt: skip
         self.client, self.name = client, name
         client.reserve(name, annotations)
         client.bind(name, box.init_pid)
         self.started = time.monotonic_ns()
-        argv = [str(LOAD), str(seconds), mix, str(graph)]
+        argv = [str(LOAD), str(seconds), mix, str(graph), *([duty] if duty else [])]
         self.proc = subprocess.Popen(box.command(argv), env=env, stdout=subprocess.PIPE, text=True)
         self._points: dict[int, int] | None = None
 
@@ -130,6 +130,36 @@ def run_handover(client, env: dict[str, str], boxes) -> Handover:  # type: ignor
     )
 
 
+@dataclass
+class Lending:
+    light: float  # a hard 50 % slice running a 10 % load, % of the GPU
+    borrower: float  # an elastic 30 % slice meanwhile, saturating
+    light_after: float  # both saturating, from 1.5 s after the light slice's load rose
+    borrower_after: float
+    given_back_ms: int  # from the rise to the end of the first 1 s window from which the light slice is within 3 points
+
+
+LIGHT_FOR = 8.0  # seconds of the light load before it saturates
+
+
+def run_lending(client, env: dict[str, str], boxes) -> Lending:  # type: ignore[no-untyped-def]
+    seconds = LIGHT_FOR + 7
+    light = Tenant(client, env, boxes(), "light-50", slice_of(50, "hard"), seconds, "100", 0, f"0.1@{LIGHT_FOR}")
+    busy = Tenant(client, env, boxes(), "borrower-30", slice_of(30), seconds, "100")
+    t0 = busy.started + int(SETTLE * NS)
+    rise = min(light.points()) + int(LIGHT_FOR * NS)  # the load tool's clock, on its 100 ms grid
+    after = (rise + 3 * NS // 2, rise + 11 * NS // 2)
+    windows = [light.share(rise + i * NS // 10, rise + i * NS // 10 + NS) for i in range(46)]
+    settled = next((i for i in range(len(windows)) if all(abs(w - 50) <= 3 for w in windows[i:])), len(windows))
+    return Lending(
+        light=light.share(t0, rise - NS // 2),
+        borrower=busy.share(t0, rise - NS // 2),
+        light_after=light.share(*after),
+        borrower_after=busy.share(*after),
+        given_back_ms=settled * 100 + 1000,
+    )
+
+
 MIXES = [
     Mix("30/70 hard", [30, 70], ["100", "100"]),
     Mix("30/70 elastic", [30, 70], ["100", "100"], policy="elastic"),
@@ -174,6 +204,11 @@ def main() -> None:
                            f" {h.back_2s:.1f} % over 2 s")  # fmt: skip
                 click.echo(f"  per second from then: {h.per_second}")
                 click.echo(f"  every sliding 1 s window within 3 points from {h.settled_ms} ms after the second start")
+                r = run_lending(client, env, box)
+                click.echo(f"  hard 50 running a 10 % load: {r.light:.1f} %, elastic 30 saturating beside it:"
+                           f" {r.borrower:.1f} %")  # fmt: skip
+                click.echo(f"  once the 50 saturates too: {r.light_after:.1f} / {r.borrower_after:.1f} %, its share"
+                           f" back in every 1 s window from {r.given_back_ms} ms after its load rose")  # fmt: skip
         finally:
             d.kill()
             for b in boxes:

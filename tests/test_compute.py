@@ -12,7 +12,17 @@ import time
 import pytest
 from gpuslice.allocator.sim_daemon import interposer_env
 from gpuslice.allocator.slice_ledger import SliceFiles
-from gpuslice.bench.compute_shares import MIXES, NS, SETTLE, Mix, Tenant, run_handover, run_mix, slice_of
+from gpuslice.bench.compute_shares import (
+    MIXES,
+    NS,
+    SETTLE,
+    Mix,
+    Tenant,
+    run_handover,
+    run_lending,
+    run_mix,
+    slice_of,
+)
 
 from tests.conftest import Agent, gpu, needs_root
 
@@ -63,6 +73,20 @@ def test_elastic_slice_borrows_the_idle_gpu_and_gives_it_back(node):
     # from 2 s after the second tenant started: over the next 10 s, and over the next 2 s alone
     assert abs(h.back - 30) <= TOLERANCE and abs(h.other - 70) <= TOLERANCE
     assert abs(h.back_2s - 30) <= TOLERANCE
+
+
+def test_elastic_slice_borrows_what_a_light_slice_leaves_and_gives_it_back(node):
+    """A hard 50 % slice running a 10 % load lends the rest: an elastic 30 %
+    slice beside it gets well over the 50 % that the shares alone leave it.
+    Once the light slice saturates, it has its 50 % back within 2 s."""
+    r = run_lending(node.client, node.env, node.boxes)
+    print(
+        f"light hard 50: {r.light:.1f} %, elastic 30 beside it: {r.borrower:.1f} %; both saturating:"
+        f" {r.light_after:.1f} / {r.borrower_after:.1f} %, given back in {r.given_back_ms} ms"
+    )
+    assert abs(r.light - 10) <= TOLERANCE and r.borrower >= 75
+    assert abs(r.light_after - 50) <= TOLERANCE and abs(r.borrower_after - 50) <= TOLERANCE
+    assert r.given_back_ms <= 2000
 
 
 def test_whole_gpu_slice_is_never_throttled(node):

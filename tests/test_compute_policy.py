@@ -47,3 +47,16 @@ def test_best_effort_slices_share_what_is_left_and_always_progress():
     assert got == pytest.approx({"be": 0.5, "a": 0.5})
     full = targets([share("be", 0), share("a", 100 - 1, hard=True)], {"be", "a"})
     assert full["be"] >= BEST_EFFORT_FLOOR
+
+
+def test_a_slice_using_well_under_its_share_lends_the_rest_and_keeps_its_target():
+    shares = [share("light", 50, hard=True), share("busy", 30)]
+    got = targets(shares, {"light", "busy"}, needs={"light": 0.15})
+    assert got == pytest.approx({"light": 0.5, "busy": 0.85})  # 30 + 20 unassigned + 35 lent
+    assert targets(shares, {"light", "busy"}) == pytest.approx({"light": 0.5, "busy": 0.5})  # it needs it all
+
+
+def test_lent_capacity_goes_only_to_elastic_slices_that_want_more():
+    shares = [share("light", 50), share("busy", 30), share("capped", 20, hard=True)]
+    got = targets(shares, {"light", "busy", "capped"}, needs={"light": 0.1})
+    assert got == pytest.approx({"light": 0.5, "busy": 0.7, "capped": 0.2})

@@ -4,12 +4,16 @@
  * back to back for SECONDS, and every 100 ms prints the GPU time its work has
  * occupied so far, exact from the simulator's accounting.
  *
- * usage: gpuslice-cuda-load SECONDS MIX [GRAPH_NODES]
+ * usage: gpuslice-cuda-load SECONDS MIX [GRAPH_NODES [DUTY[@UNTIL]]]
  *   MIX          lengths in microseconds, each with an optional repeat count,
  *                cycled: "100", or "10000x1,10x1000" (one 10 ms kernel, then
  *                a thousand 10 us ones)
  *   GRAPH_NODES  launch each length as a CUDA graph of this many kernels, built
- *                with cuGraphAddKernelNode ("4") or by stream capture ("c4")
+ *                with cuGraphAddKernelNode ("4") or by stream capture ("c4");
+ *                "0": plain launches
+ *   DUTY         a light load: launch only this fraction of the GPU's time
+ *                ("0.1"), for the first UNTIL seconds ("0.1@8") and then as
+ *                fast as the launch gate lets it
  * out: JSON lines {"t": NS, "busy": NS} (CLOCK_MONOTONIC, 100 ms apart), then
  *      {"done": true, "launches": N} */
 #define _GNU_SOURCE
@@ -75,12 +79,21 @@ struct kind {
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: gpuslice-cuda-load SECONDS MIX [GRAPH_NODES]\n");
+        fprintf(stderr, "usage: gpuslice-cuda-load SECONDS MIX [GRAPH_NODES [DUTY[@UNTIL]]]\n");
         return 2;
     }
     double seconds = atof(argv[1]);
     int captured = argc > 3 && argv[3][0] == 'c';
     unsigned graph_nodes = argc > 3 ? (unsigned)atoi(argv[3] + captured) : 0;
+    double duty = argc > 4 ? atof(argv[4]) : 0, duty_for = 0;
+    const char *at = argc > 4 ? strchr(argv[4], '@') : NULL;
+    if (at)
+        duty_for = atof(at + 1);
+    if (argc > 4 && (duty <= 0 || duty >= 1 || (at && duty_for <= 0))) {
+        fprintf(stderr, "gpuslice-cuda-load: bad DUTY '%s': want a fraction between 0 and 1, optionally @SECONDS\n",
+                argv[4]);
+        return 2;
+    }
     struct kind kinds[MAX_KINDS];
     int nk = 0;
     for (char *tok = strtok(argv[2], ","); tok && nk < MAX_KINDS; tok = strtok(NULL, ",")) {
@@ -154,6 +167,8 @@ int main(int argc, char **argv)
 
     unsigned long long start = now_ns(), stop = start + (unsigned long long)(seconds * 1e9);
     unsigned long long reported = start / REPORT_NS * REPORT_NS, total = 0, launches = 0;
+    unsigned long long light_until = duty > 0 ? (duty_for > 0 ? start + (unsigned long long)(duty_for * 1e9) : stop) : 0;
+    unsigned long long next_launch = start;
     printf("{\"t\": %llu, \"busy\": 0}\n", reported);
     fflush(stdout);
     for (int i = 0;; i = (i + 1) % nk) {
@@ -167,6 +182,12 @@ int main(int argc, char **argv)
                 reported += REPORT_NS;
                 printf("{\"t\": %llu, \"busy\": %llu}\n", reported, total);
                 fflush(stdout);
+            }
+            if (now < light_until) { /* a light load: this launch's GPU time, spread out */
+                if (next_launch + REPORT_NS < now)
+                    next_launch = now; /* held back (by the gate or the queue): no catching up */
+                sleep_until(next_launch);
+                next_launch += (unsigned long long)(kinds[i].us * 1000.0 * (graph_nodes ? graph_nodes : 1) / duty);
             }
             r = kinds[i].exec ? CU(cuGraphLaunch, kinds[i].exec, NULL)
                               : CU(cuLaunchKernel, fn, kinds[i].grid, 1, 1, THREADS, 1, 1, 0, NULL, NULL, NULL);
