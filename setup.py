@@ -1,4 +1,4 @@
-"""Build hook: compile libcuda_wrap/ with make and ship the libraries inside
+"""Build hook: compile the C parts (make -C libcuda_wrap) and ship them inside
 the package (gpuslice/_native/), so installed code finds them beside itself."""
 
 import shutil
@@ -9,7 +9,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).resolve().parent
-NATIVE_PARTS = ("sim", "ledger", "wrap", "tools")
+NATIVE_PARTS = ("sim", "ledger", "wrap", "tools", "bin")
 
 
 class BuildWithNative(build_py):

@@ -10,11 +10,12 @@ import threading
 from concurrent import futures
 
 import grpc
-from gpuslice.allocator import inventory, metrics
+from gpuslice.allocator import inventory, metrics, runtime_socket
 from gpuslice.allocator.compute import ComputeController, NvmlUtilization
 from gpuslice.allocator.config import Config
 from gpuslice.allocator.driver_limits import DriverLimits
 from gpuslice.allocator.ledger import Ledger
+from gpuslice.allocator.runtime_socket import RuntimeSocketServer
 from gpuslice.allocator.service import AllocatorService
 from gpuslice.allocator.slice_socket import SliceSocketServer
 from gpuslice.allocator.slices import SliceManager
@@ -92,6 +93,8 @@ class Daemon:
             os.umask(old)
         slice_server = SliceSocketServer(self.cfg.slice_socket, self.manager, self.watcher)
         slice_server.start()
+        runtime_server = RuntimeSocketServer(runtime_socket.path_beside(self.cfg.socket), self.manager)
+        runtime_server.start()
         threading.Thread(target=self._sweeper, name="sweeper", daemon=True).start()
         self.compute.start()
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -105,6 +108,7 @@ class Daemon:
         health_servicer.enter_graceful_shutdown()
         server.stop(2).wait()
         self.compute.stop()
+        runtime_server.stop()
         slice_server.stop()
         self.watcher.stop()
         self.ledger.close()

@@ -9,50 +9,27 @@ import logging
 import os
 import socket
 import struct
-import threading
 from pathlib import Path
 
 from gpuslice.allocator import identity
 from gpuslice.allocator.slice_ledger import constant, ffi_and_lib
 from gpuslice.allocator.slices import SliceManager
+from gpuslice.allocator.unix_socket import UnixSocketServer
 from gpuslice.allocator.watcher import ProcessWatcher
 
 log = logging.getLogger(__name__)
 
 
-class SliceSocketServer:
+class SliceSocketServer(UnixSocketServer):
+    name = "slice-socket"
+
     def __init__(self, path: Path, manager: SliceManager, watcher: ProcessWatcher) -> None:
-        self.path = path
         self.manager = manager
         self.watcher = watcher
         self.ffi, _ = ffi_and_lib()
         path.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(path.parent, 0o755)
-        path.unlink(missing_ok=True)
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        self.sock.bind(str(path))
-        os.chmod(path, 0o666)  # any uid inside a container may ask about its own slice
-        self.sock.listen(128)
-        self._thread = threading.Thread(target=self._serve, name="slice-socket", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self.sock.close()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(2.0)
-                try:
-                    self._handle(conn)
-                except (OSError, ValueError) as e:
-                    log.warning("slice socket client: %s", e)
+        super().__init__(path, 0o666)  # any uid inside a container may ask about its own slice
 
     def _reply(self, conn: socket.socket, status: str, message: str = "", slot: int = 0, gpus: int = 0,
                fds: tuple[int, ...] = ()) -> None:  # fmt: skip
@@ -69,7 +46,7 @@ class SliceSocketServer:
         else:
             conn.sendall(data)
 
-    def _handle(self, conn: socket.socket) -> None:
+    def handle(self, conn: socket.socket) -> None:
         size = self.ffi.sizeof("struct gpuslice_request")
         raw = conn.recv(size, socket.MSG_WAITALL)
         req = self.ffi.from_buffer("struct gpuslice_request *", bytearray(raw)) if len(raw) == size else None

@@ -108,7 +108,7 @@ def _common_edits(inv: Inventory, opts: Options) -> Edits:
         Hook("createRuntime", opts.hook, ["gpuslice-hook", "createRuntime"], hook_env),
         Hook("poststop", opts.hook, ["gpuslice-hook", "poststop"], hook_env),
         # the loader cache as well as LD_LIBRARY_PATH, for programs that drop the latter
-        Hook("createContainer", opts.hook, ["gpuslice-hook", "update-ldcache"]),
+        Hook("createContainer", opts.hook, ["gpuslice-hook", "update-ldcache"], hook_env),
     ]
     return Edits(env=env, device_nodes=nodes, mounts=mounts, hooks=hooks)
 

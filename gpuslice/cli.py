@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import click
 
-from gpuslice import __version__, sim
+from gpuslice import __version__, paths, sim
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -117,7 +117,6 @@ def cdi_generate(
     driver, driver_root, output, hook_path, daemon_socket, slice_dir, sim_config, sim_state_dir, to_stdout
 ):
     """Discover the GPUs and the driver's files and write the CDI spec."""
-    import shutil
     from pathlib import Path
 
     from gpuslice.allocator import inventory
@@ -129,7 +128,7 @@ def cdi_generate(
             if value:
                 os.environ[env] = value
         sim.activate()
-    hook_path = hook_path or shutil.which("gpuslice-hook") or str(Path(sys.executable).parent / "gpuslice-hook")
+    hook_path = hook_path or str(paths.executable("gpuslice-hook"))
     opts = gen.Options(driver, Path(driver_root), hook_path, daemon_socket, slice_dir, sim_config, sim_state_dir)
     try:
         spec = gen.generate(inventory.read(), opts)
@@ -171,14 +170,12 @@ def cdi_validate(file: str) -> None:
 
 
 def _install(target: str, root: str, shim: str | None, hook: str | None, dry_run: bool, remove: bool) -> None:
-    import shutil
     from pathlib import Path
 
     from gpuslice import install as installer
 
-    here = Path(sys.executable).parent
-    shim = shim or shutil.which("gpuslice-runtime") or str(here / "gpuslice-runtime")
-    hook = hook or shutil.which("gpuslice-hook") or str(here / "gpuslice-hook")
+    shim = shim or str(paths.executable("gpuslice-runtime"))
+    hook = hook or str(paths.executable("gpuslice-hook"))
     changes = installer.plan(target, Path(root), shim, hook, remove)
     pending = [c for c in changes if c.changes]
     if not pending:

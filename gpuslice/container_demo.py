@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice import rootfs
+from gpuslice import paths, rootfs
 from gpuslice.allocator import sim_daemon
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.status_table import render_status
@@ -108,7 +108,7 @@ def sim_node(echo=print) -> Iterator[SimNode]:
             shim = work / "gpuslice-runtime"
             shim.write_text(
                 f"#!/bin/sh\nexport GPUSLICE_SOCKET={daemon.socket}\nexport GPUSLICE_CDI_SPEC={SPEC}\n"
-                f'exec {Path(sys.executable).parent / "gpuslice-runtime"} "$@"\n'
+                f'exec {paths.executable("gpuslice-runtime")} "$@"\n'
             )
             shim.chmod(0o755)
             yield SimNode(daemon, work, rootfs.build(work / "rootfs"), shim)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 #: packages install the libraries outside site-packages and point here
@@ -10,7 +11,7 @@ NATIVE_DIR_ENV = "GPUSLICE_NATIVE_DIR"
 
 
 def native_dir() -> Path:
-    """Directory holding the built C parts (``sim/``, later ``wrap/``)."""
+    """Directory holding the built C parts (``sim/``, ``wrap/``, ``ledger/``, ``tools/``, ``bin/``)."""
     override = os.environ.get(NATIVE_DIR_ENV)
     if override:
         return Path(override)
@@ -20,3 +21,10 @@ def native_dir() -> Path:
 def sim_lib_dir() -> Path:
     """Directory with the simulator's libcuda.so.1 and libnvidia-ml.so.1."""
     return native_dir() / "sim"
+
+
+def executable(name: str) -> Path:
+    """gpuslice-hook or gpuslice-runtime: the installed one on PATH (packages put
+    them in /usr/bin), else the one built beside the sources."""
+    found = shutil.which(name)
+    return Path(found) if found else native_dir() / "bin" / name

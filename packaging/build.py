@@ -34,11 +34,8 @@ RPM_REQUIRES = [
     "python3 >= 3.11", "python3 < 3.12", "python3-click", "python3-pyyaml", "python3-cffi", "python3-jsonschema",
     "python3-prometheus_client", "libyaml-0.so.2()(64bit)",
 ]  # fmt: skip
-COMMANDS = {
-    "gpuslice": "gpuslice.cli",
-    "gpuslice-hook": "gpuslice.hook.main",
-    "gpuslice-runtime": "gpuslice.runtime_shim.main",
-}
+COMMANDS = {"gpuslice": "gpuslice.cli"}
+EXECUTABLES = ("gpuslice-hook", "gpuslice-runtime")  # compiled: in the package's _native/bin, moved to /usr/bin
 # rpm passes how many versions stay installed: 0 means erase
 RPM_PREUN = '[ "$1" = 0 ] && gpuslice_stop || true'
 RPM_POSTUN = '[ "$1" = 0 ] && gpuslice_purge || true'
@@ -86,6 +83,10 @@ def stage(dest: Path) -> None:
     for name, module in COMMANDS.items():
         (bindir / name).write_text(launcher(module))
         (bindir / name).chmod(0o755)
+    native_bin = pydir / "gpuslice/_native/bin"
+    for name in EXECUTABLES:
+        shutil.move(native_bin / name, bindir / name)
+    native_bin.rmdir()
     units = dest / "lib/systemd/system"
     units.mkdir(parents=True)
     for unit in (PKG / "systemd").iterdir():
@@ -116,7 +117,7 @@ def stage(dest: Path) -> None:
         elif p.is_file():
             runnable = p.parent in (bindir, tools)
             p.chmod(0o755 if runnable else 0o644)
-            if p.suffix == ".so" or ".so." in p.name or p.parent == tools:
+            if p.suffix == ".so" or ".so." in p.name or p.parent == tools or p.name in EXECUTABLES:
                 # debug symbols stay out of a node package; dynamic symbols stay in
                 subprocess.run(["strip", "--strip-unneeded", str(p)], check=True)
 

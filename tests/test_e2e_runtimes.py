@@ -21,10 +21,12 @@ from referencing.jsonschema import DRAFT7
 
 from gpuslice import rootfs
 from gpuslice.container_demo import PODMAN
+from gpuslice.paths import native_dir
 from tests.conftest import gpu
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference"
 SPEC_PATH = Path("/var/run/cdi/gpuslice-e2e.json")
+SHIM = native_dir() / "bin" / "gpuslice-runtime"
 MiB, GiB = 1 << 20, 1 << 30
 
 needs_runtimes = pytest.mark.skipif(
@@ -76,7 +78,7 @@ class Node:
         self.shim = tmp / "gpuslice-runtime"
         self.shim.write_text(
             f"#!/bin/sh\nexport GPUSLICE_SOCKET={self.d.socket}\nexport GPUSLICE_CDI_SPEC={SPEC_PATH}\n"
-            f'exec {Path(sys.executable).parent / "gpuslice-runtime"} "$@"\n'
+            f'exec {SHIM} "$@"\n'
         )
         self.shim.chmod(0o755)
 
@@ -205,24 +207,26 @@ def test_generated_spec_validates_against_the_official_cdi_schema(node):
 
 
 def test_shim_config_validates_against_the_oci_schema_and_untouched_bundles_stay_byte_for_byte(node, tmp_path):
-    from gpuslice.runtime_shim.main import prepare
-
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     subprocess.run(["runc", "spec", "--bundle", str(bundle)], check=True)
     before = (bundle / "config.json").read_bytes()
-    os.environ["GPUSLICE_CDI_SPEC"] = str(SPEC_PATH)
-    try:
-        assert prepare(bundle, "untouched") is False
-        assert (bundle / "config.json").read_bytes() == before
-        config = json.loads(before)
-        config["annotations"] = {"gpuslice.io/memory": "1Gi"}
-        (bundle / "config.json").write_text(json.dumps(config))
-        from gpuslice.client import AllocatorClient
+    stand_in = tmp_path / "stand-in-runc"
+    stand_in.write_text("#!/bin/sh\nexit 0\n")  # the real runtime's part is not under test here
+    stand_in.chmod(0o755)
+    env = {**os.environ, "GPUSLICE_RUNTIME": str(stand_in)}
 
-        assert prepare(bundle, "edited", lambda timeout: AllocatorClient(node.d.socket, timeout)) is True
-    finally:
-        os.environ.pop("GPUSLICE_CDI_SPEC")
+    def create(cid: str) -> None:
+        r = subprocess.run([str(node.shim), "create", "--bundle", str(bundle), cid], capture_output=True, text=True,
+                           env=env)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+
+    create("untouched")
+    assert (bundle / "config.json").read_bytes() == before
+    config = json.loads(before)
+    config["annotations"] = {"gpuslice.io/memory": "1Gi"}
+    (bundle / "config.json").write_text(json.dumps(config))
+    create("edited")
     edited = json.loads((bundle / "config.json").read_text())
     oci = shared_reference("oci-runtime-spec")
     schema = json.loads((oci / "config-schema.json").read_text())
@@ -236,7 +240,7 @@ def test_podman_hooks_d_files_bind_and_release(node, root_fs, tmp_path):
     hooks = tmp_path / "root"
     r = subprocess.run(
         [sys.executable, "-m", "gpuslice.cli", "install", "podman", "--root", str(hooks),
-         "--hook", str(Path(sys.executable).parent / "gpuslice-hook")],
+         "--hook", str(native_dir() / "bin" / "gpuslice-hook")],
         capture_output=True, text=True,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr

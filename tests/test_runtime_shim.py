@@ -1,14 +1,16 @@
-"""The runtime shim in front of a stand-in runtime that records its argv."""
+"""The runtime shim (runtime_shim/gpuslice_runtime.c) in front of a stand-in
+runtime that records its argv."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
-SHIM = Path(sys.executable).parent / "gpuslice-runtime"
+from gpuslice.paths import native_dir
+
+SHIM = native_dir() / "bin" / "gpuslice-runtime"
 
 
 def fake_runtime(tmp: Path) -> Path:
@@ -18,9 +20,20 @@ def fake_runtime(tmp: Path) -> Path:
     return rt
 
 
-def run(tmp: Path, *argv: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GPUSLICE_RUNTIME": str(fake_runtime(tmp)), "GPUSLICE_SOCKET": str(tmp / "none.sock")}
+def run(tmp: Path, *argv: str, socket: Path | None = None) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "GPUSLICE_RUNTIME": str(fake_runtime(tmp)),
+        "GPUSLICE_SOCKET": str(socket or tmp / "none.sock"),
+    }
     return subprocess.run([str(SHIM), *argv], capture_output=True, text=True, env=env)
+
+
+def bundle_asking(tmp: Path, annotations: dict[str, str]) -> Path:
+    bundle = tmp / "bundle"
+    bundle.mkdir()
+    (bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "annotations": annotations}))
+    return bundle
 
 
 def test_other_verbs_pass_through_with_argv_and_exit_status(tmp_path):
@@ -36,19 +49,16 @@ def test_create_without_our_annotations_leaves_the_bundle_byte_for_byte(tmp_path
     original = b'{"ociVersion": "1.0.2", "process": {"args": ["sh"]},  "root": {"path": "rootfs"}}'
     (bundle / "config.json").write_bytes(original)
     argv = ["--log-format", "json", "create", "--bundle", str(bundle), "--pid-file", "p", "c2"]
-    r = run(tmp_path, *argv)
+    r = run(tmp_path, *argv)  # no daemon: a container that asks for nothing does not need one
     assert r.returncode == 7 and (tmp_path / "argv").read_text().splitlines() == argv
     assert (bundle / "config.json").read_bytes() == original
 
 
-def test_bad_annotations_fail_create_with_one_line_in_the_log(tmp_path):
-    bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    (bundle / "config.json").write_text(
-        json.dumps({"ociVersion": "1.0.2", "annotations": {"gpuslice.io/cores": "150"}})
-    )
+def test_bad_annotations_fail_create_with_one_line_in_the_log(tmp_path, daemon):
+    d = daemon()
+    bundle = bundle_asking(tmp_path, {"gpuslice.io/cores": "150"})
     log = tmp_path / "log.json"
-    r = run(tmp_path, "--log", str(log), "--log-format", "json", "create", "-b", str(bundle), "c3")
+    r = run(tmp_path, "--log", str(log), "--log-format", "json", "create", "-b", str(bundle), "c3", socket=d.socket)
     assert r.returncode == 1 and not (tmp_path / "argv").exists()  # the real runtime never ran
     assert r.stderr.strip().splitlines() == [
         'gpuslice-runtime: annotation gpuslice.io/cores: "150" is not valid; accepted: a whole number from 1 to 100 '
@@ -56,3 +66,21 @@ def test_bad_annotations_fail_create_with_one_line_in_the_log(tmp_path):
     ]
     entry = json.loads(log.read_text())
     assert entry["level"] == "error" and "gpuslice.io/cores" in entry["msg"]
+    assert d.client().list() == []
+
+
+def test_a_request_with_no_daemon_fails_create_with_one_line(tmp_path):
+    bundle = bundle_asking(tmp_path, {"gpuslice.io/memory": "1Gi"})
+    log = tmp_path / "log"
+    r = run(tmp_path, "--log", str(log), "create", "--bundle", str(bundle), "c4")
+    assert r.returncode == 1 and not (tmp_path / "argv").exists()
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith(f"gpuslice-runtime: no answer from the gpuslice daemon at {tmp_path}/runtime.sock")
+    assert log.read_text().strip() == line
+
+
+def test_a_missing_real_runtime_is_one_line(tmp_path):
+    env = {**os.environ, "GPUSLICE_RUNTIME": "no-such-runtime"}
+    r = subprocess.run([str(SHIM), "state", "x"], capture_output=True, text=True, env=env)
+    assert r.returncode == 1
+    assert r.stderr.strip() == "gpuslice-runtime: cannot find the real runtime 'no-such-runtime' (set GPUSLICE_RUNTIME)"

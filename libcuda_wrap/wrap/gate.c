@@ -322,49 +322,47 @@ static void dropped(const struct gs_entry *x) { (void)x; }
 
 static void forget_overrides(CUgraphExec e) { gs_table_drop_owner((uint64_t)(uintptr_t)e, dropped); }
 
+/* v1 and v2 kernel node parameters share their leading fields */
+#define NODE_THREADS(p) threads_of((p)->gridDimX, (p)->gridDimY, (p)->gridDimZ, (p)->blockDimX, (p)->blockDimY, \
+                                   (p)->blockDimZ)
+
 /* The threads a kernel node runs in exec e now: what it was last set to
- * there, else what the graph node says. */
-static int64_t node_threads(CUgraphExec e, CUgraphNode n)
+ * there, else what the graph node says; -1 when nothing is priced. */
+static int64_t node_threads(CUgraphExec e, CUgraphNode n, const void *params)
 {
+    if (gs.mode != GS_SLICE || !params)
+        return -1;
     struct gs_entry x = {.kind = GS_KIND_EXEC_NODE};
     if (gs_table_get(override_key(e, n), &x) == 0 && x.owner == (uint64_t)(uintptr_t)e)
         return (int64_t)x.bytes;
     CUDA_KERNEL_NODE_PARAMS_v2 p;
-    if (REAL(cuGraphKernelNodeGetParams_v2)(n, &p) != CUDA_SUCCESS)
-        return 0;
-    return threads_of(p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ);
+    return REAL(cuGraphKernelNodeGetParams_v2)(n, &p) == CUDA_SUCCESS ? NODE_THREADS(&p) : 0;
 }
 
-static void node_set(CUgraphExec e, CUgraphNode n, int64_t was, int64_t now)
+/* After a successful set: the node's threads in e are `now` (was: before). */
+static CUresult node_set(CUresult r, CUgraphExec e, CUgraphNode n, int64_t was, int64_t now)
 {
+    if (r != CUDA_SUCCESS || was < 0)
+        return r;
     uint64_t key = override_key(e, n);
     struct gs_entry x = {.kind = GS_KIND_EXEC_NODE};
     gs_table_take(key, &x);
     if (gs_table_put(key, (uint64_t)now, 0, GS_KIND_EXEC_NODE, (uint64_t)(uintptr_t)e) != 0)
         gs_log(0, "graph table full: an exec node's new parameters are priced against its graph's");
     set_exec_cost(e, exec_cost(e) - was + now, EXEC_HAS_OVERRIDES);
+    return r;
 }
 
 WRAP_API CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v1 *p)
 {
-    if (gs.mode != GS_SLICE || !p)
-        return REAL(cuGraphExecKernelNodeSetParams)(e, n, p);
-    int64_t was = node_threads(e, n);
-    CUresult r = REAL(cuGraphExecKernelNodeSetParams)(e, n, p);
-    if (r == CUDA_SUCCESS)
-        node_set(e, n, was, threads_of(p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ));
-    return r;
+    int64_t was = node_threads(e, n, p);
+    return node_set(REAL(cuGraphExecKernelNodeSetParams)(e, n, p), e, n, was, p ? NODE_THREADS(p) : 0);
 }
 
 WRAP_API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v2 *p)
 {
-    if (gs.mode != GS_SLICE || !p)
-        return REAL(cuGraphExecKernelNodeSetParams_v2)(e, n, p);
-    int64_t was = node_threads(e, n);
-    CUresult r = REAL(cuGraphExecKernelNodeSetParams_v2)(e, n, p);
-    if (r == CUDA_SUCCESS)
-        node_set(e, n, was, threads_of(p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY, p->blockDimZ));
-    return r;
+    int64_t was = node_threads(e, n, p);
+    return node_set(REAL(cuGraphExecKernelNodeSetParams_v2)(e, n, p), e, n, was, p ? NODE_THREADS(p) : 0);
 }
 
 /* After an update the exec runs what the new graph holds: its cost is the

@@ -1,0 +1,139 @@
+/* gpuslice-hook createRuntime|poststop|update-ldcache: the OCI hook
+ * (docs/oci-integration.md).  The OCI state comes on stdin; the daemon does
+ * the work (reads config.json, reserves or finds the slice, binds, releases)
+ * in one round trip on its runtime socket, so a container start pays for a
+ * small C program, not for an interpreter and a gRPC stack.
+ *
+ * createRuntime: any failure aborts the container's creation with one line
+ * and leaves nothing reserved.  poststop: failures are warnings (exit 0); the
+ * daemon's sweep reclaims what is left.  update-ldcache (createContainer):
+ * best effort, the container's loader cache learns the interposer's
+ * directories; LD_LIBRARY_PATH finds them anyway. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "runtime_call.h"
+
+#define NDIRS 2
+static const char *const LIB_DIRS[NDIRS] = {"/usr/lib/gpuslice/wrap", "/usr/lib/gpuslice/driver"};
+static const char *const LDCONFIG[] = {"/sbin/ldconfig", "/usr/sbin/ldconfig", "/bin/ldconfig", "/usr/bin/ldconfig"};
+
+/* Opens dir `name` under `at`, making it if missing; never follows a symlink,
+ * so an image's links cannot send the write outside its root. */
+static int subdir(int at, const char *name)
+{
+    if (at < 0 || (mkdirat(at, name, 0755) != 0 && errno != EEXIST))
+        return -1;
+    return openat(at, name, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+static void close_all(const int *fds, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (fds[i] >= 0)
+            close(fds[i]);
+}
+
+/* <root>/etc/ld.so.conf.d/00-gpuslice.conf; 0 or an errno. */
+static int write_conf(const char *root)
+{
+    int fds[4] = {-1, -1, -1, -1};
+    fds[0] = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    fds[1] = subdir(fds[0], "etc");
+    fds[2] = subdir(fds[1], "ld.so.conf.d");
+    if (fds[2] >= 0)
+        fds[3] = openat(fds[2], "00-gpuslice.conf", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
+    int err = fds[3] < 0 ? errno : 0;
+    for (int i = 0; !err && i < NDIRS; i++)
+        if (dprintf(fds[3], "%s\n", LIB_DIRS[i]) < 0)
+            err = errno ? errno : EIO;
+    close_all(fds, 4);
+    return err;
+}
+
+/* ldconfig -r ROOT DIRS...: the directories on the command line too, since
+ * many images have no /etc/ld.so.conf.  0, or a reason in why. */
+static int run_ldconfig(const char *root, char *why, size_t cap)
+{
+    const char *ldconfig = NULL;
+    for (size_t i = 0; !ldconfig && i < sizeof LDCONFIG / sizeof *LDCONFIG; i++)
+        if (access(LDCONFIG[i], X_OK) == 0)
+            ldconfig = LDCONFIG[i];
+    if (!ldconfig) {
+        snprintf(why, cap, "no ldconfig in /sbin, /usr/sbin, /bin or /usr/bin");
+        return -1;
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        int null = open("/dev/null", O_WRONLY);
+        if (null >= 0) {
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        char *argv[] = {(char *)ldconfig, "-r", (char *)root, (char *)LIB_DIRS[0], (char *)LIB_DIRS[1], NULL};
+        execv(ldconfig, argv);
+        _exit(127);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) < 0) {
+        snprintf(why, cap, "cannot run %s: %s", ldconfig, strerror(errno));
+        return -1;
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        snprintf(why, cap, "%s -r %s failed (status %d)", ldconfig, root, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        return -1;
+    }
+    return 0;
+}
+
+static int update_ldcache(const char *state, size_t n)
+{
+    char reply[GS_REPLY_MAX], why[GS_REPLY_MAX + 64];
+    int r = gs_runtime_call("ldcache-root", NULL, state, n, reply, sizeof reply);
+    if (r == 0 && !*reply)
+        return 0; /* the daemon found nothing to do */
+    if (r != 0) {
+        snprintf(why, sizeof why, "%s", reply);
+    } else {
+        int err = write_conf(reply);
+        if (err)
+            snprintf(why, sizeof why, "cannot write %s/etc/ld.so.conf.d/00-gpuslice.conf: %s", reply, strerror(err));
+        else if (run_ldconfig(reply, why, sizeof why) == 0)
+            return 0;
+    }
+    fprintf(stderr, "gpuslice-hook: update-ldcache skipped (%s); LD_LIBRARY_PATH still finds the interposer\n", why);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *stage = argc == 2 ? argv[1] : "";
+    int poststop = strcmp(stage, "poststop") == 0;
+    if (!poststop && strcmp(stage, "createRuntime") != 0 && strcmp(stage, "update-ldcache") != 0) {
+        fprintf(stderr, "gpuslice-hook: usage: gpuslice-hook createRuntime|poststop|update-ldcache "
+                        "(OCI state on stdin)\n");
+        return 2;
+    }
+    size_t n = 0;
+    char *state = gs_read_all(0, &n);
+    if (!state) {
+        fprintf(stderr, "gpuslice-hook: cannot read the OCI state on stdin: %s\n", strerror(errno));
+        return 1;
+    }
+    if (strcmp(stage, "update-ldcache") == 0)
+        return update_ldcache(state, n);
+    char reply[GS_REPLY_MAX];
+    int r = gs_runtime_call(stage, NULL, state, n, reply, sizeof reply);
+    free(state);
+    if (r == 0)
+        return 0;
+    fprintf(stderr, "gpuslice-hook: %s\n", reply);
+    return poststop ? 0 : 1;
+}

@@ -1,0 +1,133 @@
+"""The OCI hook (hook/gpuslice_hook.c) on its own: each stage against a test
+daemon, with an OCI state on stdin and a bundle on disk, as a runtime runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpuslice.paths import native_dir
+from tests.conftest import needs_root
+
+HOOK = native_dir() / "bin" / "gpuslice-hook"
+LIB_DIRS = ["/usr/lib/gpuslice/wrap", "/usr/lib/gpuslice/driver"]
+
+
+def hook(stage: str, state: dict | str, socket: Path) -> subprocess.CompletedProcess:
+    text = state if isinstance(state, str) else json.dumps(state)
+    env = {**os.environ, "GPUSLICE_SOCKET": str(socket)}
+    return subprocess.run([str(HOOK), stage], input=text, capture_output=True, text=True, env=env, timeout=60)
+
+
+def bundle(tmp: Path, annotations: dict[str, str], env: list[str] | None = None) -> Path:
+    b = tmp / "bundle"
+    (b / "rootfs").mkdir(parents=True)
+    config = {"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "annotations": annotations,
+              "process": {"args": ["sh"], "env": env or []}}  # fmt: skip
+    (b / "config.json").write_text(json.dumps(config))
+    return b
+
+
+@needs_root
+def test_create_runtime_reserves_and_binds_and_poststop_releases(tmp_path, daemon, containers):
+    d, box = daemon(), containers()
+    state = {"ociVersion": "1.0.2", "id": "web", "status": "created", "pid": box.init_pid,
+             "bundle": str(bundle(tmp_path, {"gpuslice.io/memory": "2Gi", "gpuslice.io/cores": "25"}))}  # fmt: skip
+    r = hook("createRuntime", state, d.socket)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    s = d.client().get("web")
+    assert s.state == "bound" and s.pid == box.init_pid and s.gpus[0].memory_limit == 2 << 30
+    r = hook("poststop", state, d.socket)
+    assert r.returncode == 0 and d.client().list() == []
+
+
+@needs_root
+def test_create_runtime_pins_the_slice_to_the_gpus_cdi_injected(tmp_path, daemon, containers):
+    d, box = daemon(), containers()
+    second = d.client().inventory().gpus[1].uuid
+    b = bundle(tmp_path, {"gpuslice.io/memory": "1Gi"}, env=[f"GPUSLICE_DEVICE_1={second}"])
+    r = hook("createRuntime", {"id": "pinned", "pid": box.init_pid, "bundle": str(b)}, d.socket)
+    assert r.returncode == 0, r.stderr
+    assert [g.uuid for g in d.client().get("pinned").gpus] == [second]
+
+
+def test_bad_annotations_fail_with_the_parsers_line_and_reserve_nothing(tmp_path, daemon):
+    d = daemon()
+    b = bundle(tmp_path, {"gpuslice.io/memory": "lots"})
+    r = hook("createRuntime", {"id": "bad", "pid": os.getpid(), "bundle": str(b)}, d.socket)
+    assert r.returncode == 1
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith('gpuslice-hook: annotation gpuslice.io/memory: "lots" is not valid; accepted:')
+    assert d.client().list() == []
+
+
+def test_a_state_that_is_not_json_is_one_line(tmp_path, daemon):
+    r = hook("createRuntime", "{not json", daemon().socket)
+    assert r.returncode == 1
+    assert r.stderr.startswith("gpuslice-hook: the OCI state on stdin is not JSON:") and r.stderr.count("\n") == 1
+
+
+def test_without_the_daemon_create_fails_and_poststop_only_warns(tmp_path):
+    state = {"id": "x", "pid": os.getpid(), "bundle": str(bundle(tmp_path, {"gpuslice.io/memory": "1Gi"}))}
+    for stage, code in (("createRuntime", 1), ("poststop", 0)):
+        r = hook(stage, state, tmp_path / "gpuslice.sock")
+        assert r.returncode == code
+        [line] = r.stderr.strip().splitlines()
+        assert line.startswith(f"gpuslice-hook: no answer from the gpuslice daemon at {tmp_path}/runtime.sock")
+
+
+def test_usage_is_one_line_and_exit_2(tmp_path):
+    r = subprocess.run([str(HOOK), "prestart"], input="{}", capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "gpuslice-hook: usage: gpuslice-hook createRuntime|poststop|update-ldcache (OCI state on stdin)"
+    ]
+
+
+def test_update_ldcache_writes_the_loader_config_and_cache(tmp_path, daemon):
+    d = daemon()
+    b = bundle(tmp_path, {"gpuslice.io/memory": "1Gi"})
+    r = hook("update-ldcache", {"id": "c", "bundle": str(b)}, d.socket)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    conf = b / "rootfs/etc/ld.so.conf.d/00-gpuslice.conf"
+    assert conf.read_text().splitlines() == LIB_DIRS
+    assert (b / "rootfs/etc/ld.so.cache").exists()
+
+
+def test_update_ldcache_never_follows_an_images_symlink_out_of_its_root(tmp_path, daemon):
+    d = daemon()
+    b = bundle(tmp_path, {"gpuslice.io/memory": "1Gi"})
+    outside = tmp_path / "host-etc"
+    outside.mkdir()
+    (b / "rootfs/etc").symlink_to(outside)  # as if the image held /etc -> a host path
+    r = hook("update-ldcache", {"id": "c", "bundle": str(b)}, d.socket)
+    assert r.returncode == 0  # best effort: LD_LIBRARY_PATH still finds the interposer
+    assert "update-ldcache skipped" in r.stderr and r.stderr.count("\n") == 1
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("stage", ["createRuntime", "poststop"])
+def test_a_container_that_asks_for_nothing_is_left_alone(tmp_path, daemon, stage):
+    d = daemon()
+    r = hook(stage, {"id": "plain", "pid": os.getpid(), "bundle": str(bundle(tmp_path, {}))}, d.socket)
+    assert r.returncode == 0 and r.stderr == "" and d.client().list() == []
+
+
+def test_the_runtime_socket_is_root_only_and_answers_one_line(daemon):
+    import socket
+
+    d = daemon()
+    path = d.socket.parent / "runtime.sock"
+    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(path))
+        s.sendall(b"prestart\n\n{}")
+        s.shutdown(socket.SHUT_WR)
+        reply = s.makefile().read()
+    assert (
+        reply
+        == "error runtime socket: unknown verb 'prestart'; accepted: createRuntime, poststop, ldcache-root, create\n"
+    )
