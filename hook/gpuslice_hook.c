@@ -127,8 +127,11 @@ int main(int argc, char **argv)
         fprintf(stderr, "gpuslice-hook: cannot read the OCI state on stdin: %s\n", strerror(errno));
         return 1;
     }
-    if (strcmp(stage, "update-ldcache") == 0)
-        return update_ldcache(state, n);
+    if (strcmp(stage, "update-ldcache") == 0) {
+        int r = update_ldcache(state, n);
+        free(state);
+        return r;
+    }
     char reply[GS_REPLY_MAX];
     int r = gs_runtime_call(stage, NULL, state, n, reply, sizeof reply);
     free(state);

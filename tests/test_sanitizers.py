@@ -1,9 +1,12 @@
 """ASan/UBSan and TSan builds: the simulator under 8 threads allocating,
 copying, launching and synchronising plus a fork (libcuda_wrap/tests/sim_stress.c),
-and the slice ledger's atomics under 8 contending threads (tests/ledger_stress.c)."""
+and the slice ledger's atomics under 8 contending threads (tests/ledger_stress.c);
+ASan/UBSan builds of the OCI hook and the runtime shim on each of their paths."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -20,3 +23,42 @@ def test_stress_is_clean_under_sanitizers(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("sim_stress: ok") == 2
     assert r.stdout.count("ledger_stress: ok") == 2
+
+
+def test_hook_and_shim_are_clean_under_asan_and_ubsan(tmp_path, daemon):
+    """The OCI hook's and the runtime shim's paths (success, each kind of error,
+    the JSON log) with ASan/UBSan builds, leaks included."""
+    build = tmp_path / "build"
+    r = subprocess.run(["make", "-C", ROOT / "libcuda_wrap", f"BUILD={build}", "asan-bin"], capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    hook, shim = build / "asan/bin/gpuslice-hook", build / "asan/bin/gpuslice-runtime"
+    d = daemon()
+    env = {**os.environ, "GPUSLICE_SOCKET": str(d.socket), "GPUSLICE_RUNTIME": "/bin/true",
+           "ASAN_OPTIONS": "exitcode=99", "UBSAN_OPTIONS": "halt_on_error=1:exitcode=99"}  # fmt: skip
+
+    def bundle(name: str, annotations: dict[str, str]) -> Path:
+        b = tmp_path / name
+        (b / "rootfs").mkdir(parents=True)
+        (b / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}, "annotations": annotations}))
+        return b
+
+    asks, bad, plain = bundle("asks", {"gpuslice.io/memory": "1Gi"}), bundle("bad", {"gpuslice.io/cores": "150"}), \
+        bundle("plain", {})  # fmt: skip
+    state = json.dumps({"id": "san", "pid": os.getpid(), "bundle": str(asks)})
+    log = tmp_path / "log.json"
+    runs = [
+        ([hook, "update-ldcache"], state, env, 0),
+        ([hook, "createRuntime"], "{not json", env, 1),
+        ([hook, "poststop"], state, env, 0),
+        ([hook, "prestart"], "", env, 2),
+        ([hook, "createRuntime"], state, {**env, "GPUSLICE_SOCKET": str(tmp_path / "none.sock")}, 1),
+        ([shim, "--log", log, "--log-format", "json", "create", "-b", bad, "c1"], "", env, 1),
+        ([shim, "--root", "/run/x", "create", "--bundle", plain, "--pid-file", "p", "c2"], "", env, 0),
+        ([shim, "state", "c3"], "", env, 0),
+        ([shim, "state", "c4"], "", {**env, "GPUSLICE_RUNTIME": "no-such-runtime"}, 1),
+    ]
+    for argv, stdin, run_env, code in runs:
+        r = subprocess.run([str(a) for a in argv], input=stdin, capture_output=True, text=True, env=run_env, timeout=60)
+        assert r.returncode == code and "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, (argv, r)
+    assert json.loads(log.read_text())["level"] == "error"
