@@ -156,8 +156,8 @@ def test_launches_recorded_by_stream_capture_are_not_charged(node):
 def test_a_graph_costs_what_it_runs_after_updates_and_captures_into_it(node):
     """What each call takes from the gate, exactly: the daemon is stopped, so
     nothing refills and, 2 s on, launches pass and still pay.  A graph costs
-    its kernel nodes' threads as they are after cuGraphExecKernelNodeSetParams
-    and cuGraphExecUpdate; launches recorded by cuStreamBeginCaptureToGraph
+    its kernel nodes' threads as they are after cuGraphExecKernelNodeSetParams,
+    cuGraphExecNodeSetParams and cuGraphExecUpdate; launches recorded by cuStreamBeginCaptureToGraph
     cost nothing until their graph runs."""
     agent = node.agent("g", slice_of(30, "hard"))
     files = SliceFiles(node.d.dir / "ledgers", node.client.get("g").id)
@@ -182,6 +182,8 @@ def test_a_graph_costs_what_it_runs_after_updates_and_captures_into_it(node):
         assert blocks("graph_launch", exec=ex) == 40 + 6
         assert blocks("exec_set_grid", exec=ex, graph=g, node=0, grid=8) == 0
         assert blocks("graph_launch", exec=ex) == 8 + 6
+        assert blocks("exec_set_grid", exec=ex, graph=g, node=1, grid=12, generic=True) == 0
+        assert blocks("graph_launch", exec=ex) == 8 + 12
         assert blocks("exec_update", exec=ex, graph=small) == 0
         assert blocks("graph_launch", exec=ex) == 1 + 2
         assert blocks("capture_into", id=into, grids=[5, 5, 5]) == 0

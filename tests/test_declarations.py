@@ -52,6 +52,8 @@ CUDA_STRUCTS = {
     "CUDA_KERNEL_NODE_PARAMS_v2": ["func", "sharedMemBytes", "kernelParams", "extra", "kern", "ctx"],
     "CUgraphEdgeData": ["from_port", "to_port", "type", "reserved"],
     "CUgraphExecUpdateResultInfo": ["result", "errorNode", "errorFromNode"],
+    "CUDA_KERNEL_NODE_PARAMS_v3": ["func", "gridDimX", "blockDimZ", "sharedMemBytes", "kernelParams", "kern", "ctx"],
+    "CUgraphNodeParams": ["type", "reserved0", "kernel", "reserved2"],
     "CUctxCreateParams": ["execAffinityParams", "numExecAffinityParams", "cigParams"],
     "CUipcMemHandle": ["reserved"],
     "CUDA_EXTERNAL_MEMORY_HANDLE_DESC": ["type", "handle", "size", "flags", "reserved"],

@@ -774,6 +774,17 @@ CUAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n, const CUDA
     return exec_kernel_set(e, n, &k);
 }
 
+CUAPI cuGraphExecNodeSetParams(CUgraphExec e, CUgraphNode n, CUgraphNodeParams *p)
+{
+    if (!p || p->type != CU_GRAPH_NODE_TYPE_KERNEL) /* kernels are the only nodes with parameters here */
+        return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
+    const CUDA_KERNEL_NODE_PARAMS_v3 *k = &p->kernel;
+    CUfunction f = k->func ? k->func : (CUfunction)k->kern;
+    struct sim_kernel_launch kl = KL(f, k->gridDimX, k->gridDimY, k->gridDimZ, k->blockDimX, k->blockDimY,
+                                     k->blockDimZ, k->sharedMemBytes);
+    return exec_kernel_set(e, n, &kl);
+}
+
 /* The exec takes the new graph's kernel parameters when the graphs have the
  * same kernels on the same GPUs, in the same order; otherwise nothing changes
  * and the result says why, as cuGraphExecUpdate does. */

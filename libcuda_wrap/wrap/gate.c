@@ -36,6 +36,7 @@ CUresult cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphNode *err, CUgraphEx
 CUresult cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo *info);
 CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v1 *p);
 CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v2 *p);
+CUresult cuGraphExecNodeSetParams(CUgraphExec e, CUgraphNode n, CUgraphNodeParams *p);
 CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *data,
                                      size_t n, CUstreamCaptureMode mode);
 CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
@@ -363,6 +364,14 @@ WRAP_API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n
 {
     int64_t was = node_threads(e, n, p);
     return node_set(REAL(cuGraphExecKernelNodeSetParams_v2)(e, n, p), e, n, was, p ? NODE_THREADS(p) : 0);
+}
+
+/* The generic setter: kernel nodes are priced, other kinds cost no threads */
+WRAP_API CUresult cuGraphExecNodeSetParams(CUgraphExec e, CUgraphNode n, CUgraphNodeParams *p)
+{
+    const CUDA_KERNEL_NODE_PARAMS_v3 *k = p && p->type == CU_GRAPH_NODE_TYPE_KERNEL ? &p->kernel : NULL;
+    int64_t was = node_threads(e, n, k);
+    return node_set(REAL(cuGraphExecNodeSetParams)(e, n, p), e, n, was, k ? NODE_THREADS(k) : 0);
 }
 
 /* After an update the exec runs what the new graph holds: its cost is the

@@ -267,10 +267,19 @@ class Agent:
         err, ex = cu.cuGraphInstantiate(self.objects[id][1][0], 0)
         return {"error": name_of(err), "id": self.keep("exec", ex)}
 
-    def exec_set_grid(self, exec: int, graph: int, node: int, grid: int) -> dict:
-        """cuGraphExecKernelNodeSetParams: node `node` of `graph` runs `grid` blocks in `exec`."""
-        n = self.objects[graph][1][1][node]
-        (err,) = cu.cuGraphExecKernelNodeSetParams(self.objects[exec][1], n, self._node_params(grid))
+    def exec_set_grid(self, exec: int, graph: int, node: int, grid: int, generic: bool = False) -> dict:
+        """Node `node` of `graph` runs `grid` blocks in `exec`: cuGraphExecKernelNodeSetParams,
+        or the generic cuGraphExecNodeSetParams."""
+        n, ex = self.objects[graph][1][1][node], self.objects[exec][1]
+        if not generic:
+            (err,) = cu.cuGraphExecKernelNodeSetParams(ex, n, self._node_params(grid))
+            return {"error": name_of(err)}
+        p = cu.CUgraphNodeParams()
+        p.type = cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+        p.kernel.func = self._spin()
+        p.kernel.gridDimX, p.kernel.gridDimY, p.kernel.gridDimZ = grid, 1, 1
+        p.kernel.blockDimX, p.kernel.blockDimY, p.kernel.blockDimZ = 256, 1, 1
+        (err,) = cu.cuGraphExecNodeSetParams(ex, n, p)
         return {"error": name_of(err)}
 
     def exec_update(self, exec: int, graph: int) -> dict:
