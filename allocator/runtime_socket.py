@@ -99,8 +99,9 @@ class RuntimeSocketServer(UnixSocketServer):
             log.exception("runtime socket %s failed", verb)
             return f"error {verb}: internal error: {e}"
         finally:
-            metrics.RPC_SECONDS.labels(f"runtime.{verb}").observe(time.perf_counter() - start)
-            metrics.RPCS.labels(f"runtime.{verb}", code).inc()
+            method = f"runtime.{verb if verb in self.verbs else 'unknown'}"  # labels from a known set only
+            metrics.RPC_SECONDS.labels(method).observe(time.perf_counter() - start)
+            metrics.RPCS.labels(method, code).inc()
 
     # -- verbs ------------------------------------------------------------------------
     def _create_runtime(self, req: Request) -> str:
