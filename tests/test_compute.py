@@ -156,8 +156,9 @@ def test_launches_recorded_by_stream_capture_are_not_charged(node):
 def test_a_graph_costs_what_it_runs_after_updates_and_captures_into_it(node):
     """What each call takes from the gate, exactly: the daemon is stopped, so
     nothing refills and, 2 s on, launches pass and still pay.  A graph costs
-    its kernel nodes' threads as they are after cuGraphExecKernelNodeSetParams,
-    cuGraphExecNodeSetParams and cuGraphExecUpdate; launches recorded by cuStreamBeginCaptureToGraph
+    its kernel nodes' threads (child graphs included) as they are after
+    cuGraphExecKernelNodeSetParams, cuGraphExecNodeSetParams,
+    cuGraphExecChildGraphNodeSetParams and cuGraphExecUpdate; launches recorded by cuStreamBeginCaptureToGraph
     cost nothing until their graph runs."""
     agent = node.agent("g", slice_of(30, "hard"))
     files = SliceFiles(node.d.dir / "ledgers", node.client.get("g").id)
@@ -173,6 +174,8 @@ def test_a_graph_costs_what_it_runs_after_updates_and_captures_into_it(node):
     ex = agent.call("instantiate", id=g)["id"]
     small = agent.call("graph", grids=[1, 2])["id"]
     into = agent.call("graph", grids=[])["id"]
+    parent = agent.call("graph", grids=[5], child=[3, 4])["id"]
+    nested = agent.call("instantiate", id=parent)["id"]
     node.d.proc.send_signal(signal.SIGSTOP)
     try:
         time.sleep(2.3)
@@ -189,6 +192,9 @@ def test_a_graph_costs_what_it_runs_after_updates_and_captures_into_it(node):
         assert blocks("capture_into", id=into, grids=[5, 5, 5]) == 0
         captured = agent.call("instantiate", id=into)["id"]
         assert blocks("graph_launch", exec=captured) == 15
+        assert blocks("graph_launch", exec=nested) == 3 + 4 + 5
+        assert blocks("exec_set_child", exec=nested, graph=parent, node=0, grids=[1, 1]) == 0
+        assert blocks("graph_launch", exec=nested) == 1 + 1 + 5
         refused = agent.call("exec_update", exec=ex, graph=into)  # three kernels for two: nothing changes
         assert refused["error"] == "CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE", refused
         assert blocks("graph_launch", exec=ex) == 1 + 2

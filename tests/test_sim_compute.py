@@ -101,6 +101,22 @@ err, _ = cu.cuGraphExecUpdate(exe, small)
 assert err == cu.CUresult.CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE
 ms = timed(exe)
 assert 10.0 <= ms < 10.5, ms
+# a child graph node runs its own copy of the graph it was given; it can be swapped in the exec
+inner = ok(cu.cuGraphCreate(0))
+ok(cu.cuGraphAddKernelNode(inner, None, 0, p))  # 30 ms
+outer = ok(cu.cuGraphCreate(0))
+child = ok(cu.cuGraphAddChildGraphNode(outer, None, 0, inner))
+ok(cu.cuGraphAddKernelNode(outer, None, 0, q))  # 2 ms
+ok(cu.cuGraphDestroy(inner))  # the node keeps its copy
+assert ok(cu.cuGraphNodeGetType(child)) == cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_GRAPH
+nested = ok(cu.cuGraphInstantiate(outer, 0))
+ms = timed(nested)
+assert 32.0 <= ms < 32.5, ms
+one = ok(cu.cuGraphCreate(0))
+ok(cu.cuGraphAddKernelNode(one, None, 0, q))
+ok(cu.cuGraphExecChildGraphNodeSetParams(nested, child, one))  # 2 ms in place of 30
+ms = timed(nested)
+assert 4.0 <= ms < 4.5, ms
 # capture appended to an existing graph: its 6 nodes and 2 more of 10 ms
 ok(cu.cuStreamBeginCaptureToGraph(stream, small, None, None, 0, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL))
 for _ in range(2):

@@ -344,18 +344,23 @@ struct sim_node {
     struct sim_graph *graph;
     int is_kernel;
     struct sim_kernel_launch k;
+    struct sim_graph *child; /* a child graph node: its own copy of the graph it was given */
     struct sim_node *next;
 };
+
+#define SIM_MAX_GRAPH_DEPTH 8
 
 struct sim_graph {
     uint32_t magic;
     struct sim_node *nodes, **tail;
 };
 
-/* What an executable graph runs: its kernels in order, each remembered by the
- * graph node it came from (how cuGraphExecKernelNodeSetParams names it). */
+/* What an executable graph runs: its kernels in order (child graphs
+ * flattened), each remembered by the graph node it came from (how
+ * cuGraphExecKernelNodeSetParams names it) and by the top-level node that
+ * holds it (how cuGraphExecChildGraphNodeSetParams does). */
 struct sim_exec_kernel {
-    const struct sim_node *node;
+    const struct sim_node *node, *top;
     int dev;
     uint64_t ns;
 };
@@ -528,20 +533,46 @@ CUAPI cuGraphCreate(CUgraph *out, unsigned int flags)
     return CUDA_SUCCESS;
 }
 
+static void graph_free(struct sim_graph *g)
+{
+    for (struct sim_node *n = g->nodes, *nx; n; n = nx) {
+        nx = n->next;
+        if (n->child)
+            graph_free(n->child);
+        n->magic = MAGIC_DEAD;
+        free(n);
+    }
+    g->magic = MAGIC_DEAD;
+    free(g);
+}
+
 CUAPI cuGraphDestroy(CUgraph h)
 {
     SIM_ENTER();
     struct sim_graph *g = graph_of(h);
     if (!g)
         return CUDA_ERROR_INVALID_VALUE;
-    for (struct sim_node *n = g->nodes, *nx; n; n = nx) {
-        nx = n->next;
-        n->magic = MAGIC_DEAD;
-        free(n);
-    }
-    g->magic = MAGIC_DEAD;
-    free(g);
+    graph_free(g);
     return CUDA_SUCCESS;
+}
+
+/* A copy of g (child graph nodes hold copies, as CUDA's do); NULL when out of
+ * memory or nested too deep. */
+static struct sim_graph *graph_clone(const struct sim_graph *g, int depth)
+{
+    struct sim_graph *c = depth < SIM_MAX_GRAPH_DEPTH ? graph_new() : NULL;
+    for (const struct sim_node *n = g->nodes; c && n; n = n->next) {
+        struct sim_node *copy = NULL;
+        if (graph_add(c, n->is_kernel ? &n->k : NULL, &copy) != CUDA_SUCCESS) {
+            graph_free(c);
+            return NULL;
+        }
+        if (n->child && !(copy->child = graph_clone(n->child, depth + 1))) {
+            graph_free(c);
+            return NULL;
+        }
+    }
+    return c;
 }
 
 static CUresult add_node(CUgraphNode *out, CUgraph h, const CUgraphNode *deps, size_t ndeps,
@@ -564,6 +595,26 @@ static CUresult add_node(CUgraphNode *out, CUgraph h, const CUgraphNode *deps, s
 CUAPI cuGraphAddEmptyNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps, size_t n)
 {
     return add_node(out, g, deps, n, NULL);
+}
+
+CUAPI cuGraphAddChildGraphNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps, size_t n, CUgraph child)
+{
+    struct sim_graph *src = graph_of(child);
+    if (!src)
+        return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
+    struct sim_graph *copy = graph_clone(src, 1);
+    if (!copy)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUgraphNode node = NULL;
+    CUresult r = add_node(&node, g, deps, n, NULL);
+    if (r != CUDA_SUCCESS) {
+        graph_free(copy);
+        return r;
+    }
+    ((struct sim_node *)node)->child = copy;
+    if (out)
+        *out = node;
+    return CUDA_SUCCESS;
 }
 
 CUAPI cuGraphAddKernelNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps, size_t n,
@@ -621,7 +672,17 @@ CUAPI cuGraphNodeGetType(CUgraphNode h, CUgraphNodeType *type)
     struct sim_node *n = node_of(h);
     if (!n || !type)
         return CUDA_ERROR_INVALID_VALUE;
-    *type = n->is_kernel ? CU_GRAPH_NODE_TYPE_KERNEL : CU_GRAPH_NODE_TYPE_EMPTY;
+    *type = n->is_kernel ? CU_GRAPH_NODE_TYPE_KERNEL : n->child ? CU_GRAPH_NODE_TYPE_GRAPH : CU_GRAPH_NODE_TYPE_EMPTY;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuGraphChildGraphNodeGetGraph(CUgraphNode h, CUgraph *out)
+{
+    SIM_ENTER();
+    struct sim_node *n = node_of(h);
+    if (!n || !n->child || !out)
+        return CUDA_ERROR_INVALID_VALUE;
+    *out = (CUgraph)n->child;
     return CUDA_SUCCESS;
 }
 
@@ -651,22 +712,34 @@ CUAPI cuGraphKernelNodeGetParams(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS_v1 *p)
 
 CUAPI cuGraphKernelNodeGetParams_v2(CUgraphNode h, CUDA_KERNEL_NODE_PARAMS_v2 *p) { return kernel_node(h, p); }
 
-/* The kernels of g, in order; filled into e (its times summed per GPU) when
- * given.  Nodes run one after another: dependencies only constrain order. */
-static unsigned exec_kernels(const struct sim_graph *g, struct sim_exec *e)
+/* The kernels of g in order, child graphs flattened, into out[i...] (when
+ * given); returns the index after the last.  Nodes run one after another:
+ * dependencies only constrain order. */
+static unsigned flatten(const struct sim_graph *g, const struct sim_node *top, struct sim_exec_kernel *out,
+                        unsigned i, int depth)
 {
-    unsigned i = 0;
-    for (struct sim_node *n = g->nodes; n; n = n->next) {
-        if (!n->is_kernel || !func_of((CUfunction)n->k.func))
-            continue;
-        if (e) {
+    for (const struct sim_node *n = g->nodes; n; n = n->next) {
+        if (n->child && depth < SIM_MAX_GRAPH_DEPTH) {
+            i = flatten(n->child, top ? top : n, out, i, depth + 1);
+        } else if (n->is_kernel && func_of((CUfunction)n->k.func)) {
             int dev = n->k.func->module->ctx->dev;
-            e->k[i] = (struct sim_exec_kernel){n, dev, sim_kernel_ns(&n->k, dev)};
-            e->ns_by_dev[dev] += e->k[i].ns;
+            if (out)
+                out[i] = (struct sim_exec_kernel){n, top ? top : n, dev, sim_kernel_ns(&n->k, dev)};
+            i++;
         }
-        i++;
     }
     return i;
+}
+
+/* The kernels of g into e (its times summed per GPU); their number. */
+static unsigned exec_kernels(const struct sim_graph *g, struct sim_exec *e)
+{
+    if (!e)
+        return flatten(g, NULL, NULL, 0, 0);
+    unsigned n = flatten(g, NULL, e->k, 0, 0);
+    for (unsigned i = 0; i < n; i++)
+        e->ns_by_dev[e->k[i].dev] += e->k[i].ns;
+    return n;
 }
 
 CUAPI cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph h, unsigned long long flags)
@@ -785,6 +858,51 @@ CUAPI cuGraphExecNodeSetParams(CUgraphExec e, CUgraphNode n, CUgraphNodeParams *
     return exec_kernel_set(e, n, &kl);
 }
 
+/* Kernels [from, from + count) of e take g's kernels' parameters when g has
+ * as many, on the same GPUs, in order; otherwise nothing changes and info
+ * says why.  Under sim_mu. */
+static CUresult exec_replace(struct sim_exec *e, unsigned from, unsigned count, const struct sim_graph *g,
+                             CUgraphExecUpdateResultInfo *info)
+{
+    unsigned n = flatten(g, NULL, NULL, 0, 0);
+    struct sim_exec_kernel *k = n ? calloc(n, sizeof *k) : NULL;
+    if (n && !k)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    flatten(g, NULL, k, 0, 0);
+    if (n != count)
+        info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+    for (unsigned i = 0; i < n && info->result == CU_GRAPH_EXEC_UPDATE_SUCCESS; i++)
+        if (k[i].dev != e->k[from + i].dev) {
+            info->result = CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE;
+            info->errorNode = (CUgraphNode)k[i].node;
+        }
+    for (unsigned i = 0; i < n && info->result == CU_GRAPH_EXEC_UPDATE_SUCCESS; i++)
+        exec_set(e, &e->k[from + i], &k[i].node->k, k[i].dev);
+    free(k);
+    return info->result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+}
+
+/* A child graph node's kernels in e take those of `child` (same shape). */
+CUAPI cuGraphExecChildGraphNodeSetParams(CUgraphExec h, CUgraphNode node, CUgraph child)
+{
+    SIM_ENTER();
+    struct sim_exec *e = exec_of(h);
+    struct sim_graph *g = graph_of(child);
+    struct sim_node *n = node_of(node);
+    if (!e || !g || !n || !n->child)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_mu);
+    unsigned from = 0, count = 0;
+    while (from < e->kernels && e->k[from].top != n)
+        from++;
+    while (from + count < e->kernels && e->k[from + count].top == n)
+        count++;
+    CUgraphExecUpdateResultInfo info = {CU_GRAPH_EXEC_UPDATE_SUCCESS, NULL, NULL};
+    r = exec_replace(e, from, count, g, &info);
+    pthread_mutex_unlock(&sim_mu);
+    return r == CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE ? CUDA_ERROR_INVALID_VALUE : r;
+}
+
 /* The exec takes the new graph's kernel parameters when the graphs have the
  * same kernels on the same GPUs, in the same order; otherwise nothing changes
  * and the result says why, as cuGraphExecUpdate does. */
@@ -797,32 +915,9 @@ static CUresult exec_update(CUgraphExec h, CUgraph hg, CUgraphExecUpdateResultIn
         return CUDA_ERROR_INVALID_VALUE;
     *info = (CUgraphExecUpdateResultInfo){CU_GRAPH_EXEC_UPDATE_SUCCESS, NULL, NULL};
     pthread_mutex_lock(&sim_mu);
-    unsigned i = 0;
-    const struct sim_node *n = g->nodes;
-    for (; n && info->result == CU_GRAPH_EXEC_UPDATE_SUCCESS; n = n->next) {
-        if (!n->is_kernel || !func_of((CUfunction)n->k.func))
-            continue;
-        if (i >= e->kernels)
-            info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
-        else if (n->k.func->module->ctx->dev != e->k[i].dev)
-            info->result = CU_GRAPH_EXEC_UPDATE_ERROR_UNSUPPORTED_FUNCTION_CHANGE;
-        else
-            i++;
-        if (info->result != CU_GRAPH_EXEC_UPDATE_SUCCESS)
-            info->errorNode = (CUgraphNode)n;
-    }
-    if (info->result == CU_GRAPH_EXEC_UPDATE_SUCCESS && i != e->kernels)
-        info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
-    if (info->result == CU_GRAPH_EXEC_UPDATE_SUCCESS) {
-        i = 0;
-        for (n = g->nodes; n; n = n->next)
-            if (n->is_kernel && func_of((CUfunction)n->k.func)) {
-                exec_set(e, &e->k[i], &n->k, e->k[i].dev);
-                i++;
-            }
-    }
+    r = exec_replace(e, 0, e->kernels, g, info);
     pthread_mutex_unlock(&sim_mu);
-    return info->result == CU_GRAPH_EXEC_UPDATE_SUCCESS ? CUDA_SUCCESS : CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+    return r;
 }
 
 CUAPI cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphNode *error_node, CUgraphExecUpdateResult *result)

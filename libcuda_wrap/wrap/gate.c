@@ -37,6 +37,7 @@ CUresult cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultI
 CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v1 *p);
 CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v2 *p);
 CUresult cuGraphExecNodeSetParams(CUgraphExec e, CUgraphNode n, CUgraphNodeParams *p);
+CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec e, CUgraphNode n, CUgraph child);
 CUresult cuStreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps, const CUgraphEdgeData *data,
                                      size_t n, CUstreamCaptureMode mode);
 CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream s, CUgraph g, const CUgraphNode *deps,
@@ -204,6 +205,23 @@ WRAP_API CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s)
 
 /* ---- graphs: the cost of an executable graph is known when it is made ----- */
 
+static int64_t graph_cost(CUgraph g, int depth);
+
+/* A graph node's threads: a kernel's, or its child graph's; other kinds none. */
+static int64_t node_cost(CUgraphNode n, int depth)
+{
+    CUgraphNodeType t;
+    CUDA_KERNEL_NODE_PARAMS_v2 p;
+    CUgraph child;
+    if (REAL(cuGraphNodeGetType)(n, &t) != CUDA_SUCCESS)
+        return 0;
+    if (t == CU_GRAPH_NODE_TYPE_KERNEL && REAL(cuGraphKernelNodeGetParams_v2)(n, &p) == CUDA_SUCCESS)
+        return threads_of(p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ);
+    if (t == CU_GRAPH_NODE_TYPE_GRAPH && REAL(cuGraphChildGraphNodeGetGraph)(n, &child) == CUDA_SUCCESS)
+        return graph_cost(child, depth + 1);
+    return 0;
+}
+
 static int64_t graph_cost(CUgraph g, int depth)
 {
     size_t n = 0;
@@ -213,19 +231,9 @@ static int64_t graph_cost(CUgraph g, int depth)
     if (!nodes)
         return 0;
     int64_t cost = 0;
-    if (REAL(cuGraphGetNodes)(g, nodes, &n) == CUDA_SUCCESS) {
-        for (size_t i = 0; i < n; i++) {
-            CUgraphNodeType t;
-            CUDA_KERNEL_NODE_PARAMS_v2 p;
-            CUgraph child;
-            if (REAL(cuGraphNodeGetType)(nodes[i], &t) != CUDA_SUCCESS)
-                continue;
-            if (t == CU_GRAPH_NODE_TYPE_KERNEL && REAL(cuGraphKernelNodeGetParams_v2)(nodes[i], &p) == CUDA_SUCCESS)
-                cost += threads_of(p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ);
-            else if (t == CU_GRAPH_NODE_TYPE_GRAPH && REAL(cuGraphChildGraphNodeGetGraph)(nodes[i], &child) == CUDA_SUCCESS)
-                cost += graph_cost(child, depth + 1);
-        }
-    }
+    if (REAL(cuGraphGetNodes)(g, nodes, &n) == CUDA_SUCCESS)
+        for (size_t i = 0; i < n; i++)
+            cost += node_cost(nodes[i], depth);
     free(nodes);
     return cost;
 }
@@ -327,8 +335,9 @@ static void forget_overrides(CUgraphExec e) { gs_table_drop_owner((uint64_t)(uin
 #define NODE_THREADS(p) threads_of((p)->gridDimX, (p)->gridDimY, (p)->gridDimZ, (p)->blockDimX, (p)->blockDimY, \
                                    (p)->blockDimZ)
 
-/* The threads a kernel node runs in exec e now: what it was last set to
- * there, else what the graph node says; -1 when nothing is priced. */
+/* The threads a node (a kernel, or a child graph) runs in exec e now: what
+ * it was last set to there, else what the graph node says; -1 when nothing
+ * is priced. */
 static int64_t node_threads(CUgraphExec e, CUgraphNode n, const void *params)
 {
     if (gs.mode != GS_SLICE || !params)
@@ -336,8 +345,7 @@ static int64_t node_threads(CUgraphExec e, CUgraphNode n, const void *params)
     struct gs_entry x = {.kind = GS_KIND_EXEC_NODE};
     if (gs_table_get(override_key(e, n), &x) == 0 && x.owner == (uint64_t)(uintptr_t)e)
         return (int64_t)x.bytes;
-    CUDA_KERNEL_NODE_PARAMS_v2 p;
-    return REAL(cuGraphKernelNodeGetParams_v2)(n, &p) == CUDA_SUCCESS ? NODE_THREADS(&p) : 0;
+    return node_cost(n, 1);
 }
 
 /* After a successful set: the node's threads in e are `now` (was: before). */
@@ -372,6 +380,13 @@ WRAP_API CUresult cuGraphExecNodeSetParams(CUgraphExec e, CUgraphNode n, CUgraph
     const CUDA_KERNEL_NODE_PARAMS_v3 *k = p && p->type == CU_GRAPH_NODE_TYPE_KERNEL ? &p->kernel : NULL;
     int64_t was = node_threads(e, n, k);
     return node_set(REAL(cuGraphExecNodeSetParams)(e, n, p), e, n, was, k ? NODE_THREADS(k) : 0);
+}
+
+WRAP_API CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec e, CUgraphNode n, CUgraph child)
+{
+    int64_t was = node_threads(e, n, child);
+    return node_set(REAL(cuGraphExecChildGraphNodeSetParams)(e, n, child), e, n, was,
+                    was >= 0 ? graph_cost(child, 1) : 0);
 }
 
 /* After an update the exec runs what the new graph holds: its cost is the

@@ -242,15 +242,32 @@ class Agent:
         cu.cuStreamSynchronize(self.stream)
         return {"error": name_of(err)}
 
-    def graph(self, grids: list[int]) -> dict:
-        """A graph of kernel nodes (cuGraphAddKernelNode), one per grid."""
+    def graph(self, grids: list[int], child: list[int] | None = None) -> dict:
+        """A graph of kernel nodes (cuGraphAddKernelNode), one per grid, after a
+        child graph node of kernels of the `child` grids when given."""
         err, g = cu.cuGraphCreate(0)
         nodes = []
+        if child is not None:
+            e, n = cu.cuGraphAddChildGraphNode(g, None, 0, self._kernels_graph(child))
+            err = err or e
+            nodes.append(n)
         for grid in grids:
             e, n = cu.cuGraphAddKernelNode(g, None, 0, self._node_params(grid))
             err = err or e
             nodes.append(n)
         return {"error": name_of(err), "id": self.keep("graph", (g, nodes))}
+
+    def _kernels_graph(self, grids: list[int]) -> cu.CUgraph:
+        _, g = cu.cuGraphCreate(0)
+        for grid in grids:
+            cu.cuGraphAddKernelNode(g, None, 0, self._node_params(grid))
+        return g
+
+    def exec_set_child(self, exec: int, graph: int, node: int, grids: list[int]) -> dict:
+        """cuGraphExecChildGraphNodeSetParams: child graph node `node` of `graph` runs kernels of `grids`."""
+        n = self.objects[graph][1][1][node]
+        (err,) = cu.cuGraphExecChildGraphNodeSetParams(self.objects[exec][1], n, self._kernels_graph(grids))
+        return {"error": name_of(err)}
 
     def capture_into(self, id: int, grids: list[int]) -> dict:
         """Launches of these grids recorded into graph `id` by cuStreamBeginCaptureToGraph."""
