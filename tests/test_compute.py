@@ -142,6 +142,29 @@ def test_cuda_bindings_launches_are_held_to_a_hard_share(node):
     assert abs(used - 30) <= TOLERANCE
 
 
+def test_a_two_gpu_slice_is_held_to_its_share_on_each_gpu(daemon, containers):
+    """Each GPU of a slice has its own gate: a hard 30 % slice of two GPUs
+    launching on its second GPU gets 30 % of that GPU."""
+    d = daemon([gpu("16Gi"), gpu("16Gi")])
+    client, box = d.client(), containers()
+    client.reserve("two", {**slice_of(30, "hard"), "gpuslice.io/gpus": "2"})
+    client.bind("two", box.init_pid)
+    agent = Agent(interposer_env(d), prefix=box.command([]))
+    try:
+        assert agent.call("init", device=1)["error"] == "CUDA_SUCCESS"
+        start = time.monotonic_ns()
+        agent.call("launch_for", seconds=6.0, grid=8640)  # 100 us kernels
+        time.sleep(4.3)  # the simulator keeps the last 2.5 s of its accounting
+        a, b = start + 2 * NS, start + 4 * NS
+        a, b = a - a % (NS // 100), b - b % (NS // 100)
+        used = 100 * agent.call("sim_busy", from_ns=a, to_ns=b, device=1)["busy"] / (b - a)
+        agent.call("join")
+    finally:
+        agent.close()
+    print(f"hard 30 % slice of two GPUs, on its second GPU: {used:.1f} %")
+    assert abs(used - 30) <= TOLERANCE
+
+
 def test_launches_recorded_by_stream_capture_are_not_charged(node):
     """Captured launches run (and are charged) when their graph is launched: a
     capture of 10 s of kernels in a hard 30 % slice takes no time at all."""
