@@ -164,6 +164,7 @@ class ComputeController:
         self.files = files
         self.sample = sampler
         self.period = period
+        self.lend_readings = max(3, round(LEND_WINDOW_S / period))  # readings that span LEND_WINDOW_S
         self.state: dict[tuple[str, int], GateState] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -275,7 +276,7 @@ class ComputeController:
         if not was_active:  # what it used before it went idle says nothing now
             st.recent.clear()
         st.recent.append(st.busy if window_ns else 0.0)
-        while len(st.recent) > max(3, round(LEND_WINDOW_S / self.period)):
+        while len(st.recent) > self.lend_readings:
             st.recent.popleft()
 
     def _needs(self, s: Share, now: float) -> float | None:
@@ -283,7 +284,7 @@ class ComputeController:
         its peak use over LEND_WINDOW_S with headroom, provided it has not
         waited for budget meanwhile.  None: it may want all of its share."""
         st = self.state[(s.slice_id, s.gpu)]
-        if now - st.last_hungry < LEND_WINDOW_S or len(st.recent) < max(3, round(LEND_WINDOW_S / self.period)):
+        if now - st.last_hungry < LEND_WINDOW_S or len(st.recent) < self.lend_readings:
             return None
         peak = max(st.recent)
         need = max(peak * LEND_HEADROOM, peak + LEND_MARGIN)

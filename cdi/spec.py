@@ -4,11 +4,11 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from gpuslice.atomic_file import write_text_atomically
 
 KIND = "gpuslice.io/gpu"
 SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
@@ -200,17 +200,7 @@ def validate(spec: dict) -> None:
 def write(spec: dict, path: Path) -> None:
     """Validate, then write atomically (temp file + rename), mode 0644."""
     validate(spec)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(spec, f, indent=2)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomically(path, json.dumps(spec, indent=2) + "\n", 0o644)
 
 
 def load(path: Path) -> dict:

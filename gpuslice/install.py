@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice import request
+from gpuslice.atomic_file import write_text_atomically
 
 try:
     import tomllib
@@ -48,15 +47,6 @@ def _read(path: Path) -> str | None:
     return path.read_text() if path.exists() else None
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def apply(changes: list[Change]) -> None:
     for c in changes:
         if not c.changes:
@@ -64,7 +54,7 @@ def apply(changes: list[Change]) -> None:
         if c.after is None:
             c.path.unlink(missing_ok=True)
         else:
-            _write_atomically(c.path, c.after)
+            write_text_atomically(c.path, c.after)
 
 
 # ---- containerd ----------------------------------------------------------------

@@ -23,8 +23,13 @@ def sim_lib_dir() -> Path:
     return native_dir() / "sim"
 
 
+def built_executable(name: str) -> Path:
+    """gpuslice-hook or gpuslice-runtime as built with the C parts."""
+    return native_dir() / "bin" / name
+
+
 def executable(name: str) -> Path:
     """gpuslice-hook or gpuslice-runtime: the installed one on PATH (packages put
-    them in /usr/bin), else the one built beside the sources."""
+    them in /usr/bin), else the one built with the C parts."""
     found = shutil.which(name)
-    return Path(found) if found else native_dir() / "bin" / name
+    return Path(found) if found else built_executable(name)

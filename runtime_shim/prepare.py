@@ -8,8 +8,6 @@ was."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from gpuslice.allocator.slices import SliceManager
@@ -17,22 +15,11 @@ from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cdi.apply import apply_devices
 
 from gpuslice import request
+from gpuslice.atomic_file import write_text_atomically
 
 
 class ShimError(Exception):
     pass
-
-
-def write_atomically(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".config.json.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def load_spec(explicit: str = "") -> dict:
@@ -62,7 +49,7 @@ def prepare(bundle: Path, container_id: str, slices: SliceManager, spec_path: st
     placed = slices.reserve(container_id, ours, owner="runtime-shim")
     try:
         apply_devices(config, spec, [a.gpu_uuid for a in placed.allocations])
-        write_atomically(config_path, config)
+        write_text_atomically(config_path, json.dumps(config), config_path.stat().st_mode & 0o777)
     except BaseException:
         slices.release(container_id)
         raise

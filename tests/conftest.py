@@ -101,6 +101,16 @@ def containers():
         c.stop()
 
 
+def oci_bundle(path: Path, annotations: dict[str, str], env: list[str] | None = None) -> Path:
+    """An OCI bundle at `path`: an empty rootfs/ and a config.json with these
+    annotations and process environment, as a runtime hands the hook or shim."""
+    (path / "rootfs").mkdir(parents=True)
+    config = {"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "annotations": annotations,
+              "process": {"args": ["sh"], "env": env or []}}  # fmt: skip
+    (path / "config.json").write_text(json.dumps(config))
+    return path
+
+
 def gpu(memory: str = "16Gi", **extra) -> dict:
     return {"memory": memory, **extra}
 

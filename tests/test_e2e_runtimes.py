@@ -21,12 +21,12 @@ from referencing.jsonschema import DRAFT7
 
 from gpuslice import rootfs
 from gpuslice.container_demo import PODMAN
-from gpuslice.paths import native_dir
+from gpuslice.paths import built_executable
 from tests.conftest import gpu
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference"
 SPEC_PATH = Path("/var/run/cdi/gpuslice-e2e.json")
-SHIM = native_dir() / "bin" / "gpuslice-runtime"
+SHIM = built_executable("gpuslice-runtime")
 MiB, GiB = 1 << 20, 1 << 30
 
 needs_runtimes = pytest.mark.skipif(
@@ -240,7 +240,7 @@ def test_podman_hooks_d_files_bind_and_release(node, root_fs, tmp_path):
     hooks = tmp_path / "root"
     r = subprocess.run(
         [sys.executable, "-m", "gpuslice.cli", "install", "podman", "--root", str(hooks),
-         "--hook", str(native_dir() / "bin" / "gpuslice-hook")],
+         "--hook", str(built_executable("gpuslice-hook"))],
         capture_output=True, text=True,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.paths import native_dir
-from tests.conftest import needs_root
+from gpuslice.paths import built_executable
+from tests.conftest import needs_root, oci_bundle
 
-HOOK = native_dir() / "bin" / "gpuslice-hook"
+HOOK = built_executable("gpuslice-hook")
 LIB_DIRS = ["/usr/lib/gpuslice/wrap", "/usr/lib/gpuslice/driver"]
 
 
@@ -24,12 +24,7 @@ def hook(stage: str, state: dict | str, socket: Path) -> subprocess.CompletedPro
 
 
 def bundle(tmp: Path, annotations: dict[str, str], env: list[str] | None = None) -> Path:
-    b = tmp / "bundle"
-    (b / "rootfs").mkdir(parents=True)
-    config = {"ociVersion": "1.0.2", "root": {"path": "rootfs"}, "annotations": annotations,
-              "process": {"args": ["sh"], "env": env or []}}  # fmt: skip
-    (b / "config.json").write_text(json.dumps(config))
-    return b
+    return oci_bundle(tmp / "bundle", annotations, env)
 
 
 @needs_root

@@ -8,9 +8,10 @@ import os
 import subprocess
 from pathlib import Path
 
-from gpuslice.paths import native_dir
+from gpuslice.paths import built_executable
+from tests.conftest import oci_bundle
 
-SHIM = native_dir() / "bin" / "gpuslice-runtime"
+SHIM = built_executable("gpuslice-runtime")
 
 
 def fake_runtime(tmp: Path) -> Path:
@@ -30,10 +31,7 @@ def run(tmp: Path, *argv: str, socket: Path | None = None) -> subprocess.Complet
 
 
 def bundle_asking(tmp: Path, annotations: dict[str, str]) -> Path:
-    bundle = tmp / "bundle"
-    bundle.mkdir()
-    (bundle / "config.json").write_text(json.dumps({"ociVersion": "1.0.2", "annotations": annotations}))
-    return bundle
+    return oci_bundle(tmp / "bundle", annotations)
 
 
 def test_other_verbs_pass_through_with_argv_and_exit_status(tmp_path):

@@ -10,6 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from tests.conftest import oci_bundle
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -37,14 +39,9 @@ def test_hook_and_shim_are_clean_under_asan_and_ubsan(tmp_path, daemon):
     env = {**os.environ, "GPUSLICE_SOCKET": str(d.socket), "GPUSLICE_RUNTIME": "/bin/true",
            "ASAN_OPTIONS": "exitcode=99", "UBSAN_OPTIONS": "halt_on_error=1:exitcode=99"}  # fmt: skip
 
-    def bundle(name: str, annotations: dict[str, str]) -> Path:
-        b = tmp_path / name
-        (b / "rootfs").mkdir(parents=True)
-        (b / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}, "annotations": annotations}))
-        return b
-
-    asks, bad, plain = bundle("asks", {"gpuslice.io/memory": "1Gi"}), bundle("bad", {"gpuslice.io/cores": "150"}), \
-        bundle("plain", {})  # fmt: skip
+    asks = oci_bundle(tmp_path / "asks", {"gpuslice.io/memory": "1Gi"})
+    bad = oci_bundle(tmp_path / "bad", {"gpuslice.io/cores": "150"})
+    plain = oci_bundle(tmp_path / "plain", {})
     state = json.dumps({"id": "san", "pid": os.getpid(), "bundle": str(asks)})
     log = tmp_path / "log.json"
     runs = [

@@ -337,20 +337,8 @@ typedef struct CUDA_KERNEL_NODE_PARAMS_v2_st {
     CUcontext ctx;
 } CUDA_KERNEL_NODE_PARAMS_v2;
 
-typedef struct CUDA_KERNEL_NODE_PARAMS_v3_st {
-    CUfunction func;
-    unsigned int gridDimX;
-    unsigned int gridDimY;
-    unsigned int gridDimZ;
-    unsigned int blockDimX;
-    unsigned int blockDimY;
-    unsigned int blockDimZ;
-    unsigned int sharedMemBytes;
-    void **kernelParams;
-    void **extra;
-    CUkernel kern;
-    CUcontext ctx;
-} CUDA_KERNEL_NODE_PARAMS_v3;
+/* NVIDIA declares v3 as its own struct with v2's fields; one layout serves */
+typedef CUDA_KERNEL_NODE_PARAMS_v2 CUDA_KERNEL_NODE_PARAMS_v3;
 
 /* The generic node parameters (cuGraphAddNode, cuGraph[Exec]NodeSetParams):
  * only the kernel member is declared; the padding keeps NVIDIA's size. */

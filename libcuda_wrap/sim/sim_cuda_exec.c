@@ -425,6 +425,12 @@ static CUresult launch(const struct sim_kernel_launch *k, CUstream hs, int coope
 
 #define KL(f, gx, gy, gz, bx, by, bz, sh) \
     (struct sim_kernel_launch){(struct sim_func *)(f), {gx, gy, gz}, {bx, by, bz}, sh}
+/* kernel node parameters (v1, v2, v3: the same leading fields) */
+#define NODE_KL(f, p) \
+    KL(f, (p)->gridDimX, (p)->gridDimY, (p)->gridDimZ, (p)->blockDimX, (p)->blockDimY, (p)->blockDimZ, \
+       (p)->sharedMemBytes)
+/* v2 and later name the kernel by function or by library kernel */
+#define NODE_KL_V2(p) NODE_KL((p)->func ? (p)->func : (CUfunction)(p)->kern, p)
 
 CUAPI cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                      unsigned sh, CUstream s, void **params, void **extra)
@@ -622,8 +628,7 @@ CUAPI cuGraphAddKernelNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps,
 {
     if (!p)
         return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
-    struct sim_kernel_launch k = KL(p->func, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
-                                    p->blockDimZ, p->sharedMemBytes);
+    struct sim_kernel_launch k = NODE_KL(p->func, p);
     return add_node(out, g, deps, n, &k);
 }
 
@@ -632,9 +637,7 @@ CUAPI cuGraphAddKernelNode_v2(CUgraphNode *out, CUgraph g, const CUgraphNode *de
 {
     if (!p)
         return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
-    CUfunction f = p->func ? p->func : (CUfunction)p->kern;
-    struct sim_kernel_launch k = KL(f, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
-                                    p->blockDimZ, p->sharedMemBytes);
+    struct sim_kernel_launch k = NODE_KL_V2(p);
     return add_node(out, g, deps, n, &k);
 }
 
@@ -832,8 +835,7 @@ CUAPI cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_KE
 {
     if (!p)
         return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
-    struct sim_kernel_launch k = KL(p->func, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
-                                    p->blockDimZ, p->sharedMemBytes);
+    struct sim_kernel_launch k = NODE_KL(p->func, p);
     return exec_kernel_set(e, n, &k);
 }
 
@@ -841,9 +843,7 @@ CUAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n, const CUDA
 {
     if (!p)
         return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
-    CUfunction f = p->func ? p->func : (CUfunction)p->kern;
-    struct sim_kernel_launch k = KL(f, p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
-                                    p->blockDimZ, p->sharedMemBytes);
+    struct sim_kernel_launch k = NODE_KL_V2(p);
     return exec_kernel_set(e, n, &k);
 }
 
@@ -851,11 +851,8 @@ CUAPI cuGraphExecNodeSetParams(CUgraphExec e, CUgraphNode n, CUgraphNodeParams *
 {
     if (!p || p->type != CU_GRAPH_NODE_TYPE_KERNEL) /* kernels are the only nodes with parameters here */
         return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
-    const CUDA_KERNEL_NODE_PARAMS_v3 *k = &p->kernel;
-    CUfunction f = k->func ? k->func : (CUfunction)k->kern;
-    struct sim_kernel_launch kl = KL(f, k->gridDimX, k->gridDimY, k->gridDimZ, k->blockDimX, k->blockDimY,
-                                     k->blockDimZ, k->sharedMemBytes);
-    return exec_kernel_set(e, n, &kl);
+    struct sim_kernel_launch k = NODE_KL_V2(&p->kernel);
+    return exec_kernel_set(e, n, &k);
 }
 
 /* Kernels [from, from + count) of e take g's kernels' parameters when g has

@@ -57,6 +57,11 @@ static inline int64_t threads_of(unsigned gx, unsigned gy, unsigned gz, unsigned
     return t ? (int64_t)t : 1;
 }
 
+/* launch configs, launch params and kernel node params (v1-v3) name their
+ * shape with the same fields */
+#define GRID_THREADS(p) threads_of((p)->gridDimX, (p)->gridDimY, (p)->gridDimZ, (p)->blockDimX, (p)->blockDimY, \
+                                   (p)->blockDimZ)
+
 static int64_t now_ns(void)
 {
     struct timespec t;
@@ -159,7 +164,7 @@ WRAP_API CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsi
 
 static inline int64_t config_threads(const CUlaunchConfig *c)
 {
-    return c ? threads_of(c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY, c->blockDimZ) : 1;
+    return c ? GRID_THREADS(c) : 1;
 }
 
 WRAP_API CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra)
@@ -176,11 +181,8 @@ WRAP_API CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, v
 
 WRAP_API CUresult cuLaunchCooperativeKernelMultiDevice(CUDA_LAUNCH_PARAMS_v1 *list, unsigned n, unsigned flags)
 {
-    for (unsigned i = 0; list && i < n; i++) {
-        const CUDA_LAUNCH_PARAMS_v1 *p = &list[i];
-        gate(p->hStream, 0, threads_of(p->gridDimX, p->gridDimY, p->gridDimZ, p->blockDimX, p->blockDimY,
-                                       p->blockDimZ));
-    }
+    for (unsigned i = 0; list && i < n; i++)
+        gate(list[i].hStream, 0, GRID_THREADS(&list[i]));
     return REAL(cuLaunchCooperativeKernelMultiDevice)(list, n, flags);
 }
 
@@ -216,7 +218,7 @@ static int64_t node_cost(CUgraphNode n, int depth)
     if (REAL(cuGraphNodeGetType)(n, &t) != CUDA_SUCCESS)
         return 0;
     if (t == CU_GRAPH_NODE_TYPE_KERNEL && REAL(cuGraphKernelNodeGetParams_v2)(n, &p) == CUDA_SUCCESS)
-        return threads_of(p.gridDimX, p.gridDimY, p.gridDimZ, p.blockDimX, p.blockDimY, p.blockDimZ);
+        return GRID_THREADS(&p);
     if (t == CU_GRAPH_NODE_TYPE_GRAPH && REAL(cuGraphChildGraphNodeGetGraph)(n, &child) == CUDA_SUCCESS)
         return graph_cost(child, depth + 1);
     return 0;
@@ -331,10 +333,6 @@ static void dropped(const struct gs_entry *x) { (void)x; }
 
 static void forget_overrides(CUgraphExec e) { gs_table_drop_owner((uint64_t)(uintptr_t)e, dropped); }
 
-/* v1 and v2 kernel node parameters share their leading fields */
-#define NODE_THREADS(p) threads_of((p)->gridDimX, (p)->gridDimY, (p)->gridDimZ, (p)->blockDimX, (p)->blockDimY, \
-                                   (p)->blockDimZ)
-
 /* The threads a node (a kernel, or a child graph) runs in exec e now: what
  * it was last set to there, else what the graph node says; -1 when nothing
  * is priced. */
@@ -365,13 +363,13 @@ static CUresult node_set(CUresult r, CUgraphExec e, CUgraphNode n, int64_t was, 
 WRAP_API CUresult cuGraphExecKernelNodeSetParams(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v1 *p)
 {
     int64_t was = node_threads(e, n, p);
-    return node_set(REAL(cuGraphExecKernelNodeSetParams)(e, n, p), e, n, was, p ? NODE_THREADS(p) : 0);
+    return node_set(REAL(cuGraphExecKernelNodeSetParams)(e, n, p), e, n, was, p ? GRID_THREADS(p) : 0);
 }
 
 WRAP_API CUresult cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS_v2 *p)
 {
     int64_t was = node_threads(e, n, p);
-    return node_set(REAL(cuGraphExecKernelNodeSetParams_v2)(e, n, p), e, n, was, p ? NODE_THREADS(p) : 0);
+    return node_set(REAL(cuGraphExecKernelNodeSetParams_v2)(e, n, p), e, n, was, p ? GRID_THREADS(p) : 0);
 }
 
 /* The generic setter: kernel nodes are priced, other kinds cost no threads */
@@ -379,7 +377,7 @@ WRAP_API CUresult cuGraphExecNodeSetParams(CUgraphExec e, CUgraphNode n, CUgraph
 {
     const CUDA_KERNEL_NODE_PARAMS_v3 *k = p && p->type == CU_GRAPH_NODE_TYPE_KERNEL ? &p->kernel : NULL;
     int64_t was = node_threads(e, n, k);
-    return node_set(REAL(cuGraphExecNodeSetParams)(e, n, p), e, n, was, k ? NODE_THREADS(k) : 0);
+    return node_set(REAL(cuGraphExecNodeSetParams)(e, n, p), e, n, was, k ? GRID_THREADS(k) : 0);
 }
 
 WRAP_API CUresult cuGraphExecChildGraphNodeSetParams(CUgraphExec e, CUgraphNode n, CUgraph child)
