@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import pynvml
-from gpuslice.allocator.slice_ledger import SliceFiles, constant
+
+from gpuslice.allocator.slice_files import SliceFiles, constant
 
 log = logging.getLogger(__name__)
 

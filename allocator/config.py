@@ -9,6 +9,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from gpuslice import constants, errors
 from gpuslice.units import parse_bytes
 
 SCHEMA = {
@@ -18,7 +19,8 @@ SCHEMA = {
         "socket": {"type": "string", "minLength": 1},
         "slice_socket": {"type": "string", "minLength": 1},
         "state_dir": {"type": "string", "minLength": 1},
-        "ledger_dir": {"type": "string", "minLength": 1},
+        "slice_files_dir": {"type": "string", "minLength": 1},
+        "ledger_dir": {"type": "string", "minLength": 1},  # the old name of slice_files_dir
         "metrics": {
             "type": "object",
             "additionalProperties": False,
@@ -42,16 +44,16 @@ SCHEMA = {
 }
 
 
-class ConfigError(ValueError):
+class ConfigError(errors.InvalidArgument):
     """str() is one line per problem."""
 
 
 @dataclass(frozen=True)
 class Config:
-    socket: Path = Path("/run/gpuslice/gpuslice.sock")
-    slice_socket: Path = Path("/run/gpuslice/slice/slice.sock")
-    state_dir: Path = Path("/var/lib/gpuslice")
-    ledger_dir: Path = Path("/run/gpuslice/ledgers")
+    socket: Path = Path(constants.CONTROL_SOCKET)
+    slice_socket: Path = Path(constants.SLICE_SOCKET)
+    state_dir: Path = Path(constants.STATE_DIR)
+    slice_files_dir: Path = Path(constants.SLICE_FILES_DIR)  # each slice's limits and usage files
     metrics_address: str = "127.0.0.1"
     metrics_port: int = 9400  # 0 turns the endpoint off
     sweep_interval: float = 5.0
@@ -65,7 +67,7 @@ class Config:
     extra: dict = field(default_factory=dict)
 
     @property
-    def ledger_db(self) -> Path:
+    def store_path(self) -> Path:
         return self.state_dir / "state.db"
 
 
@@ -97,7 +99,7 @@ def load(path: str | Path | None) -> Config:
         socket=Path(data.get("socket", d.socket)),
         slice_socket=Path(data.get("slice_socket", d.slice_socket)),
         state_dir=Path(data.get("state_dir", d.state_dir)),
-        ledger_dir=Path(data.get("ledger_dir", d.ledger_dir)),
+        slice_files_dir=Path(data.get("slice_files_dir", data.get("ledger_dir", d.slice_files_dir))),
         metrics_address=metrics.get("address", d.metrics_address),
         metrics_port=metrics.get("port", d.metrics_port),
         sweep_interval=float(data.get("sweep_interval", d.sweep_interval)),

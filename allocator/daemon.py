@@ -10,20 +10,20 @@ import threading
 from concurrent import futures
 
 import grpc
-from gpuslice.allocator import inventory, metrics, runtime_socket
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import start_http_server
+
+from gpuslice import inventory, sim
+from gpuslice.allocator import metrics, runtime_socket
 from gpuslice.allocator.compute import ComputeController, NvmlUtilization
 from gpuslice.allocator.config import Config
 from gpuslice.allocator.driver_limits import DriverLimits
-from gpuslice.allocator.ledger import Ledger
 from gpuslice.allocator.runtime_socket import RuntimeSocketServer
 from gpuslice.allocator.service import AllocatorService
 from gpuslice.allocator.slice_socket import SliceSocketServer
 from gpuslice.allocator.slices import SliceManager
+from gpuslice.allocator.store import SliceStore
 from gpuslice.allocator.watcher import ProcessWatcher
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import start_http_server
-
-from gpuslice import sim
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -44,10 +44,10 @@ class Daemon:
         self.cfg = cfg
         self.inventory = _load_nvml(cfg)
         cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.ledger = Ledger(cfg.ledger_db)
+        self.store = SliceStore(cfg.store_path)
         limits = DriverLimits([g.uuid for g in self.inventory.gpus])
         self.manager = SliceManager(
-            self.ledger, self.inventory, cfg.ledger_dir, cfg.memory_oversubscription, cfg.context_reserve, limits
+            self.store, self.inventory, cfg.slice_files_dir, cfg.memory_oversubscription, cfg.context_reserve, limits
         )
         self.watcher = ProcessWatcher()
         self.manager.on_release.append(self.watcher.forget)
@@ -111,4 +111,4 @@ class Daemon:
         runtime_server.stop()
         slice_server.stop()
         self.watcher.stop()
-        self.ledger.close()
+        self.store.close()

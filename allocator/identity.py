@@ -7,8 +7,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuslice import errors
 
-class NoSuchProcess(LookupError):
+
+class NoSuchProcess(errors.NotFound):
     pass
 
 

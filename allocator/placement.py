@@ -12,16 +12,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
+from gpuslice import errors
 from gpuslice.request import SliceRequest
 from gpuslice.units import format_bytes
 
 
-class PlacementError(Exception):
-    """code: 'exhausted' (nothing fits now) or 'invalid' (can never fit)."""
+class NoRoom(errors.ResourceExhausted):
+    """Nothing fits now; it may later."""
 
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+
+class CannotFit(errors.InvalidArgument):
+    """The request can never fit on this node."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def _candidates(req: SliceRequest, gpus: Sequence[GpuCapacity]) -> list[GpuCapac
     unknown = [d for d in req.devices if d not in by_key]
     if unknown:
         have = ", ".join(f"{g.index} ({g.uuid})" for g in gpus)
-        raise PlacementError("invalid", f"gpuslice.io/device: no GPU {', '.join(unknown)} on this node; it has {have}")
+        raise CannotFit(f"gpuslice.io/device: no GPU {', '.join(unknown)} on this node; it has {have}")
     return [by_key[d] for d in req.devices]
 
 
@@ -107,13 +108,12 @@ def place(
     candidates = _candidates(req, gpus)
     reason = _too_big(req, candidates, oversubscription)
     if reason:
-        raise PlacementError("invalid", f"request {reason}")
+        raise CannotFit(f"request {reason}")
     fitting = [g for g in candidates if fits(req, g, oversubscription)]
     if len(fitting) < req.gpus:
         memory, cores = demand(req, candidates[0])
         what = "a whole GPU" if req.whole_gpus else f"{format_bytes(memory)} and {cores} cores"
-        raise PlacementError(
-            "exhausted",
+        raise NoRoom(
             f"no room for {req.gpus} x {what}: {_describe(candidates, oversubscription)}",
         )
     if req.gpus == 1:

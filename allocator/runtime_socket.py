@@ -16,37 +16,26 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuslice.allocator import metrics
-from gpuslice.allocator.placement import PlacementError
-from gpuslice.allocator.service import _status_of
-from gpuslice.allocator.slices import Conflict, Invalid, NotFound, SliceManager
+from gpuslice import constants, errors, oci
+from gpuslice.allocator import container_start, metrics
+from gpuslice.allocator.slices import SliceManager
 from gpuslice.allocator.unix_socket import UnixSocketServer
-from gpuslice.cdi.spec import SpecError
-from gpuslice.hook import stages
-from gpuslice.runtime_shim import prepare
-
-from gpuslice.request import RequestError
 
 log = logging.getLogger(__name__)
 
-SOCKET_NAME = "runtime.sock"  # beside the control socket (gpuslice/csrc/runtime_call.h)
-MAX_REQUEST = 4 << 20
-TIMEOUT_S = 30.0
-# errors whose line says it all, and ones said after the call's context
-SAID_ALREADY = (stages.HookError, prepare.ShimError, RequestError, SpecError)
-FROM_SLICES = (Invalid, PlacementError, NotFound, Conflict, OSError, ValueError, KeyError)
-
-
-def path_beside(control_socket: Path) -> Path:
-    return control_socket.parent / SOCKET_NAME
+MAX_REQUEST = constants.RUNTIME_REQUEST_MAX
+TIMEOUT_S = float(constants.RUNTIME_TIMEOUT_S)
 
 
 class Request:
     def __init__(self, data: bytes) -> None:
         head, sep, self.payload = data.partition(b"\n\n")
         if not sep:
-            raise ValueError("a request is a verb, key=value lines, an empty line and a payload")
-        lines = head.decode().split("\n")
+            raise errors.InvalidArgument("a request is a verb, key=value lines, an empty line and a payload")
+        try:
+            lines = head.decode().split("\n")
+        except UnicodeDecodeError as e:
+            raise errors.InvalidArgument(f"a request's head is not UTF-8: {e}") from e
         self.verb = lines[0]
         self.keys = dict(line.split("=", 1) for line in lines[1:] if "=" in line)
         self.context = self.verb  # what an error line starts with
@@ -85,19 +74,16 @@ class RuntimeSocketServer(UnixSocketServer):
             handler = self.verbs.get(verb)
             if handler is None:
                 req.context = "runtime socket"
-                raise ValueError(f"unknown verb {verb!r}; accepted: {', '.join(self.verbs)}")
+                raise errors.InvalidArgument(f"unknown verb {verb!r}; accepted: {', '.join(self.verbs)}")
             value = handler(req)
             return f"ok {value}" if value else "ok"
-        except SAID_ALREADY as e:
-            code = _status_of(e).name
-            return "error " + one_line(str(e))
-        except FROM_SLICES as e:
-            code = _status_of(e).name
-            return f"error {req.context if req else 'runtime socket'}: " + one_line(str(e))
+        except errors.GpusliceError as e:
+            code = e.code.name
+            return f"error {req.context if req else 'runtime socket'}: " + errors.one_line(str(e))
         except Exception as e:
-            code = "INTERNAL"
+            code = errors.Code.INTERNAL.name
             log.exception("runtime socket %s failed", verb)
-            return f"error {verb}: internal error: {e}"
+            return f"error {verb}: internal error: {errors.one_line(str(e))}"
         finally:
             method = f"runtime.{verb if verb in self.verbs else 'unknown'}"  # labels from a known set only
             metrics.RPC_SECONDS.labels(method).observe(time.perf_counter() - start)
@@ -105,28 +91,24 @@ class RuntimeSocketServer(UnixSocketServer):
 
     # -- verbs ------------------------------------------------------------------------
     def _create_runtime(self, req: Request) -> str:
-        state = stages.parse_state(req.payload)
-        req.context = f"createRuntime for container {state['id']}"
-        stages.create_runtime(state, self.manager)
+        state = oci.parse_state(req.payload)
+        req.context = f"createRuntime for container {state.id}"
+        container_start.create_runtime(state, self.manager)
         return ""
 
     def _poststop(self, req: Request) -> str:
-        state = stages.parse_state(req.payload)
-        req.context = f"poststop for container {state['id']}"
-        stages.poststop(state, self.manager)
+        state = oci.parse_state(req.payload)
+        req.context = f"poststop for container {state.id}"
+        container_start.poststop(state, self.manager)
         return ""
 
     def _ldcache_root(self, req: Request) -> str:
-        return stages.container_root(stages.parse_state(req.payload))
+        return container_start.container_root(oci.parse_state(req.payload))
 
     def _create(self, req: Request) -> str:
         cid, bundle = req.keys.get("id", ""), req.keys.get("bundle", "")
         if not cid or not bundle:
-            raise ValueError("create needs id= and bundle=")
+            raise errors.InvalidArgument("create needs id= and bundle=")
         req.context = f"create {cid}"
-        prepare.prepare(Path(bundle), cid, self.manager, req.keys.get("spec", ""))
+        container_start.prepare(Path(bundle), cid, self.manager, req.keys.get("spec", ""))
         return ""
-
-
-def one_line(text: str) -> str:
-    return " ".join(text.strip("'\"").split())

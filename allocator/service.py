@@ -8,14 +8,13 @@ import time
 from collections.abc import Callable
 
 import grpc
+
+from gpuslice import errors
 from gpuslice.allocator import metrics
 from gpuslice.allocator.compute import ComputeController
-from gpuslice.allocator.placement import PlacementError
-from gpuslice.allocator.slices import Conflict, Invalid, NotFound, SliceManager, SliceView
-
+from gpuslice.allocator.slices import SliceManager, SliceView
 from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
-from gpuslice.request import RequestError
 
 log = logging.getLogger(__name__)
 
@@ -47,16 +46,8 @@ def slice_message(view: SliceView, compute: ComputeController | None = None) -> 
     )
 
 
-def _status_of(e: Exception) -> grpc.StatusCode:
-    if isinstance(e, (RequestError, Invalid)):
-        return grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(e, PlacementError):
-        return grpc.StatusCode.RESOURCE_EXHAUSTED if e.code == "exhausted" else grpc.StatusCode.INVALID_ARGUMENT
-    if isinstance(e, NotFound):
-        return grpc.StatusCode.NOT_FOUND
-    if isinstance(e, Conflict):
-        return grpc.StatusCode.FAILED_PRECONDITION
-    return grpc.StatusCode.INTERNAL
+def status_of(e: Exception) -> grpc.StatusCode:
+    return grpc.StatusCode[errors.code_of(e).name]
 
 
 def _rpc(name: str) -> Callable:
@@ -68,8 +59,8 @@ def _rpc(name: str) -> Callable:
             code = grpc.StatusCode.OK
             try:
                 return fn(self, request, context)
-            except (RequestError, Invalid, PlacementError, NotFound, Conflict) as e:
-                code = _status_of(e)
+            except errors.GpusliceError as e:
+                code = status_of(e)
                 context.abort(code, str(e))
             except Exception as e:
                 code = grpc.StatusCode.INTERNAL

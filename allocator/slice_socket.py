@@ -12,7 +12,7 @@ import struct
 from pathlib import Path
 
 from gpuslice.allocator import identity
-from gpuslice.allocator.slice_ledger import constant, ffi_and_lib
+from gpuslice.allocator.slice_files import constant, ffi_and_lib
 from gpuslice.allocator.slices import SliceManager
 from gpuslice.allocator.unix_socket import UnixSocketServer
 from gpuslice.allocator.watcher import ProcessWatcher

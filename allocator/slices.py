@@ -1,5 +1,5 @@
-"""The daemon's operations on slices: reserve, bind, release, resize, and the
-per-slice shared ledger files, on top of the durable ledger and placement."""
+"""The daemon's operations on slices: reserve, bind, release, resize, and each
+slice's shared files, on top of the slice store (SQLite) and placement."""
 
 from __future__ import annotations
 
@@ -9,28 +9,20 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice.allocator import identity
-from gpuslice.allocator.inventory import Inventory
-from gpuslice.allocator.ledger import Allocation, Ledger, SliceRecord, now_ms
-from gpuslice.allocator.placement import GpuCapacity, PlacementError, demand, fits, place
-from gpuslice.allocator.slice_ledger import GpuLimit, SliceFiles
-
+from gpuslice import errors
 from gpuslice import request as requests
+from gpuslice.allocator import identity
+from gpuslice.allocator.placement import GpuCapacity, NoRoom, demand, fits, place
+from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
+from gpuslice.allocator.store import Allocation, SliceRecord, SliceStore, now_ms
+from gpuslice.inventory import Inventory
 from gpuslice.units import format_bytes
 
 log = logging.getLogger(__name__)
 
 
-class NotFound(LookupError):
-    pass
-
-
-class Conflict(Exception):
-    """The request contradicts what the ledger holds (e.g. another pid, other limits)."""
-
-
-class Invalid(ValueError):
-    pass
+class Conflict(errors.FailedPrecondition):
+    """The request contradicts what the store holds (e.g. another pid, other limits)."""
 
 
 @dataclass(frozen=True)
@@ -47,12 +39,12 @@ def _ours(annotations: dict[str, str]) -> dict[str, str]:
 
 class SliceManager:
     def __init__(
-        self, ledger: Ledger, inventory: Inventory, ledger_dir: Path, oversubscription: float = 1.0,
+        self, store: SliceStore, inventory: Inventory, files_dir: Path, oversubscription: float = 1.0,
         context_reserve: int = 0, driver_limits=None,
     ) -> None:  # fmt: skip
-        self.ledger = ledger
+        self.store = store
         self.inventory = inventory
-        self.ledger_dir = ledger_dir
+        self.files_dir = files_dir
         self.oversubscription = oversubscription
         self.context_reserve = context_reserve
         self.driver_limits = driver_limits  # DriverLimits, or None without NVML's cgroup limits
@@ -60,15 +52,15 @@ class SliceManager:
         self.files: dict[str, SliceFiles] = {}
         self._lock = threading.RLock()
         self.on_release: list = []  # callbacks(slice_id) for the process watcher
-        ledger_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        files_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.own_pid_ns = identity.of_pid(os.getpid()).pid_ns
         self.own_cgroup = identity.of_pid(os.getpid()).cgroup
 
     # -- capacity ------------------------------------------------------------------
     def capacities(self, exclude: str | None = None) -> list[GpuCapacity]:
-        used = self.ledger.usage_by_gpu()
+        used = self.store.usage_by_gpu()
         if exclude:  # a resize measures against everything but the slice itself
-            rec = self.ledger.get(exclude)
+            rec = self.store.get(exclude)
             for a in rec.allocations if rec else ():
                 m, c, n, w = used[a.gpu_uuid]
                 used[a.gpu_uuid] = (m - a.memory, c - a.cores, n - 1, w and n > 1)
@@ -87,7 +79,7 @@ class SliceManager:
         with self._lock:
             f = self.files.get(rec.id)
             if f is None:
-                f = self.files[rec.id] = SliceFiles(self.ledger_dir, rec.id)
+                f = self.files[rec.id] = SliceFiles(self.files_dir, rec.id)
             hard = rec.policy == requests.ComputePolicy.HARD.value
             f.write_limits(
                 [
@@ -121,28 +113,28 @@ class SliceManager:
                 self.driver_limits.clear(a.gpu_uuid, ns)
 
     def restore(self) -> None:
-        """After a (re)start: files for every slice in the ledger, stale files
+        """After a (re)start: files for every slice in the store, stale files
         gone, and the driver's limits on running containers applied again."""
         keep = set()
-        for rec in self.ledger.all():
+        for rec in self.store.all():
             self._files_for(rec)
             self._driver_limit(rec)
             keep.add(rec.id)
-        for p in self.ledger_dir.iterdir():
+        for p in self.files_dir.iterdir():
             if p.suffix in (".limits", ".usage") and p.stem not in keep:
                 p.unlink(missing_ok=True)
 
     # -- operations ----------------------------------------------------------------------
     def reserve(self, container_id: str, annotations: dict[str, str], owner: str = "") -> SliceRecord:
         if not container_id:
-            raise Invalid("container_id: must not be empty")
+            raise errors.InvalidArgument("container_id: must not be empty")
         ours = _ours(annotations)
         req = requests.parse(ours)
         if req is None:
-            raise Invalid(f"no {requests.PREFIX}* annotation: the container asks for no GPU")
+            raise errors.InvalidArgument(f"no {requests.PREFIX}* annotation: the container asks for no GPU")
 
-        def tx(ledger: Ledger) -> SliceRecord:
-            existing = ledger.get(container_id)
+        def tx(store: SliceStore) -> SliceRecord:
+            existing = store.get(container_id)
             if existing:
                 if existing.request != ours:
                     raise Conflict(
@@ -152,11 +144,11 @@ class SliceManager:
                 return existing
             placed = place(req, self.capacities(), self.inventory.distance, self.oversubscription)
             allocs = [Allocation(p.index, p.uuid, p.memory, p.cores) for p in placed]
-            ledger.insert(container_id, ours, req.policy.value, req.priority.value, req.whole_gpus, owner, allocs)
-            return ledger.get(container_id)  # type: ignore[return-value]
+            store.insert(container_id, ours, req.policy.value, req.priority.value, req.whole_gpus, owner, allocs)
+            return store.get(container_id)  # type: ignore[return-value]
 
         with self._lock:
-            rec = self.ledger.transaction(tx)
+            rec = self.store.transaction(tx)
             self._files_for(rec)
         return rec
 
@@ -164,27 +156,27 @@ class SliceManager:
         try:
             who = identity.of_pid(pid)
         except identity.NoSuchProcess as e:
-            raise Invalid(f"pid {pid}: no such process to bind container {container_id} to") from e
+            raise errors.InvalidArgument(f"pid {pid}: no such process to bind container {container_id} to") from e
 
-        def tx(ledger: Ledger) -> SliceRecord:
-            rec = ledger.get(container_id)
+        def tx(store: SliceStore) -> SliceRecord:
+            rec = store.get(container_id)
             if rec is None:
-                raise NotFound(f"container {container_id} has no reservation; Reserve it first")
+                raise errors.NotFound(f"container {container_id} has no reservation; Reserve it first")
             if rec.state == "bound":
                 if rec.pid == pid and rec.pid_start == who.start_time:
                     return rec
                 raise Conflict(f"container {container_id} is already bound to pid {rec.pid}")
-            ledger.bind(container_id, who.pid, who.pid_ns, who.cgroup, who.start_time)
-            return ledger.get(container_id)  # type: ignore[return-value]
+            store.bind(container_id, who.pid, who.pid_ns, who.cgroup, who.start_time)
+            return store.get(container_id)  # type: ignore[return-value]
 
         with self._lock:
-            rec = self.ledger.transaction(tx)
+            rec = self.store.transaction(tx)
             self._driver_limit(rec)
             return rec
 
     def release(self, container_id: str) -> bool:
         with self._lock:
-            rec = self.ledger.transaction(lambda ledger: ledger.delete(container_id))
+            rec = self.store.transaction(lambda store: store.delete(container_id))
             if rec is None:
                 return False
             f = self.files.pop(rec.id, None)
@@ -200,12 +192,14 @@ class SliceManager:
         changes = _ours(annotations)
         allowed = {requests.MEMORY, requests.CORES}
         if not changes or set(changes) - allowed:
-            raise Invalid(f"resize takes {requests.MEMORY} and/or {requests.CORES}, got {sorted(annotations)}")
+            raise errors.InvalidArgument(
+                f"resize takes {requests.MEMORY} and/or {requests.CORES}, got {sorted(annotations)}"
+            )
 
-        def tx(ledger: Ledger) -> SliceRecord:
-            rec = ledger.get(container_id)
+        def tx(store: SliceStore) -> SliceRecord:
+            rec = store.get(container_id)
             if rec is None:
-                raise NotFound(f"container {container_id} has no slice")
+                raise errors.NotFound(f"container {container_id} has no slice")
             merged = {**rec.request, **changes}
             req = requests.parse(merged)
             assert req is not None
@@ -216,7 +210,7 @@ class SliceManager:
             for i, a in enumerate(rec.allocations):
                 cap = caps[a.gpu_uuid]
                 if not fits(req, cap, self.oversubscription):
-                    raise PlacementError("exhausted", f"GPU {a.gpu_index} ({a.gpu_uuid}) has no room for the new size")
+                    raise NoRoom(f"GPU {a.gpu_index} ({a.gpu_uuid}) has no room for the new size")
                 memory, cores = demand(req, cap)
                 if i < len(used) and memory < used[i]:
                     raise Conflict(
@@ -224,24 +218,24 @@ class SliceManager:
                         f"{format_bytes(memory)}"
                     )
                 new.append(Allocation(a.gpu_index, a.gpu_uuid, memory, cores))
-            ledger.resize(rec.id, new, merged)
-            return ledger.get(container_id)  # type: ignore[return-value]
+            store.resize(rec.id, new, merged)
+            return store.get(container_id)  # type: ignore[return-value]
 
         with self._lock:
-            rec = self.ledger.transaction(tx)
+            rec = self.store.transaction(tx)
             self._files_for(rec)
             if rec.id in self.enforced:
                 self._driver_limit(rec)
         return rec
 
     def get(self, container_id: str) -> SliceView:
-        rec = self.ledger.get(container_id)
+        rec = self.store.get(container_id)
         if rec is None:
-            raise NotFound(f"container {container_id} has no slice")
+            raise errors.NotFound(f"container {container_id} has no slice")
         return self.view(rec)
 
     def list(self) -> list[SliceView]:
-        return [self.view(r) for r in self.ledger.all()]
+        return [self.view(r) for r in self.store.all()]
 
     def view(self, rec: SliceRecord) -> SliceView:
         f = self.files.get(rec.id)
@@ -255,7 +249,7 @@ class SliceManager:
         """The bound slice whose container this process belongs to: same pid
         namespace (a container's own), else same cgroup; never the daemon's."""
         who = identity.of_pid(pid)
-        bound = [r for r in self.ledger.all() if r.state == "bound"]
+        bound = [r for r in self.store.all() if r.state == "bound"]
         if who.pid_ns != self.own_pid_ns:
             for r in bound:
                 if r.pid_ns == who.pid_ns:
@@ -269,7 +263,7 @@ class SliceManager:
     def sweep(self, reservation_timeout: float) -> list[str]:
         """Release slices whose container is gone and reservations never bound."""
         gone = []
-        for r in self.ledger.all():
+        for r in self.store.all():
             if (r.state == "bound" and not identity.alive(r.pid or 0, r.pid_start or -1)) or (
                 r.state == "reserved" and now_ms() - r.created_ms > reservation_timeout * 1000
             ):

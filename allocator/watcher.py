@@ -8,7 +8,7 @@ import os
 import selectors
 import threading
 
-from gpuslice.allocator.slice_ledger import SliceFiles
+from gpuslice.allocator.slice_files import SliceFiles
 
 log = logging.getLogger(__name__)
 

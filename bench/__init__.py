@@ -1,1 +1,2 @@
-"""gpuslice.bench: benchmarks, separate from tests; each prints ratios measured side by side."""
+"""Benchmarks, separate from tests (developer tooling, not shipped): each prints
+ratios measured side by side.  Run: ./dev.sh bench [NAME...]"""

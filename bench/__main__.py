@@ -1,9 +1,11 @@
-"""`gpuslice-bench`: run benchmarks and print what they measured."""
+"""`./dev.sh bench [NAME...]` (python -m bench from the checkout): run benchmarks
+and print what they measured.  Developer tooling, not shipped in the packages."""
 
 from __future__ import annotations
 
 import click
-from gpuslice.bench import compute_shares, container_start, daemon_rpc, interposer_calls, sim_calls
+
+from bench import compute_shares, container_start, daemon_rpc, interposer_calls, sim_calls
 
 BENCHMARKS = {
     "sim-calls": sim_calls.main,

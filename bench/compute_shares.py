@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Protocol
 
 import click
-from gpuslice.allocator import sim_daemon
-from gpuslice.allocator.sim_daemon import PidNamespace, interposer_env
 
+from gpuslice.cli import sim_daemon
 from gpuslice.paths import native_dir
+from tests.harness import PidNamespace, interposer_env
 
 LOAD = native_dir() / "tools" / "gpuslice-cuda-load"
 WINDOW = 10.0  # seconds

@@ -10,7 +10,7 @@ import time
 
 import click
 
-from gpuslice import container_demo
+from gpuslice.cli import container_demo
 
 PAIRS = 15
 

@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 import click
-from gpuslice.allocator import sim_daemon
-from gpuslice.allocator.runtime_socket import path_beside
+
+from gpuslice.cli import sim_daemon
+from gpuslice.constants import runtime_socket_beside as path_beside
 
 BUDGET_MS = 5.0
 

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import click
 import yaml
-from gpuslice.allocator import sim_daemon
 
+from gpuslice.cli import sim_daemon
 from gpuslice.paths import native_dir
+from tests.harness import PidNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ("forwarded:cuCtxGetCurrent", "cuMemAlloc+cuMemFree", "cuLaunchKernel", "cuLaunchKernel:rejected")
@@ -61,7 +62,7 @@ def _enforced_env(tmp: Path, sim_cfg: Path) -> tuple[dict[str, str], list[str], 
     d_dir.mkdir()
     cfg = sim_daemon.write_config(d_dir, [{"memory": "80Gi", "wave_time": "1ns"}])
     d = sim_daemon.start(d_dir, cfg)
-    box = sim_daemon.PidNamespace()
+    box = PidNamespace()
     with d.client() as c:
         c.reserve("bench", {"gpuslice.io/memory": "64Gi", "gpuslice.io/cores": "50"})
         c.bind("bench", box.init_pid)

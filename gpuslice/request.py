@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
+from gpuslice import errors
 from gpuslice.units import parse_bytes
 
 PREFIX = "gpuslice.io/"
@@ -26,7 +27,7 @@ _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 _PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
 
 
-class RequestError(ValueError):
+class RequestError(errors.InvalidArgument):
     """A bad annotation; str() is the one line to show the user."""
 
 

@@ -21,8 +21,10 @@
 
 #include "runtime_call.h"
 
-#define RUNTIME_ENV "GPUSLICE_RUNTIME" /* the real runtime: a path or a name on PATH */
-#define SPEC_ENV "GPUSLICE_CDI_SPEC"   /* the CDI spec to apply (default: the daemon finds it) */
+/* GS_ENV_RUNTIME: the real runtime, a path or a name on PATH; GS_ENV_CDI_SPEC: the CDI spec to
+ * apply (default: the daemon finds it) */
+#define RUNTIME_ENV GS_ENV_RUNTIME
+#define SPEC_ENV GS_ENV_CDI_SPEC
 #define ANNOTATION "\"gpuslice.io/"
 
 static const char *const GLOBAL_WITH_VALUE[] = {"--root", "--log", "--log-format", "--criu", "--rootless", NULL};

@@ -1,5 +1,10 @@
 """Shared fixtures: a simulated machine per test (config + state directory)
-and client processes that drive it through NVIDIA's own Python clients."""
+and client processes that drive it through NVIDIA's own Python clients.
+
+Tests live in tiers, one directory each, and carry its marker: unit/ (pure
+code, in-process), integration/ (the daemon, simulator, interposer and CLI as
+real processes), e2e/ (real container runtimes, root).  `measure` marks the
+timing-sensitive ones within a tier."""
 
 from __future__ import annotations
 
@@ -14,11 +19,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from gpuslice.allocator.sim_daemon import PidNamespace
 
 from gpuslice.paths import sim_lib_dir
+from tests.harness import CLIENTS, PidNamespace
 
-AGENT = Path(__file__).parent / "clients" / "agent.py"
+AGENT = CLIENTS / "agent.py"
+TIERS = ("unit", "integration", "e2e")
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -154,6 +160,14 @@ def agents() -> Iterator:
         a.close()
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = Path(str(item.path)).parent.name
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test belongs in one of tests/{{{','.join(TIERS)}}}/")
+        item.add_marker(getattr(pytest.mark, tier))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):  # type: ignore[no-untyped-def]
     """Under CI (CI=true: root, everything installed) nothing may skip: a skip
@@ -174,7 +188,7 @@ class DaemonFactory:
         self.running: list = []
 
     def __call__(self, gpus: list[dict] | None = None, topology: list | None = None, **overrides):
-        from gpuslice.allocator import sim_daemon as daemon_fixture
+        from gpuslice.cli import sim_daemon as daemon_fixture
 
         d = self.tmp_path / f"d{len(self.running)}"
         d.mkdir()
@@ -182,7 +196,7 @@ class DaemonFactory:
         return self._track(daemon_fixture.start(d, config))
 
     def restart(self, rd):  # type: ignore[no-untyped-def]
-        from gpuslice.allocator import sim_daemon as daemon_fixture
+        from gpuslice.cli import sim_daemon as daemon_fixture
 
         return self._track(daemon_fixture.start(rd.dir, rd.config))
 

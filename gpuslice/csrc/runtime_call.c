@@ -13,9 +13,9 @@
 
 const char *gs_runtime_socket(char *buf, size_t cap)
 {
-    const char *control = getenv("GPUSLICE_SOCKET");
+    const char *control = getenv(GS_ENV_SOCKET);
     if (!control || !*control)
-        control = GS_CONTROL_SOCKET_DEFAULT;
+        control = GS_CONTROL_SOCKET;
     const char *slash = strrchr(control, '/');
     int dir = slash ? (int)(slash - control) : 1;
     snprintf(buf, cap, "%.*s/%s", dir, slash ? control : ".", GS_RUNTIME_SOCKET_NAME);

@@ -9,11 +9,11 @@
 
 #include <stddef.h>
 
-#define GS_RUNTIME_SOCKET_NAME "runtime.sock"
-#define GS_CONTROL_SOCKET_DEFAULT "/run/gpuslice/gpuslice.sock"
-#define GS_CALL_TIMEOUT_S 30
-#define GS_REPLY_MAX 4096
-#define GS_INPUT_MAX (4u << 20)
+#include "gpuslice_constants.h"
+
+#define GS_CALL_TIMEOUT_S GS_RUNTIME_TIMEOUT_S
+#define GS_REPLY_MAX GS_RUNTIME_REPLY_MAX
+#define GS_INPUT_MAX ((size_t)GS_RUNTIME_REQUEST_MAX)
 
 /* The runtime socket: beside the control socket ($GPUSLICE_SOCKET, or the
  * default), so one setting points every client at one daemon. */

@@ -15,7 +15,6 @@
 
 #include "wrap.h"
 
-#define DEFAULT_SOCKET "/run/gpuslice/slice/slice.sock"
 
 struct gs_slice gs;
 static pthread_mutex_t attach_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -95,8 +94,8 @@ int gs_attach(void)
         __atomic_store_n(&gs.mode, GS_UNSLICED, __ATOMIC_RELEASE);
         goto out;
     }
-    const char *path = getenv("GPUSLICE_SLICE_SOCKET");
-    path = path && *path ? path : DEFAULT_SOCKET;
+    const char *path = getenv(GS_ENV_SLICE_SOCKET);
+    path = path && *path ? path : GS_SLICE_SOCKET;
     struct gpuslice_reply rep;
     int fds[2];
     if (ask(path, &rep, fds) != 0) {

@@ -4,6 +4,7 @@
 
 #include <stdint.h>
 
+#include "gpuslice_constants.h"
 #include "gpuslice_slice.h"
 
 #define WRAP_API __attribute__((visibility("default")))

@@ -14,7 +14,7 @@ import struct
 import sys
 import time
 
-from gpuslice.allocator.slice_ledger import constant, ffi_and_lib
+from gpuslice.allocator.slice_files import constant, ffi_and_lib
 
 
 def main() -> None:

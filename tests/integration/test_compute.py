@@ -2,7 +2,7 @@
 namespace, behind the interposer's launch gate) on one simulated GPU, with the
 daemon's controller setting their budgets.  GPU time is the simulator's exact
 per-process accounting, read by each workload (gpuslice-cuda-load).  The
-scenarios are gpuslice-bench compute-shares' own."""
+scenarios are ./dev.sh bench compute-shares' own."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import signal
 import time
 
 import pytest
-from gpuslice.allocator.sim_daemon import interposer_env
-from gpuslice.allocator.slice_ledger import SliceFiles
-from gpuslice.bench.compute_shares import (
+
+from bench.compute_shares import (
     MIXES,
     NS,
     SETTLE,
@@ -23,10 +22,11 @@ from gpuslice.bench.compute_shares import (
     run_mix,
     slice_of,
 )
-
+from gpuslice.allocator.slice_files import SliceFiles
 from tests.conftest import Agent, gpu, needs_root
+from tests.harness import interposer_env
 
-pytestmark = needs_root
+pytestmark = [needs_root, pytest.mark.measure]  # shares measured over seconds of simulated load
 TOLERANCE = 3.0  # percentage points over 10 s windows
 
 
@@ -114,7 +114,7 @@ def test_launches_pass_while_the_daemon_is_gone_and_are_held_again_after_restart
 
 
 def test_status_shows_each_slices_target_and_use(node):
-    from gpuslice.status_table import render_status
+    from gpuslice.cli.status_table import render_status
 
     t = Tenant(node.client, node.env, node.boxes(), "shown", slice_of(30, "hard"), 8, "100")
     time.sleep(6)  # past the start-up ramp, and a second of the average shown

@@ -1,5 +1,5 @@
-"""Run the allocator daemon on a simulated machine as a real process: for the
-demo, the tests and the benchmarks."""
+"""A node on the simulator: the allocator daemon run as a child process on a
+simulated machine, for `gpuslice demo` (the tests and benchmarks build on it)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gpuslice.client import AllocatorClient
-from gpuslice.paths import native_dir
 
 
 @dataclass
@@ -53,7 +52,7 @@ def write_config(d: Path, gpus: list[dict], topology: list | None = None, **over
         "socket": str(d / "gpuslice.sock"),
         "slice_socket": str(d / "slice" / "slice.sock"),
         "state_dir": str(d / "state"),
-        "ledger_dir": str(d / "ledgers"),
+        "slice_files_dir": str(d / "slices"),
         "metrics": {"port": 0},
         "nvml": "sim",
         "sim": {"config": str(sim_cfg), "state_dir": str(d / "sim")},
@@ -93,41 +92,3 @@ def start(d: Path, config: Path) -> RunningDaemon:
         proc.kill()
         raise RuntimeError("daemon did not become healthy in 30 s")
     return RunningDaemon(d, config, proc, sock, Path(cfg["slice_socket"]), cfg.get("metrics", {}).get("port", 0))
-
-
-class PidNamespace:
-    """A process in a new pid namespace, standing for a container's init (root only)."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "600"])
-        deadline = time.monotonic() + 5
-        self.init_pid = 0
-        while not self.init_pid and time.monotonic() < deadline:
-            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-            self.init_pid = int(children[0]) if children else 0
-            time.sleep(0.02)
-        if not self.init_pid:
-            self.proc.kill()
-            raise RuntimeError("unshare did not start its child")
-
-    def command(self, argv: list[str]) -> list[str]:
-        """argv run inside this pid namespace."""
-        return ["nsenter", "--target", str(self.init_pid), "--pid", "--", *argv]
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
-
-
-def interposer_env(d: RunningDaemon) -> dict[str, str]:
-    """The environment that puts the interposer in front of the simulator,
-    attached to the daemon's slices."""
-    return {
-        **os.environ,
-        "LD_LIBRARY_PATH": str(native_dir() / "wrap"),
-        "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / "libcuda.so.1"),
-        "GPUSLICE_REAL_LIBNVML": str(native_dir() / "sim" / "libnvidia-ml.so.1"),
-        "GPUSLICE_SLICE_SOCKET": str(d.slice_socket),
-        "GPUSLICE_SIM_CONFIG": str(d.dir / "sim.yaml"),
-        "GPUSLICE_SIM_STATE_DIR": str(d.dir / "sim"),
-    }

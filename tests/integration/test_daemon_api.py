@@ -11,8 +11,8 @@ import urllib.request
 
 import grpc
 import pytest
-from gpuslice.allocator.sim_daemon import free_port
 
+from gpuslice.cli.sim_daemon import free_port
 from tests.conftest import GiB, gpu
 
 MEM = "gpuslice.io/memory"
@@ -121,7 +121,7 @@ def test_resize_when_capacity_allows(daemon):
     code, _ = code_of(lambda: c.resize("r", {GPUS: "2"}))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     # the slice's shared ledger carries the new limit for its processes
-    from gpuslice.allocator.slice_ledger import SliceFiles
+    from gpuslice.allocator.slice_files import SliceFiles
 
     files = SliceFiles(d.dir / "ledgers", grown.id)
     assert files.limits.gpu[0].memory_limit == 8 * GiB and files.limits.gpu[0].cores == 60

@@ -13,10 +13,11 @@ import pytest
 
 from gpuslice.paths import native_dir
 from tests.conftest import Agent, needs_root
-from tests.test_declarations import def_entries, needs
-from tests.test_interposer import Slice
+from tests.harness import REPO
+from tests.integration.test_declarations import def_entries, needs
+from tests.integration.test_interposer import Slice
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 WRAP = ROOT / "libcuda_wrap"
 # hooks the simulator's table does not list: the CUDA version of their PFN typedef
 EXTRA_PFN = {

@@ -1,7 +1,7 @@
-"""The durable ledger: SQLite in WAL mode, one transaction per change.
+"""The slice store: SQLite in WAL mode, one transaction per change.
 
-A reservation is in the ledger before any client hears of it, and placement
-reads the ledger inside the same write transaction, so after kill -9 at any
+A reservation is in the store before any client hears of it, and placement
+reads the store inside the same write transaction, so after kill -9 at any
 moment the restarted daemon sees exactly what it had committed: no double
 booking, no leak."""
 
@@ -18,9 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+from gpuslice import errors
+
 T = TypeVar("T")
 
-SCHEMA = """
+# The schema's versions, in order: MIGRATIONS[n] takes a store from version n to
+# n + 1 (PRAGMA user_version).  Version 1 is the first released layout; a store
+# made before versions were kept has user_version 0 and tables of version 1.
+MIGRATIONS: tuple[str, ...] = (
+    """
 CREATE TABLE IF NOT EXISTS slices (
     id TEXT PRIMARY KEY,
     container_id TEXT NOT NULL UNIQUE,
@@ -46,7 +52,13 @@ CREATE TABLE IF NOT EXISTS allocations (
     PRIMARY KEY (slice_id, gpu_uuid)
 );
 CREATE INDEX IF NOT EXISTS allocations_by_gpu ON allocations(gpu_uuid);
-"""
+""",
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class StoreError(errors.FailedPrecondition):
+    """The store cannot be used as it is (a newer schema, a file that is not a store)."""
 
 
 @dataclass(frozen=True)
@@ -76,11 +88,32 @@ class SliceRecord:
     allocations: tuple[Allocation, ...]
 
 
+def migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Bring the store to SCHEMA_VERSION, one migration per transaction."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path}: slice store schema version {version} is newer than this gpuslice knows "
+            f"({SCHEMA_VERSION}); run the gpuslice that wrote it"
+        )
+    for target in range(version + 1, SCHEMA_VERSION + 1):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in MIGRATIONS[target - 1].split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            db.execute(f"PRAGMA user_version = {target}")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-class Ledger:
+class SliceStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
@@ -89,7 +122,7 @@ class Ledger:
         # only power loss can drop the last commits, and then every container is gone too.
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.executescript(SCHEMA)
+        migrate(self._db, path)
         self._lock = threading.RLock()  # reads take it too: one connection, no dirty reads
 
     def close(self) -> None:
@@ -106,7 +139,7 @@ class Ledger:
                 raise
             self._db.execute("COMMIT")
 
-    def transaction(self, fn: Callable[[Ledger], T]) -> T:
+    def transaction(self, fn: Callable[[SliceStore], T]) -> T:
         """Run fn(self) in one write transaction; reads inside see the state it changes."""
         with self._tx():
             return fn(self)

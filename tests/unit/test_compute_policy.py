@@ -4,6 +4,7 @@ guarantees, hard caps, lending of idle shares, priority, best effort."""
 from __future__ import annotations
 
 import pytest
+
 from gpuslice.allocator.compute import BEST_EFFORT_FLOOR, Share, targets
 
 

@@ -15,16 +15,18 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from gpuslice.cdi import spec as cdi_spec
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 from gpuslice import rootfs
-from gpuslice.container_demo import PODMAN
+from gpuslice.cdi import spec as cdi_spec
+from gpuslice.cdi.registry import Registry as CdiRegistry
+from gpuslice.cli.container_demo import PODMAN
 from gpuslice.paths import built_executable
 from tests.conftest import gpu
+from tests.harness import SHARED_REFERENCE
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference"
+SHARED = SHARED_REFERENCE
 SPEC_PATH = Path("/var/run/cdi/gpuslice-e2e.json")
 SHIM = built_executable("gpuslice-runtime")
 MiB, GiB = 1 << 20, 1 << 30
@@ -64,7 +66,7 @@ class Node:
     """A daemon on the simulator, its CDI spec installed, the shim configured."""
 
     def __init__(self, daemon, tmp: Path, gpus: list[dict] | None = None) -> None:
-        others = [p for p in cdi_spec.find_specs() if p != SPEC_PATH]
+        others = [p for p, _, _ in CdiRegistry().specs() if p != SPEC_PATH]
         assert not others, f"another {cdi_spec.KIND} spec is installed: {others}"
         self.d = daemon(gpus or [gpu("16Gi")], sweep_interval=0.5)
         self.client = self.d.client()

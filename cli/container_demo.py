@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice import paths, rootfs
-from gpuslice.allocator import sim_daemon
-from gpuslice.cdi import spec as cdi_spec
-from gpuslice.status_table import render_status
+from gpuslice.cdi.registry import Registry as CdiRegistry
+from gpuslice.cli import sim_daemon
+from gpuslice.cli.status_table import render_status
 from gpuslice.units import format_bytes
 
 SPEC = Path("/var/run/cdi/gpuslice-demo.json")
@@ -96,7 +96,7 @@ def sim_node(echo=print) -> Iterator[SimNode]:
     why = available()
     if why:
         raise DemoUnavailable(why)
-    others = [p for p in cdi_spec.find_specs() if p != SPEC]
+    others = [p for p, _, _ in CdiRegistry().specs() if p != SPEC]
     if others:
         raise DemoUnavailable(f"another gpuslice CDI spec is installed ({others[0]}); the demo would collide with it")
     with tempfile.TemporaryDirectory(prefix="gpuslice-demo-") as tmp:

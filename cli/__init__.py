@@ -1,4 +1,5 @@
-"""The `gpuslice` command."""
+"""The `gpuslice` command: the composition root, the one place that may import
+every component (core, cdi, the daemon) to wire them to a command line."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import asdict
 
 import click
 
-from gpuslice import __version__, paths, sim
+from gpuslice import __version__, constants, errors, paths, sim
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,8 +24,8 @@ def main() -> None:
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
 def gpus(use_sim: bool, as_json: bool) -> None:
     """Show the node's GPUs, memory in use and processes (through NVML)."""
-    from gpuslice.allocator import inventory
-    from gpuslice.gpu_table import render
+    from gpuslice import inventory
+    from gpuslice.cli.gpu_table import render
 
     if use_sim:
         sim.activate()
@@ -80,8 +81,8 @@ def status(socket_path: str | None, as_json: bool) -> None:
     import grpc
     from google.protobuf.json_format import MessageToDict
 
+    from gpuslice.cli.status_table import render_status
     from gpuslice.client import AllocatorClient
-    from gpuslice.status_table import render_status
 
     try:
         with AllocatorClient(socket_path, timeout=5) as c:
@@ -106,10 +107,11 @@ def cdi_group() -> None:
 @cdi_group.command("generate")
 @click.option("--driver", type=click.Choice(["nvidia", "sim"]), default="nvidia", show_default=True)
 @click.option("--driver-root", type=click.Path(file_okay=False), default="/", show_default=True)
-@click.option("--output", type=click.Path(dir_okay=False), default="/var/run/cdi/gpuslice.json", show_default=True)
+@click.option("--output", type=click.Path(dir_okay=False), default="/var/run/cdi/gpuslice.json", show_default=True,
+              help="the spec file (.json, or .yaml/.yml for YAML)")  # fmt: skip
 @click.option("--hook", "hook_path", type=click.Path(dir_okay=False), help="gpuslice-hook on the host (default: PATH)")
-@click.option("--daemon-socket", default="/run/gpuslice/gpuslice.sock", show_default=True)
-@click.option("--slice-dir", default="/run/gpuslice/slice", show_default=True, help="host dir of the slice socket")
+@click.option("--daemon-socket", default=constants.CONTROL_SOCKET, show_default=True)
+@click.option("--slice-dir", default=constants.SLICE_SOCKET_DIR, show_default=True, help="host dir of the slice socket")
 @click.option("--sim-config", type=click.Path(dir_okay=False), help="simulator config to mount (--driver sim)")
 @click.option("--sim-state-dir", type=click.Path(file_okay=False), help="simulator state to mount (--driver sim)")
 @click.option("--stdout", "to_stdout", is_flag=True, help="print the spec instead of writing it")
@@ -119,7 +121,7 @@ def cdi_generate(
     """Discover the GPUs and the driver's files and write the CDI spec."""
     from pathlib import Path
 
-    from gpuslice.allocator import inventory
+    from gpuslice import inventory
     from gpuslice.cdi import generate as gen
     from gpuslice.cdi import spec as cdi_spec
 
@@ -133,40 +135,39 @@ def cdi_generate(
     try:
         spec = gen.generate(inventory.read(), opts)
         if to_stdout:
-            cdi_spec.validate(spec)
-            click.echo(json.dumps(spec, indent=2))
+            data = spec.to_dict()
+            cdi_spec.validate(data)
+            click.echo(json.dumps(data, indent=2))
         else:
             cdi_spec.write(spec, Path(output))
-            click.echo(f"wrote {output}: {len(spec['devices'])} devices, cdiVersion {spec['cdiVersion']}")
-    except (gen.DriverFilesError, cdi_spec.SpecError) as e:
+            click.echo(f"wrote {output}: {len(spec.devices)} devices, cdiVersion {spec.to_dict()['cdiVersion']}")
+    except errors.GpusliceError as e:
         raise click.ClickException(str(e)) from e
 
 
 @cdi_group.command("list")
 def cdi_list() -> None:
-    """The gpuslice.io/gpu devices of the specs in /etc/cdi and /var/run/cdi."""
-    from gpuslice.cdi import spec as cdi_spec
+    """The gpuslice.io/gpu devices as a CDI runtime resolves them (/var/run/cdi over /etc/cdi)."""
+    from gpuslice.cdi.registry import Registry
 
-    for path in cdi_spec.find_specs():
-        data = json.loads(path.read_text())
-        for d in data["devices"]:
-            click.echo(f"{data['kind']}={d['name']}\t{path}")
+    for name, found in sorted(Registry().devices().items(), key=lambda kv: str(kv[1].path)):
+        click.echo(f"{found.spec.kind}={name}\t{found.path}")
 
 
 @cdi_group.command("validate")
 @click.argument("file", type=click.Path(dir_okay=False))
 def cdi_validate(file: str) -> None:
-    """Check a CDI spec: schema, names, and the cdiVersion its fields need."""
+    """Check a CDI spec (JSON or YAML): schema, names, and the cdiVersion its fields need."""
     from pathlib import Path
 
     from gpuslice.cdi import spec as cdi_spec
 
     try:
-        data = cdi_spec.load(Path(file))
+        spec = cdi_spec.load(Path(file))
     except cdi_spec.SpecError as e:
-        click.echo(f"gpuslice: {file}: {e}".replace("\n", f"\ngpuslice: {file}: "), err=True)
+        click.echo("\n".join(f"gpuslice: {line}" for line in str(e).splitlines()), err=True)
         sys.exit(1)
-    click.echo(f"ok: {data['kind']}, {len(data['devices'])} devices, cdiVersion {data['cdiVersion']}")
+    click.echo(f"ok: {spec.kind}, {len(spec.devices)} devices, cdiVersion {spec.version}")
 
 
 def _install(target: str, root: str, shim: str | None, hook: str | None, dry_run: bool, remove: bool) -> None:
@@ -270,8 +271,8 @@ def sim_run(config: str | None, state_dir: str | None, command: tuple[str, ...])
 @click.option("--config", type=click.Path(dir_okay=False), help="simulator config file")
 def demo(mode: str, workers: int, alloc_mib: int, seconds: float, config: str | None) -> None:
     """Containers (or processes) sharing a simulated GPU, each held to its slice."""
-    from gpuslice import container_demo
-    from gpuslice import demo as demo_mod
+    from gpuslice.cli import container_demo
+    from gpuslice.cli import process_demo as demo_mod
 
     why = container_demo.available()
     if mode == "containers" or (mode == "auto" and why is None):

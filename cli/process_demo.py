@@ -11,9 +11,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from gpuslice import sim
-from gpuslice.allocator import inventory
-from gpuslice.gpu_table import render
+from gpuslice import inventory, sim
+from gpuslice.cli.gpu_table import render
 from gpuslice.units import format_bytes
 
 log = logging.getLogger(__name__)

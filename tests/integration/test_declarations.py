@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness import REPO
 from tests.toolkit import include_dir
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 OUR_CUDA = ROOT / "libcuda_wrap/include/gpuslice_cuda.h"
 OUR_NVML = ROOT / "libcuda_wrap/include/gpuslice_nvml.h"
 DEF = ROOT / "libcuda_wrap/symbols/sim_driver_api.def"

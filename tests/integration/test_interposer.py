@@ -9,18 +9,17 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from gpuslice.allocator.sim_daemon import interposer_env
-from gpuslice.allocator.slice_ledger import SliceFiles
 
+from gpuslice.allocator.slice_files import SliceFiles
 from tests.conftest import Agent, Container, GiB, MiB, gpu, needs_root
-from tests.test_sim_memory import DEVICE_PATHS
+from tests.harness import CLIENTS, REPO, interposer_env
+from tests.integration.test_sim_memory import DEVICE_PATHS
 
 pytestmark = needs_root
-STRESS = Path(__file__).parent / "clients" / "stress.py"
-ROOT = Path(__file__).resolve().parents[1]
+STRESS = CLIENTS / "stress.py"
+ROOT = REPO
 
 
 class Slice:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.harness import REPO
+
+ROOT = REPO
 
 
 def test_generated_code_matches_the_proto(tmp_path):

@@ -17,14 +17,15 @@ import grpc
 import pytest
 import tomllib
 import yaml
-from gpuslice.cdi import spec as cdi_spec
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gpuslice import rootfs
+from gpuslice.cdi.registry import Registry as CdiRegistry
+from gpuslice.cli.container_demo import PODMAN
 from gpuslice.client import AllocatorClient
-from gpuslice.container_demo import PODMAN
+from tests.harness import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 INSTALLED = Path("/usr/lib/gpuslice/python/gpuslice/_native")
 SPEC = Path("/var/run/cdi/gpuslice-pkg.json")
 DAEMON_SOCKET = "/run/gpuslice/gpuslice.sock"
@@ -116,7 +117,7 @@ def _start_installed_daemon(work: Path) -> subprocess.Popen:
 
 
 def test_installed_deb_runs_containers_then_purges_clean(packages, tmp_path):
-    assert not [p for p in cdi_spec.find_specs() if p != SPEC], "another gpuslice spec is installed"
+    assert not [p for p, _, _ in CdiRegistry().specs() if p != SPEC], "another gpuslice spec is installed"
     files: list[Path] = []
     try:
         # apt resolves the distribution packages it depends on (./dev.sh preinstalls them)

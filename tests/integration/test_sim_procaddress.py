@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_declarations import def_entries
+from tests.integration.test_declarations import def_entries
 
 DEFAULT, PTDS = 0, 2  # CU_GET_PROC_ADDRESS_DEFAULT / _PER_THREAD_DEFAULT_STREAM
 

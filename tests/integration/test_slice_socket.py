@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 from tests.conftest import GiB, needs_root
+from tests.harness import CLIENTS, REPO
 
-CLIENT = Path(__file__).parent / "clients" / "slice_client.py"
-ROOT = Path(__file__).resolve().parents[1]
+CLIENT = CLIENTS / "slice_client.py"
+ROOT = REPO
 
 
 def run_client(box, socket: Path, charge: int, linger: float = 0) -> subprocess.Popen:

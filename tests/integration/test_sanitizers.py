@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 from tests.conftest import oci_bundle
+from tests.harness import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def test_stress_is_clean_under_sanitizers(tmp_path):

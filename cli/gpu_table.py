@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuslice.allocator.inventory import Inventory
+from gpuslice.inventory import Inventory
 from gpuslice.units import format_bytes
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 import zipfile
-from pathlib import Path
 
 import click
 from click.testing import CliRunner
 
 from gpuslice import __version__
 from gpuslice.cli import main
+from tests.harness import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 
 
 def walk(cmd: click.Command, path: tuple[str, ...] = ()):

@@ -1,0 +1,124 @@
+"""What the runtime socket's verbs do when a container starts and stops: the
+work of the OCI hook (hook/gpuslice_hook.c) and of the runtime shim
+(runtime_shim/gpuslice_runtime.c), run here in the daemon so that a container
+start pays for one round trip, not an interpreter.
+
+- create (the shim, before the real runtime): a container whose annotations ask
+  for a slice gets it reserved, and the CDI edits of the GPUs placed for it,
+  applied to its config.json (written atomically).  A container that asks for
+  nothing, or a pod's sandbox, is left byte for byte as it was.
+- createRuntime (the hook; container created, not started): the container holds
+  a slice bound to its init process: reserved by the shim already, or reserved
+  here from its annotations and the GPUs CDI injected.
+- poststop: the slice is released.
+- ldcache-root (the hook's update-ldcache): the container's root, where the hook
+  itself writes the loader configuration.
+
+Any failure aborts creation with one line and leaves nothing reserved."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from gpuslice import constants, errors, oci, request
+from gpuslice.allocator.slices import SliceManager
+from gpuslice.atomic_file import write_text_atomically
+from gpuslice.cdi import apply as cdi_apply
+from gpuslice.cdi import spec as cdi_spec
+from gpuslice.cdi.registry import Found, Registry
+
+REGISTRY = Registry()  # kept for the daemon's life: each spec file is parsed and validated once per change
+
+
+def requested(notes: dict[str, str]) -> dict[str, str]:
+    """The container's gpuslice.io/* annotations; none for a pod's sandbox."""
+    if oci.is_sandbox(notes):
+        return {}
+    return {k: v for k, v in notes.items() if k.startswith(request.PREFIX)}
+
+
+def injected_devices(config: dict) -> list[str]:
+    """UUIDs of the GPUs CDI injected (their devices' env entries), by index."""
+    prefix = constants.CDI_DEVICE_ENV_PREFIX
+    found = []
+    for entry in oci.process_env(config):
+        name, _, value = entry.partition("=")
+        if name.startswith(prefix) and name[len(prefix) :].isdigit() and value:
+            found.append((int(name[len(prefix) :]), value))
+    return [uuid for _, uuid in sorted(found)]
+
+
+def _with_injected(ours: dict[str, str], config: dict) -> dict[str, str]:
+    devices = injected_devices(config)
+    if not devices:
+        return ours
+    pinned = ours.get(request.DEVICE)
+    if pinned and set(pinned.split(",")) != set(devices):
+        raise errors.InvalidArgument(
+            f'annotation {request.DEVICE}: "{pinned}" differs from the GPUs the CDI devices injected '
+            f"({','.join(devices)})"
+        )
+    return {**ours, request.DEVICE: ",".join(devices), request.GPUS: ours.get(request.GPUS, str(len(devices)))}
+
+
+def create_runtime(state: oci.State, slices: SliceManager) -> None:
+    cid = state.id
+    if state.pid <= 0:
+        raise oci.OciError(f"container {cid}: the OCI state has no pid (createRuntime runs once the container exists)")
+    config = oci.read_config(state.bundle, cid)
+    try:
+        slices.get(cid)
+        reserved_here = False  # the runtime shim reserved it
+    except errors.NotFound:
+        ours = requested(oci.annotations(config, state))
+        if not ours:
+            return  # the container asks for no GPU
+        ours = _with_injected(ours, config)
+        request.parse(ours)  # bad annotations fail here, with the parser's one line
+        slices.reserve(cid, ours, owner="hook")
+        reserved_here = True
+    try:
+        slices.bind(cid, state.pid)
+    except BaseException:
+        if reserved_here:
+            slices.release(cid)
+        raise
+
+
+def poststop(state: oci.State, slices: SliceManager) -> None:
+    slices.release(state.id)
+
+
+def container_root(state: oci.State) -> str:
+    return str(oci.root_path(state.bundle, oci.read_config(state.bundle, state.id), state.id))
+
+
+def _devices(spec_path: str, uuids: list[str]) -> list[Found]:
+    """The CDI devices of the placed GPUs: from the spec the shim names, else the
+    spec directories (with their precedence)."""
+    if not spec_path:
+        return REGISTRY.resolve(uuids)
+    spec = cdi_spec.load(Path(spec_path))
+    return [Found(spec, spec.device(u), Path(spec_path), 0) for u in uuids]
+
+
+def prepare(bundle: Path, container_id: str, slices: SliceManager, spec_path: str = "") -> bool:
+    """Give the container its slice (the shim's create); False when it asks for none."""
+    if not bundle.is_absolute():
+        raise oci.OciError(f"bundle {bundle}: not an absolute path")
+    config = oci.read_config(bundle, container_id)
+    ours = requested(oci.annotations(config))
+    if not ours:
+        return False
+    request.parse(ours)  # the one line for bad annotations, before anything is reserved
+    placed = slices.reserve(container_id, ours, owner="runtime-shim")
+    try:
+        cdi_apply.inject(config, _devices(spec_path, [a.gpu_uuid for a in placed.allocations]))
+        path = bundle / oci.CONFIG_NAME
+        write_text_atomically(path, json.dumps(config), os.stat(path).st_mode & 0o777)
+    except BaseException:
+        slices.release(container_id)
+        raise
+    return True

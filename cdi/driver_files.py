@@ -1,0 +1,70 @@
+"""Where the driver's files are on the host: its libraries (for the private
+path behind the interposer), nvidia-smi, and the control device nodes.
+Discovery only; composing a spec from what is found is gpuslice.cdi.generate's."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice import errors
+from gpuslice.paths import native_dir
+
+LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "lib64", "usr/lib", "lib")
+CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+# libraries every container image brings itself
+BASE_LIBS = re.compile(r"^(libc|libm|libdl|libpthread|librt|ld-linux[-\w]*)\.so")
+
+
+class DriverFilesError(errors.FailedPrecondition):
+    pass
+
+
+@dataclass(frozen=True)
+class DriverFiles:
+    libcuda: Path
+    libnvml: Path
+    extra_libs: tuple[Path, ...] = ()  # what the libraries need beyond a base image (the simulator's libyaml)
+    nvidia_smi: Path | None = None
+    control_nodes: tuple[str, ...] = ()  # container paths of /dev/nvidiactl, ... that the host has
+
+
+def _find_lib(root: Path, stem: str, version: str) -> Path:
+    for d in LIB_DIRS:
+        for name in (f"{stem}.so.{version}", f"{stem}.so.1"):
+            p = root / d / name
+            if p.exists():
+                return p.resolve()
+    raise DriverFilesError(f"{stem}.so.{version} not found under {root} ({', '.join(LIB_DIRS)})")
+
+
+def _extra_deps(lib: Path) -> tuple[Path, ...]:
+    """Shared libraries lib needs beyond what every image has (e.g. libyaml)."""
+    out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True).stdout
+    deps = []
+    for line in out.splitlines():
+        m = re.match(r"\s*(\S+) => (/\S+)", line)
+        if m and not BASE_LIBS.match(m.group(1)):
+            deps.append(Path(m.group(2)).resolve())
+    return tuple(deps)
+
+
+def nvidia(root: Path, driver_version: str) -> DriverFiles:
+    """The NVIDIA driver's files under a root (/ on a node, a fixture in tests)."""
+    smi = shutil.which("nvidia-smi", path=f"{root / 'usr/bin'}:{root / 'usr/sbin'}")
+    return DriverFiles(
+        libcuda=_find_lib(root, "libcuda", driver_version),
+        libnvml=_find_lib(root, "libnvidia-ml", driver_version),
+        nvidia_smi=Path(smi) if smi else None,
+        control_nodes=tuple(f"/dev/{n}" for n in CONTROL_NODES if (root / "dev" / n).exists()),
+    )
+
+
+def simulated() -> DriverFiles:
+    """The simulated driver built with gpuslice (it has no device nodes)."""
+    sim = native_dir() / "sim"
+    libcuda = sim / "libcuda.so.1"
+    return DriverFiles(libcuda=libcuda, libnvml=sim / "libnvidia-ml.so.1", extra_libs=_extra_deps(libcuda))

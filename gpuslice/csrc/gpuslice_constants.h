@@ -1,0 +1,40 @@
+/*
+ * Node paths and protocol constants: the one source for the C programs (the
+ * hook, the runtime shim, the interposer) and for Python (gpuslice/constants.py
+ * reads this very file).  Only `#define GS_NAME "string"` and
+ * `#define GS_NAME integer` lines, so both sides parse it the same way.
+ */
+#ifndef GPUSLICE_CONSTANTS_H
+#define GPUSLICE_CONSTANTS_H
+
+/* the daemon's sockets and state on a node */
+#define GS_CONTROL_SOCKET "/run/gpuslice/gpuslice.sock"
+#define GS_RUNTIME_SOCKET_NAME "runtime.sock"
+#define GS_SLICE_SOCKET_DIR "/run/gpuslice/slice"
+#define GS_SLICE_SOCKET_NAME "slice.sock"
+#define GS_SLICE_SOCKET "/run/gpuslice/slice/slice.sock"
+#define GS_STATE_DIR "/var/lib/gpuslice"
+#define GS_SLICE_FILES_DIR "/run/gpuslice/ledgers"
+
+/* environment: which daemon a client talks to, and the interposer's settings */
+#define GS_ENV_SOCKET "GPUSLICE_SOCKET"
+#define GS_ENV_SLICE_SOCKET "GPUSLICE_SLICE_SOCKET"
+#define GS_ENV_REAL_LIBCUDA "GPUSLICE_REAL_LIBCUDA"
+#define GS_ENV_REAL_LIBNVML "GPUSLICE_REAL_LIBNVML"
+#define GS_ENV_RUNTIME "GPUSLICE_RUNTIME"
+#define GS_ENV_CDI_SPEC "GPUSLICE_CDI_SPEC"
+
+/* the runtime socket (docs/oci-integration.md): one request, one reply line */
+#define GS_RUNTIME_TIMEOUT_S 30
+#define GS_RUNTIME_REQUEST_MAX 4194304
+#define GS_RUNTIME_REPLY_MAX 4096
+
+/* CDI: the kind, and the env entry by which an injected GPU names itself */
+#define GS_CDI_KIND "gpuslice.io/gpu"
+#define GS_CDI_DEVICE_ENV_PREFIX "GPUSLICE_DEVICE_"
+
+/* inside a container: where the interposer and the real driver libraries sit */
+#define GS_CONTAINER_WRAP_DIR "/usr/lib/gpuslice/wrap"
+#define GS_CONTAINER_DRIVER_DIR "/usr/lib/gpuslice/driver"
+
+#endif

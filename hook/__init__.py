@@ -1,1 +1,0 @@
-"""gpuslice.hook: the OCI hook that binds a container to its slice and releases it."""

@@ -1,1 +1,0 @@
-"""gpuslice.runtime_shim: wraps runc/crun and applies a container's slice on create."""
