@@ -3,13 +3,15 @@
 #   ./dev.sh demo    containers' workloads sharing a simulated GPU
 #   ./dev.sh test    lint + the full test suite
 #   ./dev.sh setup   set up only
+#   ./dev.sh bench [NAME...]   benchmarks (developer tooling, not shipped)
+# Extra arguments after test go to pytest: ./dev.sh test -m unit
 # As root it installs the system packages itself; as a normal user it says
 # which are missing.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 
 what=${1:-}
-case "$what" in demo|test|setup) ;; *) echo "usage: $0 demo|test|setup" >&2; exit 2 ;; esac
+case "$what" in demo|test|setup|bench) ;; *) echo "usage: $0 demo|test|setup|bench" >&2; exit 2 ;; esac
 
 APT_PACKAGES=(gcc make binutils libc6-dev libyaml-dev python3 python3-venv python3-dev util-linux valgrind)
 # container runtimes for the end-to-end tests: installed when root; without
@@ -46,9 +48,16 @@ fi
 case "$what" in
     setup) echo "dev.sh: ready (.venv)";;
     demo) exec .venv/bin/gpuslice demo ;;
+    bench) exec .venv/bin/python -m bench "${@:2}" ;;
     test)
         .venv/bin/ruff check .
         .venv/bin/ruff format --check .
-        exec .venv/bin/python -m pytest "${@:2}"
+        tools/typecheck.sh
+        set +e
+        .venv/bin/python -m pytest "${@:2}"
+        rc=$?
+        # pytest's 5 is "no tests ran": never green
+        [ "$rc" = 5 ] && echo "dev.sh: pytest collected no tests" >&2
+        exit "$rc"
         ;;
 esac

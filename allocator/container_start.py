@@ -56,7 +56,7 @@ def _with_injected(ours: dict[str, str], config: dict) -> dict[str, str]:
         return ours
     pinned = ours.get(request.DEVICE)
     if pinned and set(pinned.split(",")) != set(devices):
-        raise errors.InvalidArgument(
+        raise request.RequestError(
             f'annotation {request.DEVICE}: "{pinned}" differs from the GPUs the CDI devices injected '
             f"({','.join(devices)})"
         )
@@ -72,7 +72,7 @@ def create_runtime(state: oci.State, slices: SliceManager) -> None:
         slices.get(cid)
         reserved_here = False  # the runtime shim reserved it
     except errors.NotFound:
-        ours = requested(oci.annotations(config, state))
+        ours = requested(oci.annotations_of(config, state))
         if not ours:
             return  # the container asks for no GPU
         ours = _with_injected(ours, config)
@@ -109,7 +109,7 @@ def prepare(bundle: Path, container_id: str, slices: SliceManager, spec_path: st
     if not bundle.is_absolute():
         raise oci.OciError(f"bundle {bundle}: not an absolute path")
     config = oci.read_config(bundle, container_id)
-    ours = requested(oci.annotations(config))
+    ours = requested(oci.annotations_of(config))
     if not ours:
         return False
     request.parse(ours)  # the one line for bad annotations, before anything is reserved

@@ -13,8 +13,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from gpuslice import inventory, sim
-from gpuslice.allocator import metrics, runtime_socket
+from gpuslice import constants, inventory, sim
+from gpuslice.allocator import metrics
 from gpuslice.allocator.compute import ComputeController, NvmlUtilization
 from gpuslice.allocator.config import Config
 from gpuslice.allocator.driver_limits import DriverLimits
@@ -93,7 +93,7 @@ class Daemon:
             os.umask(old)
         slice_server = SliceSocketServer(self.cfg.slice_socket, self.manager, self.watcher)
         slice_server.start()
-        runtime_server = RuntimeSocketServer(runtime_socket.path_beside(self.cfg.socket), self.manager)
+        runtime_server = RuntimeSocketServer(constants.runtime_socket_beside(self.cfg.socket), self.manager)
         runtime_server.start()
         threading.Thread(target=self._sweeper, name="sweeper", daemon=True).start()
         self.compute.start()

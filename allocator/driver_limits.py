@@ -33,7 +33,7 @@ class DriverLimits:
             self.supported[uuid] = self._probe(uuid, str(own))
         log.info("driver-enforced memory limits: %s", {u: s for u, s in self.supported.items()})
 
-    def _handle(self, uuid: str):  # type: ignore[no-untyped-def]
+    def _handle(self, uuid: str):
         return pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
 
     def _probe(self, uuid: str, ns: str) -> bool:

@@ -19,7 +19,7 @@ RPC_SECONDS = Histogram(
 
 
 class SliceCollector(Collector):
-    def __init__(self, manager, compute=None) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, manager, compute=None) -> None:
         self.m = manager
         self.compute = compute
 
@@ -48,7 +48,7 @@ class SliceCollector(Collector):
             "gpuslice_slice_driver_enforced", "1 when the driver enforces the slice's memory limit too",
             labels=["container", "slice"],
         )  # fmt: skip
-        for v in self.m.list():
+        for v in self.m.views():
             r = v.record
             for a in r.allocations:
                 lim.add_metric([r.container_id, r.id, str(a.gpu_index)], a.memory)
@@ -72,5 +72,5 @@ class SliceCollector(Collector):
         yield from (target, used)
 
 
-def register(manager, compute=None) -> None:  # type: ignore[no-untyped-def]
+def register(manager, compute=None) -> None:
     REGISTRY.register(SliceCollector(manager, compute))

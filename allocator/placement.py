@@ -118,7 +118,7 @@ def place(
         )
     if req.gpus == 1:
         best = min(fitting, key=lambda g: (_leftover(req, g, oversubscription), g.index))
-        chosen: Sequence[GpuCapacity] = (best,)
+        chosen: tuple[GpuCapacity, ...] = (best,)
     else:
 
         def cost(group: tuple[GpuCapacity, ...]) -> tuple[int, int, list[int]]:

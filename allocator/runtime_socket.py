@@ -16,14 +16,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuslice import constants, errors, oci
+from gpuslice import constants, errors, oci, request
 from gpuslice.allocator import container_start, metrics
 from gpuslice.allocator.slices import SliceManager
 from gpuslice.allocator.unix_socket import UnixSocketServer
+from gpuslice.cdi.spec import SpecError
 
 log = logging.getLogger(__name__)
 
 MAX_REQUEST = constants.RUNTIME_REQUEST_MAX
+# errors whose line names the container or annotation itself; the others are said after the call's context
+SAID_ALREADY = (request.RequestError, oci.OciError, SpecError)
 TIMEOUT_S = float(constants.RUNTIME_TIMEOUT_S)
 
 
@@ -77,6 +80,9 @@ class RuntimeSocketServer(UnixSocketServer):
                 raise errors.InvalidArgument(f"unknown verb {verb!r}; accepted: {', '.join(self.verbs)}")
             value = handler(req)
             return f"ok {value}" if value else "ok"
+        except SAID_ALREADY as e:
+            code = e.code.name
+            return "error " + errors.one_line(str(e))
         except errors.GpusliceError as e:
             code = e.code.name
             return f"error {req.context if req else 'runtime socket'}: " + errors.one_line(str(e))

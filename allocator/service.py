@@ -54,7 +54,7 @@ def _rpc(name: str) -> Callable:
     """Time the call, count it by status, and turn our errors into gRPC statuses."""
 
     def wrap(fn: Callable) -> Callable:
-        def handler(self: AllocatorService, request, context: grpc.ServicerContext):  # type: ignore[no-untyped-def]
+        def handler(self: AllocatorService, request, context: grpc.ServicerContext):
             start = time.perf_counter()
             code = grpc.StatusCode.OK
             try:
@@ -120,7 +120,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
 
     @_rpc("List")
     def List(self, request, context):
-        return pb.ListReply(slices=[slice_message(v, self.compute) for v in self.m.list()])
+        return pb.ListReply(slices=[slice_message(v, self.compute) for v in self.m.views()])
 
     @_rpc("Resize")
     def Resize(self, request, context):

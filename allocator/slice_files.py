@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from cffi import FFI
 
@@ -36,7 +37,7 @@ def _header_cdef(header: Path) -> str:
 
 
 @cache
-def ffi_and_lib() -> tuple[FFI, object]:
+def ffi_and_lib() -> tuple[FFI, Any]:
     d = native_dir() / "ledger"
     ffi = FFI()
     ffi.cdef(_header_cdef(d / "gpuslice_slice.h") + LEDGER_FUNCTIONS)

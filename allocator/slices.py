@@ -234,7 +234,7 @@ class SliceManager:
             raise errors.NotFound(f"container {container_id} has no slice")
         return self.view(rec)
 
-    def list(self) -> list[SliceView]:
+    def views(self) -> list[SliceView]:
         return [self.view(r) for r in self.store.all()]
 
     def view(self, rec: SliceRecord) -> SliceView:

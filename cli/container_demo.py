@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +43,7 @@ class DemoUnavailable(RuntimeError):
 @dataclass
 class Runner:
     name: str
-    start: callable  # (container name, annotations, argv) -> Popen
+    start: Callable[[str, dict[str, str], list[str]], subprocess.Popen]  # (name, annotations, argv)
 
 
 def available() -> str | None:

@@ -28,6 +28,10 @@ class RunningDaemon:
     slice_socket: Path
     metrics_port: int
 
+    @property
+    def slice_files_dir(self) -> Path:
+        return self.dir / "slices"
+
     def client(self) -> AllocatorClient:
         return AllocatorClient(self.socket, timeout=10)
 

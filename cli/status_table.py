@@ -21,11 +21,11 @@ def render_status(inv: pb.InventoryReply, slices: list[pb.Slice]) -> str:
         f"{'GPU use':>7}  policy"
     )
     for s in slices:
-        for i, g in enumerate(s.gpus):
+        for i, sg in enumerate(s.gpus):
             used = format_bytes(s.memory_used) if i == 0 else ""
-            use = f"{100 * g.compute_used:.0f}%" if g.compute_target else "-"
+            use = f"{100 * sg.compute_used:.0f}%" if sg.compute_target else "-"
             lines.append(
-                f"{s.container_id[:24]:<24} {s.id:<16} {s.state:<8} {g.index:>4} {format_bytes(g.memory_limit):>10} "
-                f"{used:>10} {g.cores:>5} {use:>7}  {s.policy:<8} {s.enforcement}"
+                f"{s.container_id[:24]:<24} {s.id:<16} {s.state:<8} {sg.index:>4} {format_bytes(sg.memory_limit):>10} "
+                f"{used:>10} {sg.cores:>5} {use:>7}  {s.policy:<8} {s.enforcement}"
             )
     return "\n".join(lines)

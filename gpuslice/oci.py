@@ -74,7 +74,7 @@ def read_config(bundle: Path, container_id: str = "") -> dict[str, Any]:
     return config
 
 
-def annotations(config: dict[str, Any], state: State | None = None) -> dict[str, str]:
+def annotations_of(config: dict[str, Any], state: State | None = None) -> dict[str, str]:
     """The container's annotations: config.json's, with the state's over them."""
     notes = config.get("annotations") or {}
     return {**{str(k): str(v) for k, v in notes.items()}, **(state.annotations if state else {})}

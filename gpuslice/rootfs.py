@@ -39,10 +39,10 @@ def build(root: Path) -> Path:
         libs |= _deps(built)
     for lib in ("wrap/libcuda.so.1", "wrap/libnvidia-ml.so.1", "sim/libcuda.so.1", "sim/libnvidia-ml.so.1"):
         libs |= _deps(native_dir() / lib)
-    for lib in libs:
-        target = root / str(lib).lstrip("/")
+    for dep in libs:
+        target = root / str(dep).lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(lib.resolve(), target)
+        shutil.copy2(dep.resolve(), target)
     for d in ("proc", "sys", "dev", "tmp", "etc", "run"):
         (root / d).mkdir(exist_ok=True)
     return root

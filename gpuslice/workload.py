@@ -28,7 +28,7 @@ class CudaFailure(RuntimeError):
     pass
 
 
-def check(result):  # type: ignore[no-untyped-def]
+def check(result):
     """Unpack a cuda.bindings result tuple, raising on an error code."""
     from cuda.bindings import driver as cu
 

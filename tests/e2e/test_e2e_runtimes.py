@@ -13,10 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-import jsonschema
 import pytest
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT7
 
 from gpuslice import rootfs
 from gpuslice.cdi import spec as cdi_spec
@@ -24,7 +21,7 @@ from gpuslice.cdi.registry import Registry as CdiRegistry
 from gpuslice.cli.container_demo import PODMAN
 from gpuslice.paths import built_executable
 from tests.conftest import gpu
-from tests.harness import SHARED_REFERENCE
+from tests.harness import SHARED_REFERENCE, official_validator
 
 SHARED = SHARED_REFERENCE
 SPEC_PATH = Path("/var/run/cdi/gpuslice-e2e.json")
@@ -184,26 +181,9 @@ def test_container_whose_poststop_never_ran_is_reclaimed(node, root_fs):
         subprocess.run(["podman", "rm", "-f", name], capture_output=True, timeout=60)
 
 
-def shared_reference(part: str) -> Path:
-    path = SHARED / part
-    if not path.is_dir():
-        pytest.skip(f"{path} not found: the official schemas come from ../shared beside the checkout")
-    return path
-
-
-def _schema_registry(root: Path) -> Registry:
-    resources = [
-        (p.name, Resource.from_contents(json.loads(p.read_text()), default_specification=DRAFT7))
-        for p in root.glob("*.json")
-    ]
-    return Registry().with_resources(resources)
-
-
 def test_generated_spec_validates_against_the_official_cdi_schema(node):
-    schema_dir = shared_reference("cdi")
-    schema = json.loads((schema_dir / "schema.json").read_text())
     spec = json.loads(SPEC_PATH.read_text())
-    jsonschema.Draft7Validator(schema, registry=_schema_registry(schema_dir)).validate(spec)
+    official_validator("cdi", "schema.json").validate(spec)
     assert oct(SPEC_PATH.stat().st_mode & 0o777) == "0o644"
     assert spec["cdiVersion"] == "0.5.0"  # numeric device names need 0.5.0, which Podman 4 reads
 
@@ -230,9 +210,7 @@ def test_shim_config_validates_against_the_oci_schema_and_untouched_bundles_stay
     (bundle / "config.json").write_text(json.dumps(config))
     create("edited")
     edited = json.loads((bundle / "config.json").read_text())
-    oci = shared_reference("oci-runtime-spec")
-    schema = json.loads((oci / "config-schema.json").read_text())
-    jsonschema.Draft7Validator(schema, registry=_schema_registry(oci)).validate(edited)
+    official_validator("oci-runtime-spec", "config-schema.json").validate(edited)
     assert any(m["destination"] == "/usr/lib/gpuslice/wrap/libcuda.so.1" for m in edited["mounts"])
     assert edited["hooks"]["createRuntime"][0]["args"] == ["gpuslice-hook", "createRuntime"]
     assert node.client.get("edited").gpus[0].memory_limit == GiB

@@ -184,7 +184,7 @@ def test_a_graph_costs_what_it_runs_after_updates_and_captures_into_it(node):
     cuGraphExecChildGraphNodeSetParams and cuGraphExecUpdate; launches recorded by cuStreamBeginCaptureToGraph
     cost nothing until their graph runs."""
     agent = node.agent("g", slice_of(30, "hard"))
-    files = SliceFiles(node.d.dir / "ledgers", node.client.get("g").id)
+    files = SliceFiles(node.d.slice_files_dir, node.client.get("g").id)
 
     def blocks(op: str, **args) -> int:
         """Blocks of 256 threads the call took from the gate."""

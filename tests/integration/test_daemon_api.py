@@ -123,7 +123,7 @@ def test_resize_when_capacity_allows(daemon):
     # the slice's shared ledger carries the new limit for its processes
     from gpuslice.allocator.slice_files import SliceFiles
 
-    files = SliceFiles(d.dir / "ledgers", grown.id)
+    files = SliceFiles(d.slice_files_dir, grown.id)
     assert files.limits.gpu[0].memory_limit == 8 * GiB and files.limits.gpu[0].cores == 60
 
 

@@ -32,7 +32,7 @@ class Slice:
         self.box: Container = containers()
         self.slice = self.client.reserve("box", {"gpuslice.io/memory": memory, "gpuslice.io/cores": "50"})
         self.client.bind("box", self.box.init_pid)
-        self.files = SliceFiles(self.d.dir / "ledgers", self.slice.id)
+        self.files = SliceFiles(self.d.slice_files_dir, self.slice.id)
         self.env = wrapped_env(self.d)
 
     def agent(self, agents_started: list) -> Agent:

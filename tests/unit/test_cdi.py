@@ -1,0 +1,191 @@
+"""The CDI model, alone: generation from a fixture driver root, the version table,
+validation, JSON and YAML, the spec directories' precedence and conflicts, and
+applying edits to a config.json, compared whole with golden files and checked
+against the official CDI and OCI runtime-spec schemas."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gpuslice.cdi import apply as cdi_apply
+from gpuslice.cdi import generate as gen
+from gpuslice.cdi import spec as cdi_spec
+from gpuslice.cdi.registry import Registry
+from gpuslice.cdi.spec import ContainerEdits, Device, DeviceNode, Mount, Spec, SpecError, minimum_version
+from gpuslice.inventory import Gpu, Inventory
+from gpuslice.paths import native_dir
+from tests.harness import official_validator
+
+GOLDEN = Path(__file__).parent / "golden" / "cdi"
+DRIVER = "580.95.05"
+UPDATE = os.environ.get("GPUSLICE_UPDATE_GOLDEN") == "1"  # rewrite the golden files (then review the diff)
+
+
+def golden(name: str, actual: dict) -> None:
+    path = GOLDEN / name
+    text = json.dumps(actual, indent=2, sort_keys=True) + "\n"
+    if UPDATE:
+        path.write_text(text)
+    assert json.loads(text) == json.loads(path.read_text()), f"{name} differs (GPUSLICE_UPDATE_GOLDEN=1 rewrites it)"
+
+
+def normalized(data: dict, **places: Path) -> dict:
+    """Machine-specific paths as @NAME@, so golden files hold on any checkout."""
+    text = json.dumps(data)
+    for name, path in sorted(places.items(), key=lambda kv: -len(str(kv[1]))):
+        text = text.replace(str(path), f"@{name}@")
+    return json.loads(text)
+
+
+def inventory(n: int = 2) -> Inventory:
+    gpus = tuple(
+        Gpu(i, f"GPU-0000000{i}-1111-2222-3333-444444444444", "NVIDIA H100 80GB HBM3", f"00000000:0{i}:00.0",
+            80 << 30, 0, 0)
+        for i in range(n)
+    )  # fmt: skip
+    return Inventory(DRIVER, 13000, gpus, {})
+
+
+@pytest.fixture
+def driver_root(tmp_path: Path) -> Path:
+    """A node's driver files as the NVIDIA packages lay them out."""
+    root = tmp_path / "driver-root"
+    libdir = root / "usr/lib/x86_64-linux-gnu"
+    libdir.mkdir(parents=True)
+    for lib in (f"libcuda.so.{DRIVER}", f"libnvidia-ml.so.{DRIVER}"):
+        (libdir / lib).write_bytes(b"\x7fELF")
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/nvidia-smi").write_text("#!/bin/sh\n")
+    (root / "usr/bin/nvidia-smi").chmod(0o755)
+    (root / "dev").mkdir()
+    for node in ("nvidiactl", "nvidia-uvm", "nvidia0", "nvidia1"):  # nvidia-uvm-tools absent: not in the spec
+        (root / "dev" / node).touch()
+    return root
+
+
+def test_node_spec_from_a_driver_root_is_the_golden_one_and_officially_valid(driver_root):
+    opts = gen.Options("nvidia", driver_root, "/usr/bin/gpuslice-hook")
+    spec = gen.generate(inventory(), opts).to_dict()
+    cdi_spec.validate(spec)
+    official_validator("cdi", "schema.json").validate(spec)
+    golden("node-spec.nvidia.json", normalized(spec, ROOT=driver_root, NATIVE=native_dir()))
+
+
+def test_a_driver_root_without_the_driver_is_one_clear_error(tmp_path):
+    with pytest.raises(gen.driver_files.DriverFilesError, match=f"libcuda.so.{DRIVER} not found under {tmp_path}"):
+        gen.generate(inventory(), gen.Options("nvidia", tmp_path, "/usr/bin/gpuslice-hook"))
+
+
+@pytest.mark.parametrize(
+    ("spec", "version"),
+    [
+        (Spec("a.com/b", (Device("gpu0", ContainerEdits()),)), "0.3.0"),
+        (Spec("a.com/b", (Device("g", ContainerEdits(mounts=(Mount("/a", "/b", type="bind"),))),)), "0.4.0"),
+        (Spec("a.com/b", (Device("0", ContainerEdits()),)), "0.5.0"),
+        (Spec("a.com/b", (Device("g", ContainerEdits(device_nodes=(DeviceNode("/dev/x", "/h/x"),))),)), "0.5.0"),
+        (Spec("a.com/b", (Device("g", ContainerEdits(), {"k": "v"}),)), "0.6.0"),
+        (Spec("a.com/b.c", (Device("g", ContainerEdits()),)), "0.6.0"),
+        (Spec("a.com/b", (Device("g", ContainerEdits(additional_gids=(5,))),)), "0.7.0"),
+        (Spec("a.com/b", (Device("0", ContainerEdits(additional_gids=(5,))), Device("g", ContainerEdits()))), "0.7.0"),
+    ],
+)
+def test_minimum_version_comes_from_the_table(spec, version):
+    assert minimum_version(spec) == version
+    cdi_spec.validate(spec.to_dict())  # and the version written is accepted
+
+
+def test_bad_specs_are_refused_with_one_line_per_problem():
+    with pytest.raises(SpecError) as e:
+        two = [{"name": "0", "containerEdits": {}}, {"name": "0", "containerEdits": {}}]
+        cdi_spec.validate({"cdiVersion": "0.3.0", "kind": "Gpuslice/gpu", "devices": two})
+    lines = str(e.value).splitlines()
+    assert 'kind: "Gpuslice/gpu" is not vendor.com/class' in lines
+    assert 'devices.1.name: "0" appears twice' in lines
+    assert any(x.startswith("cdiVersion: 0.3.0 is too low for the fields used (a device name") for x in lines)
+    with pytest.raises(SpecError, match=r"devices\.0\.containerEdits\.env\.0"):
+        cdi_spec.validate({"cdiVersion": "0.3.0", "kind": "a.com/b", "devices": [
+            {"name": "x", "containerEdits": {"env": ["NOEQUALS"]}}]})  # fmt: skip
+
+
+def test_yaml_and_json_round_trip_to_the_same_spec(tmp_path):
+    spec = cdi_spec.load(GOLDEN / "vendor.yaml")
+    assert spec.kind == "example.com/card" and spec.version == "0.6.0"
+    for name in ("copy.json", "copy.yaml"):
+        cdi_spec.write(spec, tmp_path / name)
+        assert oct((tmp_path / name).stat().st_mode & 0o777) == "0o644"
+        assert cdi_spec.load(tmp_path / name) == spec
+    assert yaml.safe_load((tmp_path / "copy.yaml").read_text())["kind"] == "example.com/card"
+    official_validator("cdi", "schema.json").validate(json.loads((tmp_path / "copy.json").read_text()))
+
+
+def test_applying_devices_gives_the_golden_config_and_again_the_same(tmp_path):
+    config = json.loads((GOLDEN / "config.base.json").read_text())
+    reg = Registry((tmp_path / "etc", tmp_path / "run"))
+    (tmp_path / "etc").mkdir()
+    shutil.copy(GOLDEN / "vendor.yaml", tmp_path / "etc" / "vendor.yaml")
+    devices = reg.resolve(["card0", "card1"], kind="example.com/card")
+    cdi_apply.inject(config, devices)
+    golden("config.applied.json", config)
+    official_validator("oci-runtime-spec", "config-schema.json").validate(config)
+    once = json.dumps(config, sort_keys=True)
+    cdi_apply.inject(config, devices)
+    assert json.dumps(config, sort_keys=True) == once
+
+
+def test_apply_replaces_what_is_at_the_same_path_and_honours_permissions():
+    config = json.loads((GOLDEN / "config.base.json").read_text())
+    config["process"]["env"].append("CARD_VISIBLE=old")
+    config["mounts"].append({"destination": "/opt/card", "type": "bind", "source": "/old", "options": ["rw"]})
+    config["linux"]["devices"] = [{"path": "/dev/card0", "type": "c", "major": 1, "minor": 3}]
+    edits = ContainerEdits(
+        env=("CARD_VISIBLE=0",),
+        device_nodes=(DeviceNode("/dev/card0", "/dev/zero", permissions="r"),),
+        mounts=(Mount("/usr/share/card", "/opt/card"),),
+    )
+    cdi_apply.apply_edits(config, edits)
+    assert [e for e in config["process"]["env"] if e.startswith("CARD_VISIBLE=")] == ["CARD_VISIBLE=0"]
+    assert [m["source"] for m in config["mounts"] if m["destination"] == "/opt/card"] == ["/usr/share/card"]
+    zero = os.stat("/dev/zero").st_rdev
+    assert config["linux"]["devices"] == [{"path": "/dev/card0", "type": "c", "major": os.major(zero),
+                                           "minor": os.minor(zero), "fileMode": 0o666}]  # fmt: skip
+    assert config["linux"]["resources"]["devices"][-1] == {"allow": True, "type": "c", "major": os.major(zero),
+                                                            "minor": os.minor(zero), "access": "r"}  # fmt: skip
+
+
+def _spec_file(path: Path, devices: dict[str, str]) -> None:
+    """A spec whose devices each set WHO=<value>."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spec = Spec("example.com/card", tuple(Device(n, ContainerEdits(env=(f"WHO={v}",))) for n, v in devices.items()))
+    cdi_spec.write(spec, path)
+
+
+def test_var_run_cdi_wins_over_etc_cdi_and_a_conflict_in_one_directory_uses_neither(tmp_path):
+    etc, run = tmp_path / "etc/cdi", tmp_path / "var/run/cdi"
+    reg = Registry((etc, run))
+    _spec_file(etc / "static.yaml", {"a": "etc", "b": "etc", "c": "etc"})
+    _spec_file(run / "generated.json", {"a": "run"})
+    _spec_file(run / "other.json", {"b": "run1"})
+    _spec_file(run / "third.json", {"b": "run2"})
+    found = reg.devices("example.com/card")
+    assert found["a"].device.edits.env == ("WHO=run",) and found["a"].path == run / "generated.json"
+    assert found["c"].device.edits.env == ("WHO=etc",)
+    assert "b" not in found  # two files of /var/run/cdi define it; the lower /etc/cdi one is overridden too
+    with pytest.raises(SpecError, match=r"no CDI device example\.com/card=b in .*; run: gpuslice cdi generate"):
+        reg.resolve(["a", "b"], kind="example.com/card")
+
+
+def test_registry_skips_broken_files_and_rereads_changed_ones(tmp_path):
+    run = tmp_path / "run"
+    reg = Registry((run,))
+    _spec_file(run / "card.json", {"a": "1"})
+    (run / "broken.json").write_text("{not json")
+    (run / "bad.yaml").write_text("cdiVersion: '0.3.0'\nkind: example.com/card\ndevices: []\n")
+    assert list(reg.devices("example.com/card")) == ["a"]
+    _spec_file(run / "card.json", {"a": "2", "bb": "2"})  # a new size: seen without a restart
+    assert reg.devices("example.com/card")["a"].device.edits.env == ("WHO=2",)
