@@ -161,15 +161,22 @@ def targets(shares: list[Share], active: set[str], needs: dict[str, float] | Non
 
 
 class ComputeController:
-    def __init__(self, files: Callable[[], dict[str, SliceFiles]], sampler: Sampler, period: float = 0.05) -> None:
+    def __init__(
+        self,
+        files: Callable[[], dict[str, SliceFiles]],
+        sampler: Sampler,
+        period: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,  # seconds; a test drives it by hand
+    ) -> None:
         self.files = files
         self.sample = sampler
         self.period = period
+        self.clock = clock
         self.lend_readings = max(3, round(LEND_WINDOW_S / period))  # readings that span LEND_WINDOW_S
         self.state: dict[tuple[str, int], GateState] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._last = time.monotonic()
+        self._last = clock()
 
     # -- lifecycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -222,7 +229,7 @@ class ComputeController:
         return out
 
     def tick(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         dt = max(now - self._last, 1e-3)
         self._last = now
         files = self.files()
@@ -231,7 +238,7 @@ class ComputeController:
         for s in shares:
             by_gpu.setdefault(s.uuid, []).append(s)
         seen = set()
-        next_refill = time.monotonic_ns() + int(self.period * 1e9)
+        next_refill = int((now + self.period) * 1e9)  # CLOCK_MONOTONIC, as the interposer reads it
         for uuid, on_gpu in by_gpu.items():
             reading = self.sample(uuid)
             active = set()

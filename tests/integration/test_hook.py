@@ -126,3 +126,41 @@ def test_the_runtime_socket_is_root_only_and_answers_one_line(daemon):
         reply
         == "error runtime socket: unknown verb 'prestart'; accepted: createRuntime, poststop, ldcache-root, create\n"
     )
+
+
+def test_hook_shim_and_cdi_errors_reach_the_metrics_under_their_own_codes(tmp_path, daemon):
+    import urllib.request
+
+    from gpuslice.cli.sim_daemon import free_port
+    from tests.integration.test_runtime_shim import run as shim
+
+    port = free_port()
+    d = daemon(gpus=[{"memory": "16Gi"}], metrics={"port": port})
+    pid = os.getpid()
+    bad = bundle(tmp_path / "bad", {"gpuslice.io/memory": "lots"})
+    assert hook("createRuntime", {"id": "bad", "pid": pid, "bundle": str(bad)}, d.socket).returncode == 1
+    nothing = tmp_path / "no-bundle"
+    assert hook("createRuntime", {"id": "gone", "pid": pid, "bundle": str(nothing)}, d.socket).returncode == 1
+    d.client().reserve("big", {"gpuslice.io/memory": "12Gi"})
+    full = bundle(tmp_path / "full", {"gpuslice.io/memory": "8Gi"})
+    assert hook("createRuntime", {"id": "full", "pid": pid, "bundle": str(full)}, d.socket).returncode == 1
+    asks = bundle(tmp_path / "shim", {"gpuslice.io/memory": "1Gi"})
+    env_spec = tmp_path / "missing-spec.json"  # the shim's CDI spec is not there
+    os.environ["GPUSLICE_CDI_SPEC"] = str(env_spec)
+    try:
+        r = shim(tmp_path, "create", "--bundle", str(asks), "shimmed", socket=d.socket)
+    finally:
+        del os.environ["GPUSLICE_CDI_SPEC"]
+    assert r.returncode == 1 and "cannot read a CDI spec" in r.stderr, r.stderr
+    assert [s.container_id for s in d.client().list()] == ["big"]  # nothing half-reserved
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    counted = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in body.splitlines()
+        if line.startswith("gpuslice_rpc_total{")
+    }
+    create_runtime = 'method="runtime.createRuntime"'
+    assert counted[f'gpuslice_rpc_total{{code="INVALID_ARGUMENT",{create_runtime}}}'] == 2  # bad value, no bundle
+    assert counted[f'gpuslice_rpc_total{{code="RESOURCE_EXHAUSTED",{create_runtime}}}'] == 1
+    assert counted['gpuslice_rpc_total{code="FAILED_PRECONDITION",method="runtime.create"}'] == 1  # the CDI spec
+    assert not [k for k in counted if 'code="INTERNAL"' in k]

@@ -44,8 +44,11 @@ def test_wheel_maps_components_into_one_package_with_the_libraries(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"gpuslice", next(t for t in tops if t.endswith(".dist-info"))}
-    for part in ("allocator", "hook", "runtime_shim", "cdi", "bench"):
+    for part in ("allocator", "cdi", "cli"):
         assert f"gpuslice/{part}/__init__.py" in names
+    assert not [n for n in names if n.startswith(("gpuslice/bench/", "gpuslice/hook/", "gpuslice/runtime_shim/"))]
+    assert not [n for n in names if "harness" in n or "/tests/" in n]  # the test harness is not shipped
+    assert "gpuslice/csrc/gpuslice_constants.h" in names  # read by gpuslice.constants
     for lib in ("libcuda.so.1", "libnvidia-ml.so.1", "gpuslice-sim.yaml"):
         assert f"gpuslice/_native/sim/{lib}" in names
     for part in ("ledger/libgpuslice-ledger.so", "ledger/gpuslice_slice.h"):

@@ -1,0 +1,92 @@
+"""Imports flow one way (DESIGN.md, Components): the core (gpuslice/) <- cdi/ <-
+allocator/ <- cluster integrations <- cli/ (the composition root).  Every
+import of a shipped module is read from its source (top level and inside
+functions), so an upward one fails here, lazy or not."""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.harness import REPO
+
+# each component's directory, its import name, and its layer: a module may import
+# only from its own layer or lower ones
+COMPONENTS = {
+    "gpuslice": ("gpuslice", 0),
+    "cdi": ("gpuslice.cdi", 1),
+    "allocator": ("gpuslice.allocator", 2),
+    "kubernetes": ("gpuslice.kubernetes", 3),
+    "cli": ("gpuslice.cli", 4),
+}
+
+
+def layer_of(module: str) -> tuple[str, int] | None:
+    """(component directory, layer) of an import name of ours; None for others'."""
+    if module != "gpuslice" and not module.startswith("gpuslice."):
+        return None
+    best = ("gpuslice", 0)
+    for directory, (name, layer) in COMPONENTS.items():
+        if (module == name or module.startswith(name + ".")) and len(name) > len(COMPONENTS[best[0]][0]):
+            best = (directory, layer)
+    return best
+
+
+def imports(path: Path, directory: str) -> list[tuple[int, str]]:
+    """(line, module) of every import in a file of a component, relative ones resolved."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = COMPONENTS.get(directory, ("gpuslice", 0))[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join([*package.split(".")[: len(package.split(".")) - node.level + 1], base]).rstrip(".")
+            found += [(node.lineno, f"{base}.{a.name}" if base == "gpuslice" else base) for a in node.names]
+    return found
+
+
+def upward_imports(root: Path = REPO) -> list[str]:
+    problems = []
+    for directory, (_, layer) in COMPONENTS.items():
+        for path in sorted((root / directory).rglob("*.py")):
+            if "_pb2" in path.name or "_native" in path.parts:
+                continue
+            for line, module in imports(path, directory):
+                target = layer_of(module)
+                if target and target[1] > layer:
+                    problems.append(f"{path.relative_to(root)}:{line}: {directory}/ imports {module} ({target[0]}/)")
+    return problems
+
+
+def test_no_component_imports_upward():
+    assert upward_imports() == []
+
+
+@pytest.mark.parametrize(
+    ("where", "line"),
+    [
+        ("gpuslice/units.py", "from gpuslice.allocator import slices"),  # core -> daemon
+        ("gpuslice/request.py", "    from gpuslice.cdi import spec"),  # core -> cdi, lazily in a function
+        ("cdi/spec.py", "import gpuslice.allocator.store"),  # cdi -> daemon
+        ("allocator/slices.py", "from gpuslice.cli import main"),  # daemon -> the command line
+        ("allocator/slices.py", "from gpuslice import cli"),
+    ],
+)
+def test_an_upward_import_is_caught(tmp_path, where, line):
+    for directory in COMPONENTS:
+        if (REPO / directory).is_dir():
+            shutil.copytree(
+                REPO / directory, tmp_path / directory, ignore=shutil.ignore_patterns("__pycache__", "_native")
+            )
+    assert upward_imports(tmp_path) == []
+    body = f"\n\ndef _added() -> None:\n{line}\n" if line.startswith(" ") else f"\n{line}\n"
+    with (tmp_path / where).open("a") as f:
+        f.write(body)
+    [problem] = upward_imports(tmp_path)
+    assert problem.startswith(f"{where}:")

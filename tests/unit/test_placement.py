@@ -1,0 +1,86 @@
+"""Placement alone (allocator/placement.py), as tables: the node's GPUs as they
+are now, a request's annotations, and where it lands or why it cannot."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuslice import request
+from gpuslice.allocator.placement import CannotFit, GpuCapacity, NoRoom, place
+from gpuslice.errors import Code
+
+GiB = 1 << 30
+
+
+def gpus(*free: tuple[int, int, int] | str, total: int = 16 * GiB) -> list[GpuCapacity]:
+    """GPU i from (memory reserved GiB, cores reserved, slices) or "whole" (held whole)."""
+    out = []
+    for i, f in enumerate(free):
+        uuid = f"GPU-{i}"
+        if f == "whole":
+            out.append(GpuCapacity(i, uuid, total, total, 100, 1, exclusive=True))
+        else:
+            assert not isinstance(f, str)
+            out.append(GpuCapacity(i, uuid, total, f[0] * GiB, f[1], f[2]))
+    return out
+
+
+def pcie(a: int, b: int) -> int:
+    """GPUs 0-1 and 2-3 share a PCIe switch; the pairs are far apart."""
+    return 0 if a == b else 1 if a // 2 == b // 2 else 3
+
+
+def req(**notes: str) -> request.SliceRequest:
+    parsed = request.parse({request.PREFIX + k.replace("_", "-"): v for k, v in notes.items()})
+    assert parsed is not None
+    return parsed
+
+
+EMPTY = ((0, 0, 0),) * 4
+PLACED = [
+    # (GPUs, request, placed on: [(index, memory GiB, cores)])
+    (EMPTY, req(memory="4Gi", cores="30"), [(0, 4, 30)]),
+    (((8, 50, 1), (0, 0, 0)), req(memory="4Gi", cores="30"), [(0, 4, 30)]),  # best fit: the fuller GPU
+    (((14, 50, 1), (0, 0, 0)), req(memory="4Gi", cores="30"), [(1, 4, 30)]),  # 2 GiB left on GPU 0: too little
+    (((4, 80, 1), (0, 0, 0)), req(memory="4Gi", cores="30"), [(1, 4, 30)]),  # GPU 0 has 20 cores left
+    (((0, 0, 0), (0, 0, 0)), req(memory="25%"), [(0, 4, 0)]),  # a percentage of the GPU; memory only: no share
+    (((0, 0, 0), (0, 0, 0)), req(cores="50"), [(0, 8, 50)]),  # cores only: memory in proportion
+    (((2, 10, 1), (0, 0, 0)), req(gpus="1"), [(1, 16, 100)]),  # a whole GPU needs one nobody uses
+    (EMPTY, req(gpus="2", memory="1Gi"), [(0, 1, 0), (1, 1, 0)]),  # two GPUs behind one switch
+    (((15, 0, 1), (0, 0, 0), (0, 0, 0), (0, 0, 0)), req(gpus="2", memory="4Gi"), [(2, 4, 0), (3, 4, 0)]),
+    (EMPTY, req(device="3", memory="1Gi"), [(3, 1, 0)]),  # pinned by index
+]
+
+
+@pytest.mark.parametrize(("node", "asked", "where"), PLACED)
+def test_where_a_request_lands(node, asked, where):
+    placed = place(asked, gpus(*node), pcie)
+    assert [(p.index, p.memory // GiB, p.cores) for p in placed] == where
+
+
+REFUSED = [
+    # (GPUs, request, error kind, what the line says)
+    (((0, 0, 0),), req(memory="17Gi"), CannotFit, "request needs 17.0 GiB per GPU, more than any GPU holds"),
+    (((0, 0, 0),), req(gpus="2"), CannotFit, "request asks for 2 GPUs, node has 1"),
+    (((0, 0, 0),) * 2, req(device="5"), CannotFit, "gpuslice.io/device: no GPU 5 on this node"),
+    (((14, 0, 1),), req(memory="4Gi"), NoRoom, "no room for 1 x 4.0 GiB and 0 cores: GPU 0 (GPU-0): 2.0 GiB"),
+    (((0, 90, 1),), req(memory="1Gi", cores="20"), NoRoom, "10 cores free"),
+    (("whole", (0, 0, 0)), req(gpus="2", memory="1Gi"), NoRoom, "GPU 0 (GPU-0): held whole"),
+    (((1, 10, 1),), req(gpus="1"), NoRoom, "no room for 1 x a whole GPU"),
+]
+
+
+@pytest.mark.parametrize(("node", "asked", "kind", "says"), REFUSED)
+def test_what_cannot_be_placed_and_why(node, asked, kind, says):
+    with pytest.raises(kind) as e:
+        place(asked, gpus(*node), pcie)
+    assert says in str(e.value)
+    # nothing fits now -> RESOURCE_EXHAUSTED (may fit later); can never fit -> INVALID_ARGUMENT
+    assert e.value.code == (Code.RESOURCE_EXHAUSTED if kind is NoRoom else Code.INVALID_ARGUMENT)
+
+
+def test_memory_oversubscription_lets_reservations_pass_the_total():
+    node = gpus((14, 0, 1))
+    with pytest.raises(NoRoom):
+        place(req(memory="4Gi"), node, pcie)
+    assert [p.index for p in place(req(memory="4Gi"), node, pcie, oversubscription=1.5)] == [0]
