@@ -56,8 +56,8 @@ def pfn_of(symbol: str) -> str:
 def our_prototypes(source: str, exports: str, tmp_path: Path) -> dict[str, str]:
     aux = tmp_path / "aux.txt"
     subprocess.run(
-        ["cc", "-std=c11", f"-I{WRAP / 'include'}", f"-I{ROOT / 'gpuslice/csrc'}", f"-DEXPORTS=\"{exports}\"", "-aux-info", str(aux),
-         "-fsyntax-only", str(WRAP / "wrap" / source)],
+        ["cc", "-std=c11", f"-I{WRAP / 'include'}", f"-I{ROOT / 'gpuslice/csrc'}", f"-DEXPORTS=\"{exports}\"",
+         "-aux-info", str(aux), "-fsyntax-only", str(WRAP / "wrap" / source)],
         check=True,
     )  # fmt: skip
     protos = {}
