@@ -1,1 +1,1 @@
-"""gpuslice.allocator: the node daemon (inventory, ledger, placement, leases)."""
+"""gpuslice.allocator: the node daemon (slice store, slice files, placement, compute, its sockets)."""

@@ -1,5 +1,5 @@
 """Prometheus metrics: RPC counts and latencies, and per GPU / per slice
-gauges collected from the ledger at scrape time."""
+gauges collected from the slice store at scrape time."""
 
 from __future__ import annotations
 

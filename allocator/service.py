@@ -101,7 +101,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
 
     @_rpc("Reserve")
     def Reserve(self, request, context):
-        # the record the change returned: no second read of the ledger
+        # the record the change returned: no second read of the store
         return slice_message(
             self.m.view(self.m.reserve(request.container_id, dict(request.annotations), request.owner))
         )

@@ -1,7 +1,7 @@
-"""A slice's shared ledger files, seen from Python through cffi.
+"""A slice's shared files (limits and usage), seen from Python through cffi.
 
 The layout is libcuda_wrap/include/gpuslice_slice.h itself (the part between
-its cdef markers), and the atomic updates are the C helpers the interposer
+its cdef markers), and the atomic updates are the ledger atomics the interposer
 links: one definition of both, not a Python copy."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The slice socket: a tiny versioned binary protocol (gpuslice_slice.h) for
 the interposer.  The caller is identified by SO_PEERCRED, never by what it
 says; it learns only about its own container's slice and gets that slice's
-ledger as file descriptors (SCM_RIGHTS)."""
+files as file descriptors (SCM_RIGHTS)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Watches the processes attached to slices (pidfds) and zeroes a process's
-usage in its slice's ledger the moment it exits, SIGKILL included."""
+usage in its slice's files the moment it exits, SIGKILL included."""
 
 from __future__ import annotations
 

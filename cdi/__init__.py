@@ -1,1 +1,1 @@
-"""gpuslice.cdi: CDI spec model, generation, validation and atomic writing."""
+"""gpuslice.cdi: one CDI model: read, validate, write, spec directories, apply, generate."""
