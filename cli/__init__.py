@@ -12,6 +12,10 @@ import click
 
 from gpuslice import __version__, constants, errors, paths, sim
 
+# exit statuses (docs/daemon.md): 1 an error, 2 a bad configuration or request,
+# 3 no usable NVIDIA driver (NVML cannot be loaded): systemd does not restart on it
+EXIT_NO_DRIVER = 3
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpuslice")
@@ -31,8 +35,9 @@ def gpus(use_sim: bool, as_json: bool) -> None:
         sim.activate()
     try:
         inv = inventory.read()
-    except Exception as e:  # pynvml raises its own error types
-        raise click.ClickException(f"cannot read GPUs through NVML: {e}") from e
+    except inventory.NoDriver as e:
+        click.echo(f"gpuslice: {e}", err=True)
+        sys.exit(EXIT_NO_DRIVER)
     if as_json:
         data = asdict(inv)
         data["topology"] = [
@@ -51,6 +56,7 @@ def daemon(config_path: str | None, verbose: bool) -> None:
     """Run the allocator daemon (gRPC control socket, slice socket, metrics)."""
     import logging
 
+    from gpuslice import inventory
     from gpuslice.allocator import config as daemon_config
     from gpuslice.allocator.daemon import Daemon
 
@@ -64,8 +70,13 @@ def daemon(config_path: str | None, verbose: bool) -> None:
         sys.exit(2)
     try:
         node = Daemon(cfg)
-    except (pynvml.NVMLError, sim.SimError) as e:
-        click.echo(f"gpuslice daemon: cannot read the GPUs through NVML (nvml: {cfg.nvml}): {e}", err=True)
+    except inventory.NoDriver as e:
+        # no restart loop: the unit does not restart on this status, and the CDI path
+        # unit starts the daemon again when the driver's files appear
+        click.echo(f"gpuslice daemon: {e} (nvml: {cfg.nvml})", err=True)
+        sys.exit(EXIT_NO_DRIVER)
+    except (pynvml.NVMLError, sim.SimError, errors.GpusliceError) as e:
+        click.echo(f"gpuslice daemon: cannot start (nvml: {cfg.nvml}): {e}", err=True)
         sys.exit(2)
     except OSError as e:
         click.echo(f"gpuslice daemon: {e.filename or ''}: {e.strerror}", err=True)
@@ -133,7 +144,12 @@ def cdi_generate(
     hook_path = hook_path or str(paths.executable("gpuslice-hook"))
     opts = gen.Options(driver, Path(driver_root), hook_path, daemon_socket, slice_dir, sim_config, sim_state_dir)
     try:
-        spec = gen.generate(inventory.read(), opts)
+        inv = inventory.read()
+    except inventory.NoDriver as e:
+        click.echo(f"gpuslice: {e}; no CDI spec written", err=True)
+        sys.exit(EXIT_NO_DRIVER)
+    try:
+        spec = gen.generate(inv, opts)
         if to_stdout:
             data = spec.to_dict()
             cdi_spec.validate(data)

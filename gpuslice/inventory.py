@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 import pynvml
 
+from gpuslice import errors
+
 
 @dataclass(frozen=True)
 class GpuProcess:
@@ -78,9 +80,17 @@ def _gpu(index: int) -> Gpu:
     )
 
 
+class NoDriver(errors.Unavailable):
+    """NVML cannot be loaded or initialized: no NVIDIA driver (yet), or it is not loaded."""
+
+
 def read() -> Inventory:
-    """Snapshot the GPUs.  NVML must be loadable (real driver or simulator)."""
-    pynvml.nvmlInit()
+    """Snapshot the GPUs.  NVML must be loadable (real driver or simulator);
+    NoDriver, one line, where it is not."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise NoDriver(f"cannot read the GPUs through NVML: {e} (is the NVIDIA driver installed and loaded?)") from None
     try:
         count = pynvml.nvmlDeviceGetCount()
         gpus = tuple(_gpu(i) for i in range(count))
