@@ -4,8 +4,11 @@ validation (the model itself: tests/unit/test_cdi.py)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -48,3 +51,27 @@ def test_bad_specs_are_refused_with_reasons(tmp_path):
         "cdiVersion: 0.3.0 is too low for the fields used (a device name that starts with a digit); needs 0.5.0"
         in r.stderr
     )
+
+
+def test_without_a_driver_generate_daemon_and_gpus_say_so_in_one_line_and_exit_3(tmp_path):
+    import ctypes.util
+
+    if ctypes.util.find_library("nvidia-ml"):
+        pytest.skip("this machine has an NVIDIA driver")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSLICE_SIM", "LD_"))}
+    config = tmp_path / "daemon.yaml"
+    config.write_text(f"socket: {tmp_path}/g.sock\nslice_socket: {tmp_path}/s/s.sock\nstate_dir: {tmp_path}/st\n"
+                      f"slice_files_dir: {tmp_path}/sf\nmetrics: {{port: 0}}\n")  # fmt: skip
+    line = (
+        "cannot read the GPUs through NVML: NVML Shared Library Not Found (is the NVIDIA driver installed and loaded?)"
+    )
+    for argv in (
+        ("cdi", "generate", "--output", str(tmp_path / "spec.json")),
+        ("daemon", "--config", str(config)),
+        ("gpus",),
+    ):
+        r = cli(*argv, env=env)
+        assert r.returncode == 3, (argv, r.stderr)
+        [said] = r.stderr.strip().splitlines()
+        assert line in said and "Traceback" not in r.stderr
+    assert not (tmp_path / "spec.json").exists()
