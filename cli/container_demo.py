@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice import paths, rootfs
+from gpuslice import constants, paths, rootfs
 from gpuslice.cdi.registry import Registry as CdiRegistry
 from gpuslice.cli import sim_daemon
 from gpuslice.cli.status_table import render_status
@@ -107,7 +107,7 @@ def sim_node(echo=print) -> Iterator[SimNode]:
             _install_spec(daemon, work, echo)
             shim = work / "gpuslice-runtime"
             shim.write_text(
-                f"#!/bin/sh\nexport GPUSLICE_SOCKET={daemon.socket}\nexport GPUSLICE_CDI_SPEC={SPEC}\n"
+                f"#!/bin/sh\nexport {constants.ENV_SOCKET}={daemon.socket}\nexport {constants.ENV_CDI_SPEC}={SPEC}\n"
                 f'exec {paths.executable("gpuslice-runtime")} "$@"\n'
             )
             shim.chmod(0o755)

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import grpc
 
+from gpuslice import constants
 from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
 
-SOCKET_ENV = "GPUSLICE_SOCKET"
-DEFAULT_SOCKET = "/run/gpuslice/gpuslice.sock"
+SOCKET_ENV = constants.ENV_SOCKET
+DEFAULT_SOCKET = constants.CONTROL_SOCKET
 
 
 def socket_path(explicit: str | Path | None = None) -> str:

@@ -23,6 +23,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "gpuslice_constants.h"
+
 #include "gpuslice_cuda.h"
 
 #define REPORT_NS 100000000ull
@@ -61,7 +63,7 @@ static int fail(const char *what, CUresult r)
 static int find_accounting(void)
 {
     busy_ns = (unsigned long long (*)(int, unsigned long long, unsigned long long))dlsym(cuda, "gpusliceSimBusyNs");
-    const char *real = getenv("GPUSLICE_REAL_LIBCUDA");
+    const char *real = getenv(GS_ENV_REAL_LIBCUDA);
     if (!busy_ns) {
         void *h = dlopen(real && *real ? real : "/usr/lib/gpuslice/driver/libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
         if (h)
