@@ -68,7 +68,7 @@ def _add_device(config: Config, n: DeviceNode) -> None:
 
 
 def _same_device(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.get("allow") and all(a.get(k) == b[k] for k in ("type", "major", "minor"))  # type: ignore[return-value]
+    return bool(a.get("allow")) and all(a.get(k) == b[k] for k in ("type", "major", "minor"))
 
 
 def _depth(mount: dict[str, Any]) -> int:
