@@ -74,4 +74,5 @@ def test_without_a_driver_generate_daemon_and_gpus_say_so_in_one_line_and_exit_3
         assert r.returncode == 3, (argv, r.stderr)
         [said] = r.stderr.strip().splitlines()
         assert line in said and "Traceback" not in r.stderr
+        assert said.startswith("gpuslice daemon: " if argv[0] == "daemon" else "gpuslice: ")
     assert not (tmp_path / "spec.json").exists()
