@@ -164,3 +164,22 @@ def test_hook_shim_and_cdi_errors_reach_the_metrics_under_their_own_codes(tmp_pa
     assert counted[f'gpuslice_rpc_total{{code="RESOURCE_EXHAUSTED",{create_runtime}}}'] == 1
     assert counted['gpuslice_rpc_total{code="FAILED_PRECONDITION",method="runtime.create"}'] == 1  # the CDI spec
     assert not [k for k in counted if 'code="INTERNAL"' in k]
+
+
+@pytest.mark.parametrize(
+    "mark", [("io.kubernetes.cri.container-type", "sandbox"), ("io.kubernetes.cri-o.ContainerType", "sandbox")]
+)
+def test_a_pods_sandbox_gets_no_slice_from_the_hook_or_the_shim(tmp_path, daemon, mark):
+    from tests.integration.test_runtime_shim import run as shim
+
+    d = daemon()
+    notes = {"gpuslice.io/memory": "2Gi", "gpuslice.io/cores": "30", mark[0]: mark[1]}  # pod annotations copied in
+    b = bundle(tmp_path / "hook", notes)
+    r = hook("createRuntime", {"id": "pause", "pid": os.getpid(), "bundle": str(b)}, d.socket)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    s = bundle(tmp_path / "shim", notes)
+    before = (s / "config.json").read_bytes()
+    r = shim(tmp_path, "create", "--bundle", str(s), "pause-shim", socket=d.socket)
+    assert r.returncode == 7, r.stderr  # the stand-in runtime ran: nothing refused
+    assert (s / "config.json").read_bytes() == before  # untouched
+    assert d.client().list() == []
