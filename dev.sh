@@ -16,9 +16,9 @@ case "$what" in demo|test|setup|bench) ;; *) echo "usage: $0 demo|test|setup|ben
 APT_PACKAGES=(gcc make binutils libc6-dev libyaml-dev python3 python3-venv python3-dev util-linux valgrind)
 # container runtimes for the end-to-end tests: installed when root; without
 # them (as a normal user) those tests skip with a reason
-RUNTIME_PACKAGES=(podman runc containerd busybox-static
+RUNTIME_PACKAGES=(podman runc containerd docker.io busybox-static
     dpkg-dev lintian rpm rpmlint
-    python3-click python3-yaml python3-cffi python3-jsonschema python3-prometheus-client libyaml-0-2)
+    python3-click python3-yaml python3-cffi python3-jsonschema python3-prometheus-client python3-tomli-w libyaml-0-2)
 
 wanted=("${APT_PACKAGES[@]}")
 [ "$(id -u)" = 0 ] && wanted+=("${RUNTIME_PACKAGES[@]}")

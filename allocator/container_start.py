@@ -3,9 +3,9 @@ work of the OCI hook (hook/gpuslice_hook.c) and of the runtime shim
 (runtime_shim/gpuslice_runtime.c), run here in the daemon so that a container
 start pays for one round trip, not an interpreter.
 
-- create (the shim, before the real runtime): a container whose annotations ask
-  for a slice gets it reserved, and the CDI edits of the GPUs placed for it,
-  applied to its config.json (written atomically).  A container that asks for
+- create (the shim, before the real runtime): a container whose annotations (or
+  GPUSLICE_* environment, see gpuslice.request) ask for a slice gets it
+  reserved, and the CDI edits of the GPUs placed for it applied to its config.json (written atomically).  A container that asks for
   nothing, or a pod's sandbox, is left byte for byte as it was.
 - createRuntime (the hook; container created, not started): the container holds
   a slice bound to its init process: reserved by the shim already, or reserved
@@ -32,11 +32,13 @@ from gpuslice.cdi.registry import Found, Registry
 REGISTRY = Registry()  # kept for the daemon's life: each spec file is parsed and validated once per change
 
 
-def requested(notes: dict[str, str]) -> dict[str, str]:
-    """The container's gpuslice.io/* annotations; none for a pod's sandbox."""
+def requested(config: dict, state: oci.State | None = None) -> request.Asked:
+    """What the container asks for (its annotations over its GPUSLICE_*
+    environment); nothing for a pod's sandbox, which never gets a GPU."""
+    notes = oci.annotations_of(config, state)
     if oci.is_sandbox(notes):
-        return {}
-    return {k: v for k, v in notes.items() if k.startswith(request.PREFIX)}
+        return request.NOTHING
+    return request.gather(notes, oci.process_env(config))
 
 
 def injected_devices(config: dict) -> list[str]:
@@ -50,17 +52,20 @@ def injected_devices(config: dict) -> list[str]:
     return [uuid for _, uuid in sorted(found)]
 
 
-def _with_injected(ours: dict[str, str], config: dict) -> dict[str, str]:
+def _with_injected(ours: request.Asked, config: dict) -> request.Asked:
     devices = injected_devices(config)
     if not devices:
         return ours
-    pinned = ours.get(request.DEVICE)
-    if pinned and set(pinned.split(",")) != set(devices):
+    pinned = ours.values.get(request.DEVICE)
+    if pinned and {d.strip() for d in pinned.split(",")} != set(devices):
         raise request.RequestError(
-            f'annotation {request.DEVICE}: "{pinned}" differs from the GPUs the CDI devices injected '
+            f'{ours.sources[request.DEVICE]}: "{pinned}" differs from the GPUs the CDI devices injected '
             f"({','.join(devices)})"
         )
-    return {**ours, request.DEVICE: ",".join(devices), request.GPUS: ours.get(request.GPUS, str(len(devices)))}
+    values = {**ours.values, request.DEVICE: ",".join(devices)}
+    values.setdefault(request.GPUS, str(len(devices)))
+    sources = {request.DEVICE: "the CDI devices", request.GPUS: "the CDI devices", **ours.sources}
+    return request.Asked(values, sources)
 
 
 def create_runtime(state: oci.State, slices: SliceManager) -> None:
@@ -72,12 +77,12 @@ def create_runtime(state: oci.State, slices: SliceManager) -> None:
         slices.get(cid)
         reserved_here = False  # the runtime shim reserved it
     except errors.NotFound:
-        ours = requested(oci.annotations_of(config, state))
+        ours = requested(config, state)
         if not ours:
             return  # the container asks for no GPU
         ours = _with_injected(ours, config)
-        request.parse(ours)  # bad annotations fail here, with the parser's one line
-        slices.reserve(cid, ours, owner="hook")
+        request.parse(ours.values, ours.sources)  # bad values fail here, with the parser's one line
+        slices.reserve(cid, ours.values, owner="hook")
         reserved_here = True
     try:
         slices.bind(cid, state.pid)
@@ -109,11 +114,11 @@ def prepare(bundle: Path, container_id: str, slices: SliceManager, spec_path: st
     if not bundle.is_absolute():
         raise oci.OciError(f"bundle {bundle}: not an absolute path")
     config = oci.read_config(bundle, container_id)
-    ours = requested(oci.annotations_of(config))
+    ours = requested(config)
     if not ours:
         return False
-    request.parse(ours)  # the one line for bad annotations, before anything is reserved
-    placed = slices.reserve(container_id, ours, owner="runtime-shim")
+    request.parse(ours.values, ours.sources)  # the one line for bad values, before anything is reserved
+    placed = slices.reserve(container_id, ours.values, owner="runtime-shim")
     try:
         cdi_apply.inject(config, _devices(spec_path, [a.gpu_uuid for a in placed.allocations]))
         path = bundle / oci.CONFIG_NAME

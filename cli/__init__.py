@@ -186,14 +186,24 @@ def cdi_validate(file: str) -> None:
     click.echo(f"ok: {spec.kind}, {len(spec.devices)} devices, cdiVersion {spec.version}")
 
 
-def _install(target: str, root: str, shim: str | None, hook: str | None, dry_run: bool, remove: bool) -> None:
+def _install(target: str, ctx_args: dict, dry_run: bool) -> None:
     from pathlib import Path
 
     from gpuslice import install as installer
 
-    shim = shim or str(paths.executable("gpuslice-runtime"))
-    hook = hook or str(paths.executable("gpuslice-hook"))
-    changes = installer.plan(target, Path(root), shim, hook, remove)
+    version = ctx_args.pop("runtime_version", None)
+    try:
+        ctx = installer.Context(
+            root=Path(ctx_args.pop("root")),
+            version=installer.parse_version(version) if version else None,
+            **ctx_args,
+        )
+        if not ctx.remove:
+            ctx.shim = ctx.shim or str(paths.executable("gpuslice-runtime"))
+            ctx.hook = ctx.hook or str(paths.executable("gpuslice-hook"))
+        changes = installer.plan(target, ctx)
+    except errors.GpusliceError as e:
+        raise click.ClickException(str(e)) from e
     pending = [c for c in changes if c.changes]
     if not pending:
         click.echo(f"{target}: nothing to change")
@@ -211,26 +221,32 @@ def _install(target: str, root: str, shim: str | None, hook: str | None, dry_run
 
 
 _TARGETS = click.Choice(["containerd", "crio", "podman", "docker"])
+_RUNTIME_BINARY = click.option(
+    "--runtime-binary", "binary", default="", help="the runtime to ask its version (default: containerd, dockerd)"
+)
+_RUNTIME_VERSION = click.option("--runtime-version", help="the runtime's version, MAJOR.MINOR, instead of asking it")
 
 
 @main.command("install")
 @click.argument("target", type=_TARGETS)
 @click.option("--root", default="/", show_default=True, help="filesystem root to configure")
-@click.option("--shim", help="gpuslice-runtime path (default: PATH)")
-@click.option("--hook", help="gpuslice-hook path (default: PATH)")
+@click.option("--shim", default="", help="gpuslice-runtime path (default: PATH)")
+@click.option("--hook", default="", help="gpuslice-hook path (default: PATH)")
+@_RUNTIME_BINARY
+@_RUNTIME_VERSION
 @click.option("--dry-run", is_flag=True, help="print the change, write nothing")
-def install_cmd(target: str, root: str, shim: str | None, hook: str | None, dry_run: bool) -> None:
-    """Configure a container runtime to use gpuslice (drop-in files; idempotent)."""
-    _install(target, root, shim, hook, dry_run, remove=False)
+def install_cmd(target: str, dry_run: bool, **ctx_args: str) -> None:
+    """Configure a container runtime to use gpuslice, for its version (idempotent)."""
+    _install(target, ctx_args, dry_run)
 
 
 @main.command("uninstall")
 @click.argument("target", type=_TARGETS)
 @click.option("--root", default="/", show_default=True, help="filesystem root to configure")
 @click.option("--dry-run", is_flag=True, help="print the change, write nothing")
-def uninstall_cmd(target: str, root: str, dry_run: bool) -> None:
-    """Undo `gpuslice install TARGET`."""
-    _install(target, root, None, None, dry_run, remove=True)
+def uninstall_cmd(target: str, dry_run: bool, **ctx_args: object) -> None:
+    """Undo `gpuslice install TARGET`: each file back as it was, unless edited since."""
+    _install(target, {**ctx_args, "remove": True}, dry_run)
 
 
 @main.group("sim")

@@ -1,16 +1,24 @@
 """`gpuslice install|uninstall RUNTIME`: drop-in configuration the way each
-ecosystem expects it.  Idempotent; a dry run prints the change as a diff."""
+ecosystem expects it, for the runtime's version.  Idempotent; a dry run prints
+the change as a diff; uninstall puts back each file as it was, byte for byte,
+unless it was edited since (then only our part is taken out)."""
 
 from __future__ import annotations
 
+import copy
 import difflib
+import fnmatch
 import json
 import re
+import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from gpuslice import request
+import tomli_w
+
+from gpuslice import errors, request
 from gpuslice.atomic_file import write_text_atomically
 
 try:
@@ -20,6 +28,60 @@ except ImportError:  # Python 3.10
 
 RUNTIME_NAME = "gpuslice"
 ANNOTATION_REGEX = "^gpuslice\\.io/(" + "|".join(re.escape(k.split("/", 1)[1]) for k in request.KNOWN) + ")$"
+# what install found before it wrote, so that uninstall can put it back
+MANIFEST_DIR = "var/lib/gpuslice/install"
+_VERSION = re.compile(r"(?:^|\s)v?(\d+)\.(\d+)\.\d+")
+
+
+class InstallError(errors.FailedPrecondition):
+    """The node's configuration or runtime is not one install can change."""
+
+
+def runtime_version(binary: str) -> tuple[int, int]:
+    """(major, minor) from `BINARY --version` (containerd, dockerd)."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise InstallError(
+            f"{binary} --version: {getattr(e, 'strerror', None) or e}; accepted: the runtime on PATH, "
+            "--runtime-binary PATH or --runtime-version X.Y"
+        ) from None
+    m = _VERSION.search(out)
+    if not m:
+        raise InstallError(f"{binary} --version: no version in {out.strip()[:80]!r}; accepted: --runtime-version X.Y")
+    return int(m.group(1)), int(m.group(2))
+
+
+def parse_version(text: str) -> tuple[int, int]:
+    m = re.fullmatch(r"(\d+)\.(\d+)(\.\d+)?", text.strip())
+    if not m:
+        raise InstallError(f'--runtime-version: "{text}" is not valid; accepted: MAJOR.MINOR (1.7, 26.1)')
+    return int(m.group(1)), int(m.group(2))
+
+
+@dataclass
+class Context:
+    root: Path
+    shim: str = ""
+    hook: str = ""
+    remove: bool = False
+    binary: str = ""  # the runtime to ask its version: containerd, dockerd
+    version: tuple[int, int] | None = None  # given: not asked
+    _asked: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def runtime_version(self, default_binary: str) -> tuple[int, int]:
+        if self.version is None:
+            binary = self.binary or default_binary
+            if binary not in self._asked:
+                self._asked[binary] = runtime_version(binary)
+            return self._asked[binary]
+        return self.version
+
+    def containerd_version(self) -> tuple[int, int]:
+        return self.runtime_version("containerd")
+
+    def docker_version(self) -> tuple[int, int]:
+        return self.runtime_version("dockerd")
 
 
 @dataclass(frozen=True)
@@ -60,70 +122,125 @@ def apply(changes: list[Change]) -> None:
 # ---- containerd ----------------------------------------------------------------
 
 CONTAINERD_DROPIN = "etc/containerd/conf.d/gpuslice.toml"
-CRI = 'plugins."io.containerd.grpc.v1.cri".containerd.runtimes'
+DROPIN_IMPORT = "conf.d/gpuslice.toml"  # containerd resolves it beside config.toml
+CRI_V2 = "io.containerd.grpc.v1.cri"  # containerd 1.x, config version 2
+CRI_V3 = "io.containerd.cri.v1.runtime"  # containerd 2.x, config version 3
+RUNC_V2 = "io.containerd.runc.v2"
 
 
-def _runc_options(config: str | None) -> dict:
-    if not config:
+def _toml(text: str | None, path: Path) -> dict[str, Any]:
+    if not text:
         return {}
     try:
-        data = tomllib.loads(config)
-    except tomllib.TOMLDecodeError:
-        return {}
-    runtimes = data.get("plugins", {}).get("io.containerd.grpc.v1.cri", {}).get("containerd", {}).get("runtimes", {})
-    return runtimes.get("runc", {}).get("options", {})
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InstallError(f"{path}: not valid TOML ({e}); accepted: a containerd config file") from None
 
 
-def _toml_value(v: object) -> str:
-    return json.dumps(v) if not isinstance(v, bool) else ("true" if v else "false")
+def _dig(data: dict[str, Any], *keys: str) -> dict[str, Any]:
+    for key in keys:
+        data = data.get(key, {}) if isinstance(data, dict) else {}
+    return data if isinstance(data, dict) else {}
 
 
-def containerd(root: Path, shim: str, remove: bool) -> list[Change]:
-    main_cfg = root / "etc/containerd/config.toml"
-    dropin = root / CONTAINERD_DROPIN
-    before_main = _read(main_cfg)
-    target = "/" + CONTAINERD_DROPIN
-    if remove:
-        after_main = before_main
-        if before_main and f'imports = ["{target}"]\n' in before_main:
-            after_main = before_main.replace(f'imports = ["{target}"]\n', "")
-        return [Change(main_cfg, before_main, after_main), Change(dropin, _read(dropin), None)]
-    options = {k: v for k, v in _runc_options(before_main).items() if k != "BinaryName"}  # runc's options kept
+def _cri_plugin(main: dict[str, Any]) -> dict[str, Any]:
+    """The node's CRI runtime section, wherever its config version keeps it."""
+    return _dig(main, "plugins", CRI_V3) or _dig(main, "plugins", CRI_V2)
+
+
+def _our_runtime(main: dict[str, Any], shim: str) -> dict[str, Any]:
+    runc = _dig(_cri_plugin(main), "containerd", "runtimes", "runc")
+    options = {k: v for k, v in _dig(runc, "options").items() if k != "BinaryName"}  # runc's options kept
     options["BinaryName"] = shim
-    lines = [
-        "# gpuslice: a runtime whose binary is the gpuslice shim (gpuslice install containerd)",
-        "version = 2",
-        f"[{CRI}.{RUNTIME_NAME}]",
-        '  runtime_type = "io.containerd.runc.v2"',
-        '  pod_annotations = ["gpuslice.io/*"]',
-        '  container_annotations = ["gpuslice.io/*"]',
-        f"[{CRI}.{RUNTIME_NAME}.options]",
-        *(f"  {k} = {_toml_value(v)}" for k, v in sorted(options.items())),
-    ]
-    after_main = before_main
+    return {
+        "runtime_type": RUNC_V2,
+        # a pod's annotations reach every container of the pod (the shim skips its sandbox)
+        "pod_annotations": ["gpuslice.io/*"],
+        "container_annotations": ["gpuslice.io/*"],
+        "options": options,
+    }
+
+
+def _dropin(main: dict[str, Any], shim: str, version: tuple[int, int]) -> tuple[str, dict[str, Any]]:
+    ours = _our_runtime(main, shim)
+    if version >= (2, 0):
+        return "config version 3: containerd 2.x merges this with the node's CRI settings key by key", {
+            "version": 3,
+            "plugins": {CRI_V3: {"enable_cdi": True, "containerd": {"runtimes": {RUNTIME_NAME: ours}}}},
+        }
+    if version >= (1, 7):
+        return "containerd 1.7 merges this with the node's CRI settings key by key", {
+            "version": 2,
+            "plugins": {CRI_V2: {"enable_cdi": True, "containerd": {"runtimes": {RUNTIME_NAME: ours}}}},
+        }
+    # containerd 1.6 replaces a whole plugin section with an imported one: carry
+    # the node's CRI section (runc, sandbox_image, ...) and add ours to it.
+    cri = copy.deepcopy(_dig(main, "plugins", CRI_V2))
+    runtimes = cri.setdefault("containerd", {}).setdefault("runtimes", {})
+    default = cri["containerd"].get("default_runtime_name", "runc")
+    if default == "runc" and "runc" not in runtimes:
+        runtimes["runc"] = {"runtime_type": RUNC_V2}  # containerd's own default, which the import would drop
+    runtimes[RUNTIME_NAME] = ours
+    return (
+        "containerd 1.6 replaces the CRI section with this one: it carries config.toml's CRI settings; "
+        "after editing those, run `gpuslice install containerd` again",
+        {"version": 2, "plugins": {CRI_V2: cri}},
+    )
+
+
+def _imported(main: dict[str, Any], cfg: Path, dropin: Path) -> bool:
+    for pattern in main.get("imports", []):
+        full = Path(pattern) if Path(pattern).is_absolute() else cfg.parent / pattern
+        if str(pattern) in (DROPIN_IMPORT, "/" + CONTAINERD_DROPIN) or fnmatch.fnmatch(str(dropin), str(full)):
+            return True
+    return False
+
+
+def containerd(ctx: Context) -> list[Change]:
+    main_cfg = ctx.root / "etc/containerd/config.toml"
+    dropin = ctx.root / CONTAINERD_DROPIN
+    before_main = _read(main_cfg)
+    line = f'imports = ["{DROPIN_IMPORT}"]\n'
+    if ctx.remove:
+        after_main = before_main
+        for ours in (line, 'imports = ["/etc/containerd/conf.d/gpuslice.toml"]\n', f'"{DROPIN_IMPORT}", '):
+            after_main = after_main.replace(ours, "", 1) if after_main else after_main
+        return [Change(main_cfg, before_main, after_main), Change(dropin, _read(dropin), None)]
+    version = ctx.containerd_version()
+    main = _toml(before_main, main_cfg)
+    if before_main and main.get("version", 1) < 2:
+        raise InstallError(
+            f"{main_cfg}: config version {main.get('version', 1)} is not supported; accepted: version 2 or 3 "
+            "(containerd config migrate)"
+        )
+    why, table = _dropin(main, ctx.shim, version)
+    major, minor = version
+    header = f"# gpuslice: the gpuslice runtime class (gpuslice install containerd, containerd {major}.{minor})\n"
+    text = header + f"# {why}\n" + tomli_w.dumps(table)
     if before_main is None:
-        after_main = f'version = 2\nimports = ["{target}"]\n'
-    elif target not in before_main:
-        if re.search(r"^imports\s*=", before_main, re.M):
-            after_main = re.sub(r"^(imports\s*=\s*\[)", rf'\1"{target}", ', before_main, count=1, flags=re.M)
-        else:
-            after_main = f'imports = ["{target}"]\n' + before_main
-    return [Change(main_cfg, before_main, after_main), Change(dropin, _read(dropin), "\n".join(lines) + "\n")]
+        after_main = f"version = {3 if version >= (2, 0) else 2}\n" + line
+    elif _imported(main, main_cfg, dropin):
+        after_main = before_main
+    elif "imports" in main:
+        after_main = re.sub(r"^(imports\s*=\s*\[)", rf'\1"{DROPIN_IMPORT}", ', before_main, count=1, flags=re.M)
+    else:
+        after_main = line + before_main
+    return [Change(main_cfg, before_main, after_main), Change(dropin, _read(dropin), text)]
 
 
 # ---- CRI-O ------------------------------------------------------------------------
 
 
-def crio(root: Path, shim: str, remove: bool) -> list[Change]:
-    path = root / "etc/crio/crio.conf.d/99-gpuslice.conf"
+def crio(ctx: Context) -> list[Change]:
+    path = ctx.root / "etc/crio/crio.conf.d/99-gpuslice.conf"
     text = (
         "# gpuslice: the gpuslice runtime for CRI-O (gpuslice install crio)\n"
         f"[crio.runtime.runtimes.{RUNTIME_NAME}]\n"
-        f'runtime_path = "{shim}"\n'
+        f'runtime_path = "{ctx.shim}"\n'
         'runtime_type = "oci"\n'
-        f"allowed_annotations = [{', '.join(json.dumps(k) for k in request.KNOWN)}]\n"
+        f"allowed_annotations = [{', '.join(json.dumps(k) for k in request.ANNOTATIONS)}]\n"
     )
-    return [Change(path, _read(path), None if remove else text)]
+    return [Change(path, _read(path), None if ctx.remove else text)]
 
 
 # ---- Podman (and CRI-O's hooks) -------------------------------------------------
@@ -148,32 +265,40 @@ def hooks_d(hook: str) -> dict[str, str]:
     return files
 
 
-def podman(root: Path, hook: str, remove: bool) -> list[Change]:
-    d = root / "usr/share/containers/oci/hooks.d"
-    return [Change(d / name, _read(d / name), None if remove else text) for name, text in hooks_d(hook).items()]
+def podman(ctx: Context) -> list[Change]:
+    d = ctx.root / "usr/share/containers/oci/hooks.d"
+    return [Change(d / name, _read(d / name), None if ctx.remove else text) for name, text in hooks_d(ctx.hook).items()]
 
 
 # ---- Docker ------------------------------------------------------------------------
 
+DOCKER_CDI = (25, 0)  # the first engine with CDI devices (`features.cdi`)
 
-def docker(root: Path, shim: str, remove: bool) -> list[Change]:
-    path = root / "etc/docker/daemon.json"
+
+def docker(ctx: Context) -> list[Change]:
+    path = ctx.root / "etc/docker/daemon.json"
     before = _read(path)
-    data = json.loads(before) if before and before.strip() else {}
+    try:
+        data = json.loads(before) if before and before.strip() else {}
+    except json.JSONDecodeError as e:
+        raise InstallError(f"{path}: not valid JSON ({e}); accepted: Docker's daemon.json") from None
     runtimes = data.setdefault("runtimes", {})
-    if remove:
+    if ctx.remove:
         runtimes.pop(RUNTIME_NAME, None)
         if not runtimes:
             data.pop("runtimes")
+        # features.cdi stays: other CDI devices may rely on it, and it changes nothing without them
     else:
-        runtimes[RUNTIME_NAME] = {"path": shim}
+        runtimes[RUNTIME_NAME] = {"path": ctx.shim}
+        if ctx.docker_version() >= DOCKER_CDI:
+            data.setdefault("features", {})["cdi"] = True
     after = json.dumps(data, indent=2) + "\n" if data or before is not None else None
     if before is not None and after is not None and json.loads(before or "{}") == data:
         after = before  # unchanged content keeps its formatting
     return [Change(path, before, after)]
 
 
-TARGETS: dict[str, Callable[[Path, str, bool], list[Change]]] = {
+TARGETS: dict[str, Callable[[Context], list[Change]]] = {
     "containerd": containerd,
     "crio": crio,
     "podman": podman,
@@ -181,6 +306,30 @@ TARGETS: dict[str, Callable[[Path, str, bool], list[Change]]] = {
 }
 
 
-def plan(target: str, root: Path, shim: str, hook: str, remove: bool = False) -> list[Change]:
-    fn = TARGETS[target]
-    return fn(root, hook if target == "podman" else shim, remove)
+def _manifest(ctx: Context, target: str) -> Path:
+    return ctx.root / MANIFEST_DIR / f"{target}.json"
+
+
+def plan(target: str, ctx: Context) -> list[Change]:
+    """The changes that install (or, with ctx.remove, uninstall) makes, the
+    manifest of what the files held before included."""
+    changes = TARGETS[target](ctx)
+    manifest = _manifest(ctx, target)
+    recorded = json.loads(manifest.read_text()) if manifest.exists() else None
+    if ctx.remove:
+        if recorded:
+            # a file as install left it goes back to what it was; an edited one keeps the edits, less ours
+            changes = [
+                Change(c.path, c.before, recorded["before"].get(str(c.path), c.after))
+                if c.before == recorded["wrote"].get(str(c.path))
+                else c
+                for c in changes
+            ]
+        return [*changes, Change(manifest, _read(manifest), None)]
+    if not any(c.changes for c in changes):
+        return changes
+    before = dict(recorded["before"]) if recorded else {}
+    for c in changes:
+        before.setdefault(str(c.path), c.before)  # the first install's view of the file is the one to restore
+    record = {"before": before, "wrote": {str(c.path): c.after for c in changes}}
+    return [*changes, Change(manifest, _read(manifest), json.dumps(record, indent=1) + "\n")]

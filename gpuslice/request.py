@@ -1,12 +1,22 @@
 """The request contract: a container's gpuslice.io/* annotations parsed into a
 SliceRequest.  The one parser, shared by the shim, the hook, the CLI and the
-daemon; every bad value raises one line naming the annotation, the value and
-what is accepted."""
+daemon; every bad value raises one line naming the annotation (or the
+environment variable), the value and what is accepted.
+
+Where a request comes from, in order of precedence, key by key:
+1. annotations: the container's own, or a Kubernetes pod's, which the CRI
+   copies into every container of the pod (its sandbox excepted);
+2. environment variables that mirror them (GPUSLICE_MEMORY for
+   gpuslice.io/memory), for engines that put no annotations into the OCI
+   spec, such as Docker before 24.
+
+gpuslice.io/containers (a pod annotation) names the containers of the pod that
+get a slice; the others, sidecars, get none."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -21,7 +31,21 @@ POLICY = PREFIX + "compute-policy"
 PRIORITY = PREFIX + "priority"
 DEVICE = PREFIX + "device"
 KNOWN = (GPUS, MEMORY, CORES, POLICY, PRIORITY, DEVICE)
+CONTAINERS = PREFIX + "containers"  # which containers of a pod a pod-wide request is for
+ANNOTATIONS = (*KNOWN, CONTAINERS)
 MAX_GPUS = 64
+ENV_PREFIX = "GPUSLICE_"
+# The CRI's container name, by implementation: containerd's, CRI-O's.
+CONTAINER_NAME_MARKS = ("io.kubernetes.cri.container-name", "io.kubernetes.container.name")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def env_name(key: str) -> str:
+    """The environment variable that mirrors an annotation: GPUSLICE_COMPUTE_POLICY."""
+    return ENV_PREFIX + key[len(PREFIX) :].upper().replace("-", "_")
+
+
+ENV_NAMES = {env_name(key): key for key in KNOWN}
 
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
 _PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
@@ -68,74 +92,136 @@ class SliceRequest:
         return self.memory is None and self.cores in (None, 100)
 
 
-def _bad(key: str, value: str, accepted: str) -> RequestError:
-    return RequestError(f'annotation {key}: "{value}" is not valid; accepted: {accepted}')
+@dataclass(frozen=True)
+class Asked:
+    """A container's request as gathered from its sources: values by annotation
+    key, and how to name each value's source in an error."""
+
+    values: dict[str, str]
+    sources: dict[str, str]
+
+    def __bool__(self) -> bool:
+        return bool(self.values)
 
 
-def _int_in(key: str, value: str, lo: int, hi: int, accepted: str) -> int:
+NOTHING = Asked({}, {})
+
+
+def _containers(value: str) -> set[str]:
+    names = [part.strip() for part in value.split(",")]
+    if not all(_DNS_LABEL.match(n) for n in names):
+        raise RequestError(
+            f'annotation {CONTAINERS}: "{value}" is not valid; accepted: comma-separated container names '
+            "(lowercase DNS labels: a-z, 0-9 and -, at most 63 characters)"
+        )
+    return set(names)
+
+
+def _container_name(annotations: Mapping[str, str]) -> str | None:
+    return next((annotations[m] for m in CONTAINER_NAME_MARKS if annotations.get(m)), None)
+
+
+def gather(annotations: Mapping[str, str], env: Sequence[str] = ()) -> Asked:
+    """What one container asks for: its gpuslice.io/* annotations over the
+    GPUSLICE_* environment variables that mirror them, key by key.  Nothing for
+    a container that gpuslice.io/containers leaves out."""
+    values: dict[str, str] = {}
+    sources: dict[str, str] = {}
+    for entry in env:
+        name, sep, value = entry.partition("=")
+        if sep and name in ENV_NAMES:
+            values[ENV_NAMES[name]] = value
+            sources[ENV_NAMES[name]] = f"environment variable {name}"
+    for key, value in annotations.items():
+        if key.startswith(PREFIX) and key != CONTAINERS:
+            values[key] = value
+            sources[key] = f"annotation {key}"
+    if CONTAINERS in annotations:
+        wanted = _containers(annotations[CONTAINERS])
+        container = _container_name(annotations)
+        if container is None:
+            raise RequestError(
+                f"annotation {CONTAINERS}: this container has no CRI container name "
+                f"({' or '.join(CONTAINER_NAME_MARKS)}); accepted: only on a Kubernetes pod's containers"
+            )
+        if container not in wanted:
+            return NOTHING
+    return Asked(values, sources)
+
+
+def _bad(label: str, value: str, accepted: str) -> RequestError:
+    return RequestError(f'{label}: "{value}" is not valid; accepted: {accepted}')
+
+
+def _int_in(label: str, value: str, lo: int, hi: int, accepted: str) -> int:
     if not re.fullmatch(r"\s*\d+\s*", value) or not lo <= int(value) <= hi:
-        raise _bad(key, value, accepted)
+        raise _bad(label, value, accepted)
     return int(value)
 
 
-def _memory(value: str) -> MemoryLimit:
+def _memory(label: str, value: str) -> MemoryLimit:
     accepted = "bytes with a unit (4Gi, 1500Mi, 2G) or a percentage of the GPU from 1% to 100% (25%)"
     pct = _PERCENT.match(value)
     if pct:
         p = int(pct.group(1))
         if not 1 <= p <= 100:
-            raise _bad(MEMORY, value, accepted)
+            raise _bad(label, value, accepted)
         return MemoryLimit(percent=p)
     try:
         n = parse_bytes(value)
     except ValueError:
-        raise _bad(MEMORY, value, accepted) from None
+        raise _bad(label, value, accepted) from None
     if n <= 0:
-        raise _bad(MEMORY, value, accepted)
+        raise _bad(label, value, accepted)
     return MemoryLimit(bytes=n)
 
 
-def _devices(value: str) -> tuple[str, ...]:
+def _devices(label: str, value: str) -> tuple[str, ...]:
     accepted = "comma-separated GPU indices or UUIDs, each once (0,1 or GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
     items = tuple(part.strip() for part in value.split(","))
     for item in items:
         if not (re.fullmatch(r"\d+", item) or _UUID.match(item)):
-            raise _bad(DEVICE, value, accepted)
+            raise _bad(label, value, accepted)
     if len(set(items)) != len(items):
-        raise _bad(DEVICE, value, accepted)
+        raise _bad(label, value, accepted)
     return items
 
 
-def _choice(key: str, value: str, enum: type[Enum]) -> Enum:
+def _choice(label: str, value: str, enum: type[Enum]) -> Enum:
     try:
         return enum(value.strip().lower())
     except ValueError:
-        raise _bad(key, value, " or ".join(e.value for e in enum)) from None
+        raise _bad(label, value, " or ".join(e.value for e in enum)) from None
 
 
-def parse(annotations: Mapping[str, str]) -> SliceRequest | None:
-    """The container's request, or None when it asks for no GPU."""
+def parse(annotations: Mapping[str, str], sources: Mapping[str, str] | None = None) -> SliceRequest | None:
+    """The container's request, or None when it asks for no GPU.  `sources`
+    names where each value came from (gather's), for the error line."""
     ours = {k: v for k, v in annotations.items() if k.startswith(PREFIX)}
     if not ours:
         return None
+
+    def label(key: str) -> str:
+        return (sources or {}).get(key, f"annotation {key}")
+
     for key in ours:
         if key not in KNOWN:
-            raise RequestError(f"annotation {key}: unknown; accepted annotations: {', '.join(KNOWN)}")
-    devices = _devices(ours[DEVICE]) if DEVICE in ours else ()
+            raise RequestError(f"annotation {key}: unknown; accepted annotations: {', '.join(ANNOTATIONS)}")
+    devices = _devices(label(DEVICE), ours[DEVICE]) if DEVICE in ours else ()
     default_gpus = len(devices) or 1
-    gpus = _int_in(GPUS, ours[GPUS], 1, MAX_GPUS, f"a whole number from 1 to {MAX_GPUS}") if GPUS in ours else None
+    accepted_gpus = f"a whole number from 1 to {MAX_GPUS}"
+    gpus = _int_in(label(GPUS), ours[GPUS], 1, MAX_GPUS, accepted_gpus) if GPUS in ours else None
     if devices and gpus is not None and gpus > len(devices):
         raise RequestError(
-            f'annotation {GPUS}: "{gpus}" asks for more GPUs than {DEVICE} pins ({len(devices)}); '
+            f'{label(GPUS)}: "{gpus}" asks for more GPUs than {DEVICE} pins ({len(devices)}); '
             f"accepted: at most {len(devices)}"
         )
+    accepted_cores = "a whole number from 1 to 100 (100 = the whole GPU)"
     return SliceRequest(
         gpus=gpus if gpus is not None else default_gpus,
-        memory=_memory(ours[MEMORY]) if MEMORY in ours else None,
-        cores=_int_in(CORES, ours[CORES], 1, 100, "a whole number from 1 to 100 (100 = the whole GPU)")
-        if CORES in ours
-        else None,
-        policy=_choice(POLICY, ours[POLICY], ComputePolicy) if POLICY in ours else ComputePolicy.ELASTIC,  # type: ignore[arg-type]
-        priority=_choice(PRIORITY, ours[PRIORITY], Priority) if PRIORITY in ours else Priority.NORMAL,  # type: ignore[arg-type]
+        memory=_memory(label(MEMORY), ours[MEMORY]) if MEMORY in ours else None,
+        cores=_int_in(label(CORES), ours[CORES], 1, 100, accepted_cores) if CORES in ours else None,
+        policy=_choice(label(POLICY), ours[POLICY], ComputePolicy) if POLICY in ours else ComputePolicy.ELASTIC,  # type: ignore[arg-type]
+        priority=_choice(label(PRIORITY), ours[PRIORITY], Priority) if PRIORITY in ours else Priority.NORMAL,  # type: ignore[arg-type]
         devices=devices,
     )

@@ -4,7 +4,7 @@
     python packaging/build.py rpm     -> dist/gpuslice-<version>-1.<arch>.rpm
 
 Python dependencies come from the distribution where it packages them
-(click, PyYAML, cffi, jsonschema, prometheus-client) and are vendored into
+(click, PyYAML, cffi, jsonschema, prometheus-client, tomli-w) and are vendored into
 /usr/lib/gpuslice/python where it does not, or where its version is too old
 for the generated gRPC code (grpcio, grpcio-health-checking, protobuf,
 nvidia-ml-py)."""
@@ -28,11 +28,11 @@ PYDIR = "/usr/lib/gpuslice/python"
 VENDORED = ["grpcio>=1.85", "grpcio-health-checking>=1.85", "protobuf>=7.35", "nvidia-ml-py>=12.535"]
 DEB_DEPENDS = [
     "python3 (>= 3.11)", "python3 (<< 3.12)", "python3-click", "python3-yaml", "python3-cffi",
-    "python3-jsonschema", "python3-prometheus-client", "libyaml-0-2", "libc6",
+    "python3-jsonschema", "python3-prometheus-client", "python3-tomli-w", "libyaml-0-2", "libc6",
 ]  # fmt: skip
 RPM_REQUIRES = [
     "python3 >= 3.11", "python3 < 3.12", "python3-click", "python3-pyyaml", "python3-cffi", "python3-jsonschema",
-    "python3-prometheus_client", "libyaml-0.so.2()(64bit)",
+    "python3-prometheus_client", "python3-tomli-w", "libyaml-0.so.2()(64bit)",
 ]  # fmt: skip
 COMMANDS = {"gpuslice": "gpuslice.cli"}
 EXECUTABLES = ("gpuslice-hook", "gpuslice-runtime")  # compiled: in the package's _native/bin, moved to /usr/bin

@@ -3,8 +3,8 @@
  *
  * Every verb but `create` is handed to the real runtime unchanged: the same
  * argv, so the same exit status and logs, at the cost of one exec.  On
- * `create`, a bundle whose config.json mentions no gpuslice.io annotation is
- * left byte for byte as it was; otherwise the daemon, in one round trip on its
+ * `create`, a bundle whose config.json mentions no gpuslice.io annotation and
+ * no GPUSLICE_* request variable is left byte for byte as it was; otherwise the daemon, in one round trip on its
  * runtime socket, reserves the slice and writes the CDI edits of the GPUs it
  * placed, and the hook, into config.json (atomically); then the real runtime
  * runs.  A failure is one line on stderr and in the runtime's log (in its
@@ -25,7 +25,11 @@
  * apply (default: the daemon finds it) */
 #define RUNTIME_ENV GS_ENV_RUNTIME
 #define SPEC_ENV GS_ENV_CDI_SPEC
-#define ANNOTATION "\"gpuslice.io/"
+/* what a config.json that may ask for a slice mentions: an annotation, or one of
+ * the environment entries that mirror them (gpuslice/request.py, ENV_NAMES) */
+static const char *const MARKS[] = {"\"gpuslice.io/",           "\"GPUSLICE_GPUS=",     "\"GPUSLICE_MEMORY=",
+                                    "\"GPUSLICE_CORES=",        "\"GPUSLICE_PRIORITY=", "\"GPUSLICE_COMPUTE_POLICY=",
+                                    "\"GPUSLICE_DEVICE=",       NULL};
 
 static const char *const GLOBAL_WITH_VALUE[] = {"--root", "--log", "--log-format", "--criu", "--rootless", NULL};
 static const char *const CREATE_WITH_VALUE[] = {"--bundle", "-b", "--console-socket", "--pid-file", "--preserve-fds",
@@ -150,8 +154,8 @@ static const char *real_runtime(char *buf, size_t cap, char *why, size_t why_cap
     return NULL;
 }
 
-/* Whether config.json may ask for a slice: it mentions a gpuslice.io key.
- * Only then is the daemon asked (and it parses the file properly). */
+/* Whether config.json may ask for a slice: it mentions one of MARKS.  Only
+ * then is the daemon asked (and it parses the file properly). */
 static int mentions_us(const char *config, char *why, size_t cap)
 {
     int fd = open(config, O_RDONLY | O_CLOEXEC);
@@ -163,7 +167,9 @@ static int mentions_us(const char *config, char *why, size_t cap)
         snprintf(why, cap, "cannot read %.1024s: %s", config, strerror(errno));
         return -1;
     }
-    int found = memmem(text, n, ANNOTATION, strlen(ANNOTATION)) != NULL;
+    int found = 0;
+    for (const char *const *m = MARKS; *m && !found; m++)
+        found = memmem(text, n, *m, strlen(*m)) != NULL;
     free(text);
     return found;
 }

@@ -6,8 +6,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
+import pytest
+
+from gpuslice import request
 from gpuslice.paths import built_executable
 from tests.conftest import oci_bundle
 
@@ -21,11 +25,12 @@ def fake_runtime(tmp: Path) -> Path:
     return rt
 
 
-def run(tmp: Path, *argv: str, socket: Path | None = None) -> subprocess.CompletedProcess:
+def run(tmp: Path, *argv: str, socket: Path | None = None, spec: Path | None = None) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "GPUSLICE_RUNTIME": str(fake_runtime(tmp)),
         "GPUSLICE_SOCKET": str(socket or tmp / "none.sock"),
+        "GPUSLICE_CDI_SPEC": str(spec or ""),
     }
     return subprocess.run([str(SHIM), *argv], capture_output=True, text=True, env=env)
 
@@ -65,6 +70,38 @@ def test_bad_annotations_fail_create_with_one_line_in_the_log(tmp_path, daemon):
     entry = json.loads(log.read_text())
     assert entry["level"] == "error" and "gpuslice.io/cores" in entry["msg"]
     assert d.client().list() == []
+
+
+@pytest.mark.parametrize("name", sorted(request.ENV_NAMES))
+def test_every_request_variable_reaches_the_daemon_and_a_bad_one_is_named(tmp_path, daemon, name):
+    """Docker before 24 puts no annotations into config.json: each GPUSLICE_*
+    variable must make the shim ask the daemon (a bad value proves it asked)."""
+    d = daemon()
+    bundle = oci_bundle(tmp_path / "bundle", {}, env=["PATH=/bin", f"{name}=bad!"])
+    r = run(tmp_path, "create", "--bundle", str(bundle), "c5", socket=d.socket)
+    assert r.returncode == 1 and not (tmp_path / "argv").exists()
+    assert r.stderr.startswith(f'gpuslice-runtime: environment variable {name}: "bad!" is not valid; accepted: ')
+    assert d.client().list() == []
+
+
+def test_a_request_variable_gets_its_slice_and_an_annotation_wins_over_it(tmp_path, daemon):
+    d = daemon()
+    bundle = oci_bundle(
+        tmp_path / "bundle", {"gpuslice.io/memory": "2Gi"}, env=["GPUSLICE_MEMORY=5Gi", "GPUSLICE_CORES=20"]
+    )
+    spec = tmp_path / "spec.json"
+    made = subprocess.run(
+        [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(spec),
+         "--daemon-socket", str(d.socket), "--sim-config", str(d.dir / "sim.yaml")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    r = run(tmp_path, "create", "--bundle", str(bundle), "c6", socket=d.socket, spec=spec)
+    assert r.returncode == 7 and (tmp_path / "argv").exists(), r.stderr  # reserved, then the real runtime ran
+    [view] = d.client().list()
+    assert [(g.memory_limit, g.cores) for g in view.gpus] == [(2 << 30, 20)]
+    env = json.loads((bundle / "config.json").read_text())["process"]["env"]
+    assert "GPUSLICE_MEMORY=5Gi" in env and any(e.startswith("GPUSLICE_DEVICE_0=GPU-") for e in env)
 
 
 def test_a_request_with_no_daemon_fails_create_with_one_line(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslice.request import ComputePolicy, MemoryLimit, Priority, RequestError, SliceRequest, parse
+from gpuslice.request import ComputePolicy, MemoryLimit, Priority, RequestError, SliceRequest, gather, parse
 from gpuslice.units import format_bytes, parse_bytes
 
 UUID = "GPU-5e1c0a1d-0000-4000-8000-000000000000"
@@ -71,3 +71,48 @@ def test_units():
     with pytest.raises(ValueError):
         parse_bytes("4 gigs")
     assert format_bytes(3 << 30) == "3.0 GiB" and format_bytes(512) == "512 B"
+
+
+POD = {"gpuslice.io/memory": "4Gi", "gpuslice.io/containers": "trainer,eval"}
+
+
+def test_environment_mirrors_annotations_and_annotations_win_key_by_key():
+    asked = gather({"gpuslice.io/memory": "2Gi"}, ["PATH=/bin", "GPUSLICE_MEMORY=4Gi", "GPUSLICE_COMPUTE_POLICY=hard"])
+    assert asked.values == {"gpuslice.io/memory": "2Gi", "gpuslice.io/compute-policy": "hard"}
+    assert parse(asked.values, asked.sources) == SliceRequest(
+        memory=MemoryLimit(bytes=2 << 30), policy=ComputePolicy.HARD
+    )
+    assert not gather({}, ["GPUSLICE=1", "GPUSLICE_UNKNOWN=3", "NVIDIA_VISIBLE_DEVICES=all"])
+
+
+def test_a_bad_environment_value_names_the_variable():
+    asked = gather({}, ["GPUSLICE_CORES=130"])
+    with pytest.raises(RequestError) as e:
+        parse(asked.values, asked.sources)
+    assert str(e.value).startswith('environment variable GPUSLICE_CORES: "130" is not valid; accepted: a whole number')
+    asked = gather({}, ["GPUSLICE_GPUS=3", "GPUSLICE_DEVICE=0"])
+    with pytest.raises(RequestError, match=r"^environment variable GPUSLICE_GPUS: "):
+        parse(asked.values, asked.sources)
+
+
+@pytest.mark.parametrize("name_mark", ["io.kubernetes.cri.container-name", "io.kubernetes.container.name"])
+def test_containers_names_which_containers_of_a_pod_get_the_request(name_mark):
+    assert gather({**POD, name_mark: "eval"}).values == {"gpuslice.io/memory": "4Gi"}
+    assert not gather({**POD, name_mark: "log-shipper"})  # a sidecar: no slice
+    assert gather({"gpuslice.io/memory": "4Gi", name_mark: "any"}).values == {"gpuslice.io/memory": "4Gi"}
+
+
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [("", "is not valid"), ("Trainer", "is not valid"), ("a,,b", "is not valid"), ("x" * 64, "is not valid")],
+)
+def test_bad_containers_values_give_one_line(value, fragment):
+    with pytest.raises(RequestError) as e:
+        gather({"gpuslice.io/containers": value, "io.kubernetes.cri.container-name": "a"})
+    assert str(e.value).startswith("annotation gpuslice.io/containers: ") and fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_containers_outside_a_pod_is_an_error_not_a_silent_match():
+    with pytest.raises(RequestError, match="has no CRI container name"):
+        gather(POD)
