@@ -5,8 +5,9 @@ start pays for one round trip, not an interpreter.
 
 - create (the shim, before the real runtime): a container whose annotations (or
   GPUSLICE_* environment, see gpuslice.request) ask for a slice gets it
-  reserved, and the CDI edits of the GPUs placed for it applied to its config.json (written atomically).  A container that asks for
-  nothing, or a pod's sandbox, is left byte for byte as it was.
+  reserved, and the CDI edits of the GPUs placed for it applied to its
+  config.json (written atomically).  A container that asks for nothing, or a
+  pod's sandbox, is left byte for byte as it was.
 - createRuntime (the hook; container created, not started): the container holds
   a slice bound to its init process: reserved by the shim already, or reserved
   here from its annotations and the GPUs CDI injected.
