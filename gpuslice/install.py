@@ -168,21 +168,18 @@ def _dropin(main: dict[str, Any], shim: str, version: tuple[int, int]) -> tuple[
             "version": 3,
             "plugins": {CRI_V3: {"enable_cdi": True, "containerd": {"runtimes": {RUNTIME_NAME: ours}}}},
         }
-    if version >= (1, 7):
-        return "containerd 1.7 merges this with the node's CRI settings key by key", {
-            "version": 2,
-            "plugins": {CRI_V2: {"enable_cdi": True, "containerd": {"runtimes": {RUNTIME_NAME: ours}}}},
-        }
-    # containerd 1.6 replaces a whole plugin section with an imported one: carry
-    # the node's CRI section (runc, sandbox_image, ...) and add ours to it.
+    # containerd 1.6 and 1.7 replace a whole plugin section with an imported one:
+    # carry the node's CRI section (runc, sandbox_image, ...) and add ours to it.
     cri = copy.deepcopy(_dig(main, "plugins", CRI_V2))
+    if version >= (1, 7):
+        cri["enable_cdi"] = True  # CDI devices in CRI (a DRA driver's, a device plugin's) from 1.7 on
     runtimes = cri.setdefault("containerd", {}).setdefault("runtimes", {})
     default = cri["containerd"].get("default_runtime_name", "runc")
     if default == "runc" and "runc" not in runtimes:
         runtimes["runc"] = {"runtime_type": RUNC_V2}  # containerd's own default, which the import would drop
     runtimes[RUNTIME_NAME] = ours
     return (
-        "containerd 1.6 replaces the CRI section with this one: it carries config.toml's CRI settings; "
+        "containerd 1.x replaces the CRI section with this one: it carries config.toml's CRI settings; "
         "after editing those, run `gpuslice install containerd` again",
         {"version": 2, "plugins": {CRI_V2: cri}},
     )

@@ -50,12 +50,12 @@ class Kubelet:
     def version(self) -> Any:
         return self.runtime.Version(self.pb.VersionRequest(version="v1"), timeout=self.timeout)
 
-    def pod_config(self, name: str, annotations: dict[str, str]) -> Any:
+    def pod_config(self, name: str, annotations: dict[str, str], log_directory: str = "") -> Any:
         pb = self.pb
         return pb.PodSandboxConfig(
             metadata=pb.PodSandboxMetadata(name=name, namespace="default", uid=str(uuid.uuid4()), attempt=0),
             annotations=annotations,
-            log_directory="",
+            log_directory=log_directory,
             linux=pb.LinuxPodSandboxConfig(
                 security_context=pb.LinuxSandboxSecurityContext(
                     namespace_options=pb.NamespaceOption(network=NODE, pid=1, ipc=NODE)
@@ -63,8 +63,10 @@ class Kubelet:
             ),
         )
 
-    def run_pod(self, name: str, annotations: dict[str, str], handler: str = "gpuslice") -> tuple[str, Any]:
-        config = self.pod_config(name, annotations)
+    def run_pod(
+        self, name: str, annotations: dict[str, str], handler: str = "gpuslice", log_directory: str = ""
+    ) -> tuple[str, Any]:
+        config = self.pod_config(name, annotations, log_directory)
         reply = self.runtime.RunPodSandbox(
             self.pb.RunPodSandboxRequest(config=config, runtime_handler=handler), timeout=self.timeout
         )
@@ -88,7 +90,7 @@ class Kubelet:
             image=pb.ImageSpec(image=image),
             command=command,
             annotations=annotations or {},
-            envs=[pb.KeyValue(key=k, value=v) for k, v in (env or {}).items()],
+            envs=[pb.KeyValue(key=k, value=v.encode()) for k, v in (env or {}).items()],  # value: bytes in the proto
             CDI_devices=[pb.CDIDevice(name=d) for d in cdi_devices],
             log_path=log_path,
         )

@@ -1,0 +1,293 @@
+"""The kubelet's path: a pod with runtimeClassName gpuslice, driven through
+containerd's real CRI plugin by a kubelet-like client compiled from the
+official CRI proto, on containerd 1.6 (Debian 12's) and 1.7 (Debian 13's),
+each configured by `gpuslice install containerd` on top of a node's own
+config.  Nothing is mocked: real containerd, runc, the shim, the hook, the
+daemon on the simulated GPU, and the CUDA probe inside the containers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from gpuslice import rootfs
+from gpuslice.cli import sim_daemon
+from gpuslice.paths import built_executable
+from tests.clients.cri import Kubelet, compile_api
+from tests.conftest import gpu
+from tests.harness.containerd import IMAGE, PAUSE, ContainerdNode
+from tests.harness.debian import unpacked
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+GiB, MiB = 1 << 30, 1 << 20
+SPEC_PATH = Path("/var/run/cdi/gpuslice-cri.json")
+EXITED = 2  # runtime.v1.ContainerState.CONTAINER_EXITED
+HOLD = ["/bin/sh", "-c", f"{rootfs.PROBE}; exec /bin/sleep 600"]
+# containerd 1.6: Debian 12's, the system's; 1.7: Debian 13's and 2.x: Debian
+# unstable's, each unpacked beside it
+VERSIONS = {"1.6": None, "1.7": "trixie", "2.x": "sid"}
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("containerd", "runc", "apt-get")),
+    reason="needs root, containerd, runc and apt-get (./dev.sh installs them as root)",
+)
+
+
+def containerd_bin(version: str) -> Path:
+    suite = VERSIONS[version]
+    return Path("/usr/bin") if suite is None else unpacked(("containerd",), suite) / "usr/bin"
+
+
+@dataclass
+class GpuNode:
+    daemon: sim_daemon.RunningDaemon
+    shim: Path
+
+    def slices(self) -> list:
+        return list(self.daemon.client().list())
+
+    def wait_slices(self, want: int, seconds: float = 15) -> list:
+        deadline = time.monotonic() + seconds
+        while len(found := self.slices()) != want and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return found
+
+
+@pytest.fixture(scope="module")
+def gpu_node(tmp_path_factory) -> Iterator[GpuNode]:
+    """The daemon on one simulated 16 GiB GPU, its CDI spec in /var/run/cdi, and
+    the shim that containerd's runtime class runs (pointed at this daemon)."""
+    d = tmp_path_factory.mktemp("daemon")
+    daemon = sim_daemon.start(d, sim_daemon.write_config(d, [gpu("16Gi")], sweep_interval=0.5))
+    made = subprocess.run(
+        [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(SPEC_PATH),
+         "--daemon-socket", str(daemon.socket), "--slice-dir", str(daemon.slice_socket.parent),
+         "--sim-config", str(d / "sim.yaml"), "--sim-state-dir", str(d / "sim")],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    shim = d / "gpuslice-runtime"
+    shim.write_text(
+        f"#!/bin/sh\nexport GPUSLICE_SOCKET={daemon.socket}\nexport GPUSLICE_CDI_SPEC={SPEC_PATH}\n"
+        f'exec {built_executable("gpuslice-runtime")} "$@"\n'
+    )
+    shim.chmod(0o755)
+    yield GpuNode(daemon, shim)
+    SPEC_PATH.unlink(missing_ok=True)
+    daemon.proc.terminate()
+    daemon.proc.wait(20)
+
+
+@pytest.fixture(scope="module")
+def cri_api(tmp_path_factory):
+    return compile_api(tmp_path_factory.mktemp("cri-api"))
+
+
+@pytest.fixture(scope="module")
+def probe_rootfs(tmp_path_factory) -> Path:
+    return rootfs.build(tmp_path_factory.mktemp("probe-rootfs"))
+
+
+@pytest.fixture(scope="module", params=sorted(VERSIONS))
+def node(request, gpu_node, cri_api, probe_rootfs, tmp_path_factory) -> Iterator[tuple[ContainerdNode, Kubelet]]:
+    """containerd of one version with the node's config plus `gpuslice install containerd`."""
+    ctd = ContainerdNode(containerd_bin(request.param), tmp_path_factory.mktemp(f"containerd-{request.param}"),
+                         gpu_node.shim, probe_rootfs)  # fmt: skip
+    installed = ctd.install()
+    assert installed.returncode == 0, installed.stderr
+    kubelet = None
+    try:
+        ctd.start()
+        ctd.import_images()
+        kubelet = Kubelet(ctd.socket, cri_api)
+        yield ctd, kubelet
+    finally:
+        if kubelet:
+            for pod in kubelet.pods():
+                kubelet.stop_pod(pod.id)
+                kubelet.remove_pod(pod.id)
+            kubelet.close()
+        ctd.cleanup()
+
+
+class Pod:
+    """One pod on the node, with its containers' CRI logs in its own directory."""
+
+    def __init__(self, kubelet: Kubelet, logs: Path, name: str, annotations: dict[str, str], handler: str = "gpuslice"):
+        self.kubelet = kubelet
+        self.logs = logs / name
+        self.logs.mkdir(parents=True)
+        self.id, self.config = kubelet.run_pod(name, annotations, handler, str(self.logs))
+
+    def run(self, name: str, command: list[str] = HOLD, **kw) -> str:
+        cid = self.kubelet.create(self.id, self.config, name, IMAGE, command, log_path=f"{name}.log", **kw)
+        self.kubelet.start(cid)
+        return cid
+
+    def probe(self, name: str, seconds: float = 30) -> dict:
+        """The CUDA probe's one JSON line, from the container's CRI log."""
+        log = self.logs / f"{name}.log"
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for line in log.read_text().splitlines() if log.exists() else []:
+                text = line.split(" ", 3)[-1]  # TIMESTAMP STREAM TAG text
+                if text.startswith("{"):
+                    return json.loads(text)
+            time.sleep(0.1)
+        raise AssertionError(f"no probe line in {log}: {log.read_text() if log.exists() else 'no log'}")
+
+    def close(self) -> None:
+        self.kubelet.stop_pod(self.id)
+        self.kubelet.remove_pod(self.id)
+
+
+@pytest.fixture
+def pods(node, tmp_path):
+    _, kubelet = node
+    made: list[Pod] = []
+
+    def make(name: str, annotations: dict[str, str], handler: str = "gpuslice") -> Pod:
+        pod = Pod(kubelet, tmp_path, name, annotations, handler)
+        made.append(pod)
+        return pod
+
+    yield make
+    for pod in made:
+        pod.close()
+
+
+def cri_sections(dump: str) -> tuple[dict, str, str]:
+    """The CRI runtime section, the sandbox image and the snapshotter, from
+    `containerd config dump` (config version 3 splits them into two plugins)."""
+    plugins = tomllib.loads(dump)["plugins"]
+    if "io.containerd.cri.v1.runtime" in plugins:
+        images = plugins["io.containerd.cri.v1.images"]
+        return plugins["io.containerd.cri.v1.runtime"], images["pinned_images"]["sandbox"], images["snapshotter"]
+    cri = plugins["io.containerd.grpc.v1.cri"]
+    return cri, cri["sandbox_image"], cri["containerd"]["snapshotter"]
+
+
+def test_install_keeps_runc_the_sandbox_image_and_adds_our_runtime_class(node):
+    ctd, kubelet = node
+    dump = ctd.config_dump()
+    assert dump.returncode == 0, dump.stderr
+    cri, sandbox_image, snapshotter = cri_sections(dump.stdout)
+    runtimes = cri["containerd"]["runtimes"]
+    assert runtimes["runc"]["runtime_type"] == "io.containerd.runc.v2"
+    assert runtimes["gpuslice"]["options"]["BinaryName"] == str(ctd.shim)
+    assert runtimes["gpuslice"]["pod_annotations"] == ["gpuslice.io/*"]
+    assert sandbox_image == PAUSE and snapshotter == "native"  # the node's own settings
+    if ctd.version >= (1, 7):
+        assert cri["enable_cdi"] is True
+    version = kubelet.version()  # the CRI plugin loaded: it answers
+    assert version.runtime_name == "containerd" and version.runtime_api_version == "v1"
+
+
+@pytest.mark.parametrize("version", sorted(VERSIONS))
+def test_uninstall_puts_the_files_back_byte_for_byte(version, tmp_path):
+    ctd = ContainerdNode(containerd_bin(version), tmp_path, Path("/usr/bin/gpuslice-runtime"), tmp_path)
+    etc = tmp_path / "etc"
+    before = {p: p.read_bytes() for p in etc.rglob("*") if p.is_file()}
+    assert ctd.install().returncode == 0
+    assert (etc / "containerd/conf.d/gpuslice.toml").exists()
+    r = ctd.uninstall()
+    assert r.returncode == 0, r.stderr
+    assert {p: p.read_bytes() for p in etc.rglob("*") if p.is_file()} == before
+    assert not any((tmp_path / "var").rglob("*.json"))  # the install manifest went too
+
+
+def test_pod_annotations_give_the_app_container_its_slice_and_the_sandbox_none(node, pods, gpu_node):
+    _, kubelet = node
+    pod = pods("probe", {"gpuslice.io/memory": "4Gi", "gpuslice.io/cores": "30"})
+    assert gpu_node.slices() == []  # the sandbox (pause) container took nothing
+    cid = pod.run("app")
+    out = pod.probe("app")
+    assert out["total"] == 4 * GiB and out["allocated"] == 4 * GiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    [held] = gpu_node.slices()
+    assert held.container_id == cid and held.state == "bound" and held.gpus[0].cores == 30
+    status = subprocess.run([sys.executable, "-m", "gpuslice.cli", "status", "--socket", str(gpu_node.daemon.socket)],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert status.returncode == 0 and cid[:12] in status.stdout and pod.id[:12] not in status.stdout, status.stdout
+    kubelet.stop(cid)
+    assert gpu_node.wait_slices(0) == []
+
+
+def test_two_app_containers_get_two_slices_and_a_sidecar_outside_the_list_none(node, pods, gpu_node):
+    pod = pods("three", {"gpuslice.io/memory": "3Gi", "gpuslice.io/containers": "trainer,eval"})
+    trainer, evaluator, sidecar = pod.run("trainer"), pod.run("eval"), pod.run("log-shipper")
+    assert pod.probe("trainer")["total"] == 3 * GiB and pod.probe("eval")["total"] == 3 * GiB
+    assert "total" not in pod.probe("log-shipper")  # no slice, so no CDI edits: no driver in its image
+    assert sorted(s.container_id for s in gpu_node.wait_slices(2)) == sorted([trainer, evaluator])
+    assert sidecar not in [s.container_id for s in gpu_node.slices()]
+
+
+def test_stopping_the_pod_while_it_runs_releases_its_slices(node, pods, gpu_node):
+    _, kubelet = node
+    pod = pods("stopped", {"gpuslice.io/memory": "2Gi"})
+    pod.run("a")
+    pod.run("b")
+    assert len(gpu_node.wait_slices(2)) == 2
+    kubelet.stop_pod(pod.id)
+    assert gpu_node.wait_slices(0) == []
+
+
+@pytest.mark.parametrize(
+    ("annotations", "reason"),
+    [
+        ({"gpuslice.io/memory": "lots"}, 'annotation gpuslice.io/memory: "lots" is not valid; accepted: '),
+        ({"gpuslice.io/memory": "64Gi"}, "more than any GPU holds"),
+        ({"gpuslice.io/containers": "Bad_Name", "gpuslice.io/memory": "1Gi"}, "annotation gpuslice.io/containers"),
+    ],
+)
+def test_a_bad_request_fails_start_container_with_the_parsers_line_and_reserves_nothing(
+    node, pods, gpu_node, annotations, reason
+):
+    _, _kubelet = node
+    pod = pods("bad", annotations)
+    with pytest.raises(grpc.RpcError) as e:
+        pod.run("app")
+    assert reason in e.value.details(), e.value.details()  # what the kubelet reports for the pod
+    assert gpu_node.slices() == []
+    assert all(g.memory_reserved == 0 for g in gpu_node.daemon.client().inventory().gpus)
+
+
+def test_containerd_restarted_in_the_middle_leaks_nothing(node, pods, gpu_node):
+    ctd, kubelet = node
+    pod = pods("restart", {"gpuslice.io/memory": "1Gi"})
+    cid = pod.run("app")
+    assert [s.container_id for s in gpu_node.wait_slices(1)] == [cid]
+    ctd.stop()
+    ctd.start()  # the container and its shim lived on; containerd finds them again
+    assert kubelet.status(cid).state != EXITED and [s.container_id for s in gpu_node.slices()] == [cid]
+    kubelet.stop(cid)
+    assert gpu_node.wait_slices(0) == []
+
+
+def test_cdi_device_as_a_dra_driver_asks_for_it_on_the_default_runtime(node, pods, gpu_node):
+    """CDI in CRI (containerd 1.7 with enable_cdi): CreateContainer with
+    CDI_devices, the request in the environment, the default runc handler.
+    containerd 1.6's CRI has no CDI: the device is ignored, and no slice made."""
+    ctd, _ = node
+    pod = pods("cdi", {}, handler="")
+    cid = pod.run("app", env={"GPUSLICE_MEMORY": "1500Mi"}, cdi_devices=["gpuslice.io/gpu=0"])
+    out = pod.probe("app")
+    if ctd.version < (1, 7):
+        assert "total" not in out and gpu_node.wait_slices(0, seconds=1) == []  # no driver, no slice
+        return
+    assert out["total"] == 1500 * MiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    [held] = gpu_node.wait_slices(1)
+    assert held.container_id == cid and held.state == "bound"
