@@ -83,3 +83,53 @@ def test_containerd_reads_the_drop_in_and_keeps_runc_options(tmp_path):
     assert dump.returncode == 0, dump.stderr
     section = dump.stdout.split("runtimes.gpuslice.options]", 1)[1].split("[", 1)[0]
     assert f'BinaryName = "{SHIM}"' in section and "SystemdCgroup = true" in section
+
+
+def test_uninstall_keeps_an_admins_later_edits_and_takes_out_only_ours(tmp_path):
+    root = tmp_path / "root"
+    cfg = root / "etc/containerd/config.toml"
+    cfg.parent.mkdir(parents=True)
+    cfg.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause:1"\n')
+    flags = ["--root", str(root), "--shim", SHIM, "--runtime-version", "1.7"]
+    assert cli("install", "containerd", *flags).returncode == 0
+    cfg.write_text(cfg.read_text() + "# edited by the admin\n")
+    assert cli("uninstall", "containerd", "--root", str(root)).returncode == 0
+    assert cfg.read_text() == 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause:1"\n' \
+        "# edited by the admin\n"  # fmt: skip
+    assert not (root / "etc/containerd/conf.d/gpuslice.toml").exists()
+
+
+@pytest.mark.parametrize(
+    ("target", "files", "flags", "line"),
+    [
+        ("containerd", {"etc/containerd/config.toml": "[plugins.cri]\n"}, ["--runtime-version", "1.6"],
+         "config version 1 is not supported; accepted: version 2 or 3"),
+        ("containerd", {"etc/containerd/config.toml": "version = [\n"}, ["--runtime-version", "1.7"],
+         "not valid TOML"),
+        ("containerd", {}, ["--runtime-version", "one.six"], '--runtime-version: "one.six" is not valid'),
+        ("containerd", {}, ["--runtime-binary", "/nonexistent/containerd"], "/nonexistent/containerd --version"),
+        ("docker", {"etc/docker/daemon.json": "{runtimes"}, ["--runtime-version", "26.1"], "not valid JSON"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_changes_nothing(tmp_path, target, files, flags, line):
+    root = tmp_path / "root"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    before = snapshot(root) if root.exists() else {}
+    r = cli("install", target, "--root", str(root), "--shim", SHIM, *flags)
+    assert r.returncode == 1 and line in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert (snapshot(root) if root.exists() else {}) == before
+
+
+@pytest.mark.parametrize(("version", "marker"), [("1.6", "version = 2"), ("1.7", "enable_cdi = true"),
+                                                 ("2.1", "version = 3")])  # fmt: skip
+def test_the_drop_in_follows_the_containerd_version(tmp_path, version, marker):
+    root = tmp_path / "root"
+    assert (
+        cli("install", "containerd", "--root", str(root), "--shim", SHIM, "--runtime-version", version).returncode == 0
+    )
+    dropin = (root / "etc/containerd/conf.d/gpuslice.toml").read_text()
+    assert marker in dropin and f"containerd {version}" in dropin
+    assert (root / "etc/containerd/config.toml").read_text().startswith(("version = 2\n", "version = 3\n"))

@@ -145,12 +145,8 @@ def test_hook_shim_and_cdi_errors_reach_the_metrics_under_their_own_codes(tmp_pa
     full = bundle(tmp_path / "full", {"gpuslice.io/memory": "8Gi"})
     assert hook("createRuntime", {"id": "full", "pid": pid, "bundle": str(full)}, d.socket).returncode == 1
     asks = bundle(tmp_path / "shim", {"gpuslice.io/memory": "1Gi"})
-    env_spec = tmp_path / "missing-spec.json"  # the shim's CDI spec is not there
-    os.environ["GPUSLICE_CDI_SPEC"] = str(env_spec)
-    try:
-        r = shim(tmp_path, "create", "--bundle", str(asks), "shimmed", socket=d.socket)
-    finally:
-        del os.environ["GPUSLICE_CDI_SPEC"]
+    missing_spec = tmp_path / "missing-spec.json"  # the shim's CDI spec is not there
+    r = shim(tmp_path, "create", "--bundle", str(asks), "shimmed", socket=d.socket, spec=missing_spec)
     assert r.returncode == 1 and "cannot read a CDI spec" in r.stderr, r.stderr
     assert [s.container_id for s in d.client().list()] == ["big"]  # nothing half-reserved
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -183,3 +179,19 @@ def test_a_pods_sandbox_gets_no_slice_from_the_hook_or_the_shim(tmp_path, daemon
     assert r.returncode == 7, r.stderr  # the stand-in runtime ran: nothing refused
     assert (s / "config.json").read_bytes() == before  # untouched
     assert d.client().list() == []
+
+
+@needs_root
+def test_the_hook_follows_the_pods_container_list_and_reads_request_variables(tmp_path, daemon, containers):
+    """The CDI + hooks.d path keeps the shim's rules: gpuslice.io/containers
+    names the pod's containers that get a slice; GPUSLICE_* variables ask too."""
+    d, box = daemon(), containers()
+    pod = {"gpuslice.io/memory": "2Gi", "gpuslice.io/containers": "train"}
+    sidecar = bundle(tmp_path / "sidecar", {**pod, "io.kubernetes.cri.container-name": "log-shipper"})
+    r = hook("createRuntime", {"id": "sidecar", "pid": box.init_pid, "bundle": str(sidecar)}, d.socket)
+    assert r.returncode == 0 and r.stderr == "" and d.client().list() == [], r.stderr
+    train = bundle(tmp_path / "train", {**pod, "io.kubernetes.container.name": "train"}, env=["GPUSLICE_CORES=40"])
+    r = hook("createRuntime", {"id": "train", "pid": box.init_pid, "bundle": str(train)}, d.socket)
+    assert r.returncode == 0, r.stderr
+    [s] = d.client().list()
+    assert s.container_id == "train" and (s.gpus[0].memory_limit, s.gpus[0].cores) == (2 << 30, 40)
