@@ -37,7 +37,7 @@ MAX_GPUS = 64
 ENV_PREFIX = "GPUSLICE_"
 # The CRI's container name, by implementation: containerd's, CRI-O's.
 CONTAINER_NAME_MARKS = ("io.kubernetes.cri.container-name", "io.kubernetes.container.name")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\Z", re.ASCII)
 
 
 def env_name(key: str) -> str:
@@ -47,8 +47,12 @@ def env_name(key: str) -> str:
 
 ENV_NAMES = {env_name(key): key for key in KNOWN}
 
-_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
-_PERCENT = re.compile(r"^\s*(\d+)\s*%\s*$")
+_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\Z", re.ASCII)
+# ASCII digits and blanks only: \d and int() would take other scripts' digits ("１６")
+_PERCENT = re.compile(r"^[ \t]*([0-9]{1,3})[ \t]*%[ \t]*\Z", re.ASCII)
+_WHOLE = re.compile(r"^[ \t]*([0-9]{1,6})[ \t]*\Z", re.ASCII)
+_INDEX = re.compile(r"^[0-9]{1,4}\Z", re.ASCII)
+MAX_VALUE = 1024  # characters in one value: a device list of 64 UUIDs fits
 
 
 class RequestError(errors.InvalidArgument):
@@ -108,10 +112,10 @@ NOTHING = Asked({}, {})
 
 
 def _containers(value: str) -> set[str]:
-    names = [part.strip() for part in value.split(",")]
+    names = [part.strip() for part in value.split(",")] if len(value) <= MAX_VALUE else [""]
     if not all(_DNS_LABEL.match(n) for n in names):
         raise RequestError(
-            f'annotation {CONTAINERS}: "{value}" is not valid; accepted: comma-separated container names '
+            f'annotation {CONTAINERS}: "{_shown(value)}" is not valid; accepted: comma-separated container names '
             "(lowercase DNS labels: a-z, 0-9 and -, at most 63 characters)"
         )
     return set(names)
@@ -149,18 +153,25 @@ def gather(annotations: Mapping[str, str], env: Sequence[str] = ()) -> Asked:
     return Asked(values, sources)
 
 
+def _shown(value: str) -> str:
+    """A value as an error line shows it: printable ASCII, at most 64 characters."""
+    text = value.encode("unicode_escape").decode("ascii")
+    return text if len(text) <= 64 else text[:64] + "..."
+
+
 def _bad(label: str, value: str, accepted: str) -> RequestError:
-    return RequestError(f'{label}: "{value}" is not valid; accepted: {accepted}')
+    return RequestError(f'{label}: "{_shown(value)}" is not valid; accepted: {accepted}')
 
 
 def _int_in(label: str, value: str, lo: int, hi: int, accepted: str) -> int:
-    if not re.fullmatch(r"\s*\d+\s*", value) or not lo <= int(value) <= hi:
+    m = _WHOLE.match(value)
+    if not m or not lo <= int(m.group(1)) <= hi:
         raise _bad(label, value, accepted)
-    return int(value)
+    return int(m.group(1))
 
 
 def _memory(label: str, value: str) -> MemoryLimit:
-    accepted = "bytes with a unit (4Gi, 1500Mi, 2G) or a percentage of the GPU from 1% to 100% (25%)"
+    accepted = "bytes with a unit (4Gi, 1500Mi, 2G; at most 1Pi) or a percentage of the GPU from 1% to 100% (25%)"
     pct = _PERCENT.match(value)
     if pct:
         p = int(pct.group(1))
@@ -180,7 +191,7 @@ def _devices(label: str, value: str) -> tuple[str, ...]:
     accepted = "comma-separated GPU indices or UUIDs, each once (0,1 or GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"
     items = tuple(part.strip() for part in value.split(","))
     for item in items:
-        if not (re.fullmatch(r"\d+", item) or _UUID.match(item)):
+        if not (_INDEX.match(item) or _UUID.match(item)):
             raise _bad(label, value, accepted)
     if len(set(items)) != len(items):
         raise _bad(label, value, accepted)
@@ -204,9 +215,11 @@ def parse(annotations: Mapping[str, str], sources: Mapping[str, str] | None = No
     def label(key: str) -> str:
         return (sources or {}).get(key, f"annotation {key}")
 
-    for key in ours:
+    for key, value in ours.items():
         if key not in KNOWN:
-            raise RequestError(f"annotation {key}: unknown; accepted annotations: {', '.join(ANNOTATIONS)}")
+            raise RequestError(f"annotation {_shown(key)}: unknown; accepted annotations: {', '.join(ANNOTATIONS)}")
+        if not value.isascii() or len(value) > MAX_VALUE:
+            raise _bad(label(key), value, f"ASCII text of at most {MAX_VALUE} characters")
     devices = _devices(label(DEVICE), ours[DEVICE]) if DEVICE in ours else ()
     default_gpus = len(devices) or 1
     accepted_gpus = f"a whole number from 1 to {MAX_GPUS}"

@@ -116,3 +116,34 @@ def test_bad_containers_values_give_one_line(value, fragment):
 def test_containers_outside_a_pod_is_an_error_not_a_silent_match():
     with pytest.raises(RequestError, match="has no CRI container name"):
         gather(POD)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "source"),
+    [
+        ({"gpuslice.io/gpus": "１６"}, "annotation gpuslice.io/gpus"),  # fullwidth digits
+        ({"gpuslice.io/memory": "1٠٠٠"}, "annotation gpuslice.io/memory"),  # Arabic-Indic zeros
+        ({"gpuslice.io/memory": "9" * 400}, "annotation gpuslice.io/memory"),  # was a float overflow
+        ({"gpuslice.io/memory": "2000000Ti"}, "annotation gpuslice.io/memory"),  # above 1 PiB
+        ({"gpuslice.io/cores": "３０"}, "annotation gpuslice.io/cores"),
+        ({"gpuslice.io/cores": "30\n"}, "annotation gpuslice.io/cores"),
+        ({"gpuslice.io/device": "０"}, "annotation gpuslice.io/device"),
+        ({"gpuslice.io/device": "0," * 2000 + "1"}, "annotation gpuslice.io/device"),
+        ({"gpuslice.io/priority": "ｈｉｇｈ"}, "annotation gpuslice.io/priority"),
+        ({"gpuslice.io/memory": "50 ％"}, "annotation gpuslice.io/memory"),
+    ],
+)
+def test_only_ascii_and_bounded_values_are_accepted_with_one_short_line(annotations, source):
+    with pytest.raises(RequestError) as e:
+        parse(annotations)
+    line = str(e.value)
+    assert line.startswith(f"{source}: ") and "\n" not in line and line.isascii() and len(line) < 400
+
+
+def test_bounds_that_still_hold():
+    assert parse({"gpuslice.io/memory": "1024Ti"}).memory == MemoryLimit(bytes=1 << 50)
+    assert parse({"gpuslice.io/memory": " 4 Gi "}).memory == MemoryLimit(bytes=4 << 30)
+    with pytest.raises(ValueError, match="is more than 1 PiB"):
+        parse_bytes("1025Ti")
+    with pytest.raises(ValueError, match="is not a size"):
+        parse_bytes("٣")
