@@ -48,7 +48,7 @@ def env_name(key: str) -> str:
 ENV_NAMES = {env_name(key): key for key in KNOWN}
 
 _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\Z", re.ASCII)
-# ASCII digits and blanks only: \d and int() would take other scripts' digits ("１６")
+# ASCII digits and blanks only: \d and int() would take other scripts' digits (fullwidth "16")
 _PERCENT = re.compile(r"^[ \t]*([0-9]{1,3})[ \t]*%[ \t]*\Z", re.ASCII)
 _WHOLE = re.compile(r"^[ \t]*([0-9]{1,6})[ \t]*\Z", re.ASCII)
 _INDEX = re.compile(r"^[0-9]{1,4}\Z", re.ASCII)

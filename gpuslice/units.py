@@ -6,7 +6,7 @@ import re
 
 _BINARY = {"": 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}
 _DECIMAL = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-# ASCII only: Python's \d and int() also take other scripts' digits ("１６")
+# ASCII only: Python's \d and int() also take other scripts' digits (fullwidth "16")
 _SIZE = re.compile(r"^[ \t]*([0-9]{1,19})[ \t]*(Ki|Mi|Gi|Ti|k|K|M|G|T)?(B)?[ \t]*\Z", re.ASCII)
 MAX_BYTES = 1 << 50  # 1 PiB: far above any GPU's memory, and exact in a float
 

@@ -88,8 +88,8 @@ def test_pinning_is_honoured_or_refused_with_a_reason(daemon):
         ({GPUS: "-1"}, 'annotation gpuslice.io/gpus: "-1" is not valid'),
         ({"other": "x"}, "asks for no GPU"),
         ({MEM: "9" * 400}, "annotation gpuslice.io/memory: "),  # was INTERNAL: a float overflow
-        ({GPUS: "１６"}, 'annotation gpuslice.io/gpus: "\\uff11\\uff16" is not valid'),  # was 16 GPUs
-        ({MEM: "1٠٠٠"}, "annotation gpuslice.io/memory: "),  # was 1000 bytes
+        ({GPUS: "\uff11\uff16"}, 'annotation gpuslice.io/gpus: "\\uff11\\uff16" is not valid'),  # was 16 GPUs
+        ({MEM: "1\u0660\u0660\u0660"}, "annotation gpuslice.io/memory: "),  # was 1000 bytes
     ],
 )
 def test_bad_requests_reserve_nothing(daemon, annotations, fragment):

@@ -121,16 +121,16 @@ def test_containers_outside_a_pod_is_an_error_not_a_silent_match():
 @pytest.mark.parametrize(
     ("annotations", "source"),
     [
-        ({"gpuslice.io/gpus": "１６"}, "annotation gpuslice.io/gpus"),  # fullwidth digits
-        ({"gpuslice.io/memory": "1٠٠٠"}, "annotation gpuslice.io/memory"),  # Arabic-Indic zeros
+        ({"gpuslice.io/gpus": "\uff11\uff16"}, "annotation gpuslice.io/gpus"),  # fullwidth digits
+        ({"gpuslice.io/memory": "1\u0660\u0660\u0660"}, "annotation gpuslice.io/memory"),  # Arabic-Indic zeros
         ({"gpuslice.io/memory": "9" * 400}, "annotation gpuslice.io/memory"),  # was a float overflow
         ({"gpuslice.io/memory": "2000000Ti"}, "annotation gpuslice.io/memory"),  # above 1 PiB
-        ({"gpuslice.io/cores": "３０"}, "annotation gpuslice.io/cores"),
+        ({"gpuslice.io/cores": "\uff13\uff10"}, "annotation gpuslice.io/cores"),
         ({"gpuslice.io/cores": "30\n"}, "annotation gpuslice.io/cores"),
-        ({"gpuslice.io/device": "０"}, "annotation gpuslice.io/device"),
+        ({"gpuslice.io/device": "\uff10"}, "annotation gpuslice.io/device"),
         ({"gpuslice.io/device": "0," * 2000 + "1"}, "annotation gpuslice.io/device"),
-        ({"gpuslice.io/priority": "ｈｉｇｈ"}, "annotation gpuslice.io/priority"),
-        ({"gpuslice.io/memory": "50 ％"}, "annotation gpuslice.io/memory"),
+        ({"gpuslice.io/priority": "\uff48\uff49\uff47\uff48"}, "annotation gpuslice.io/priority"),
+        ({"gpuslice.io/memory": "50 \uff05"}, "annotation gpuslice.io/memory"),
     ],
 )
 def test_only_ascii_and_bounded_values_are_accepted_with_one_short_line(annotations, source):
@@ -146,4 +146,4 @@ def test_bounds_that_still_hold():
     with pytest.raises(ValueError, match="is more than 1 PiB"):
         parse_bytes("1025Ti")
     with pytest.raises(ValueError, match="is not a size"):
-        parse_bytes("٣")
+        parse_bytes("\u0663")
