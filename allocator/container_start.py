@@ -69,6 +69,20 @@ def _with_injected(ours: request.Asked, config: dict) -> request.Asked:
     return request.Asked(values, sources)
 
 
+def _container_process(cid: str, pid: int) -> None:
+    """The state's pid must be a container's process: never pid 1 or the daemon,
+    nor a process in the daemon's own mount namespace (a container has its own
+    from before createRuntime runs)."""
+    if pid <= 1 or pid == os.getpid():
+        raise oci.OciError(f"container {cid}: pid {pid} is {'init' if pid == 1 else 'the daemon'}, not a container's")
+    try:
+        shared = os.stat(f"/proc/{pid}/ns/mnt").st_ino == os.stat("/proc/self/ns/mnt").st_ino
+    except FileNotFoundError:
+        raise oci.OciError(f"container {cid}: no process with pid {pid}") from None
+    if shared:
+        raise oci.OciError(f"container {cid}: pid {pid} shares the daemon's mount namespace: not a container's")
+
+
 def create_runtime(state: oci.State, slices: SliceManager) -> None:
     cid = state.id
     if state.pid <= 0:
@@ -77,12 +91,14 @@ def create_runtime(state: oci.State, slices: SliceManager) -> None:
     try:
         slices.get(cid)
         reserved_here = False  # the runtime shim reserved it
+        _container_process(cid, state.pid)
     except errors.NotFound:
         ours = requested(config, state)
         if not ours:
             return  # the container asks for no GPU
         ours = _with_injected(ours, config)
         request.parse(ours.values, ours.sources)  # bad values fail here, with the parser's one line
+        _container_process(cid, state.pid)
         slices.reserve(cid, ours.values, owner="hook")
         reserved_here = True
     try:

@@ -22,7 +22,9 @@ from gpuslice.allocator.runtime_socket import RuntimeSocketServer
 from gpuslice.allocator.service import AllocatorService
 from gpuslice.allocator.slice_socket import SliceSocketServer
 from gpuslice.allocator.slices import SliceManager
+from gpuslice.allocator.state_lock import StateLock
 from gpuslice.allocator.store import SliceStore
+from gpuslice.allocator.unix_socket import UnixSocketServer
 from gpuslice.allocator.watcher import ProcessWatcher
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
 
@@ -42,8 +44,9 @@ def _load_nvml(cfg: Config) -> inventory.Inventory:
 class Daemon:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.inventory = _load_nvml(cfg)
         cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.lock = StateLock(cfg.state_dir)  # before anything else: a second daemon touches nothing
+        self.inventory = _load_nvml(cfg)
         self.store = SliceStore(cfg.store_path)
         limits = DriverLimits([g.uuid for g in self.inventory.gpus])
         self.manager = SliceManager(
@@ -60,10 +63,12 @@ class Daemon:
             for slot, pid in f.slot_pids().items():
                 self.watcher.watch(pid, f, slot)
 
-    def _sweeper(self) -> None:
+    def _sweeper(self, sockets: list[UnixSocketServer]) -> None:
         while not self._stop.wait(self.cfg.sweep_interval):
             try:
                 self.manager.sweep(self.cfg.reservation_timeout)
+                for server in sockets:
+                    server.ensure_bound()  # a socket file someone removed comes back
             except Exception:
                 log.exception("sweep failed")
 
@@ -95,7 +100,8 @@ class Daemon:
         slice_server.start()
         runtime_server = RuntimeSocketServer(constants.runtime_socket_beside(self.cfg.socket), self.manager)
         runtime_server.start()
-        threading.Thread(target=self._sweeper, name="sweeper", daemon=True).start()
+        sockets = [slice_server, runtime_server]
+        threading.Thread(target=self._sweeper, args=(sockets,), name="sweeper", daemon=True).start()
         self.compute.start()
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         health_servicer.set("gpuslice.v1.Allocator", health_pb2.HealthCheckResponse.SERVING)
@@ -112,3 +118,4 @@ class Daemon:
         slice_server.stop()
         self.watcher.stop()
         self.store.close()
+        self.lock.release()

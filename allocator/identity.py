@@ -1,9 +1,15 @@
 """Who a process is, container-wise: its pid namespace and cgroup, read from
-/proc in the daemon's view."""
+/proc in the daemon's view.  A socket's peer is held by a pidfd taken when the
+connection is accepted, never by a bare pid: a pid is reused within seconds on
+a busy node, and the process that reuses it is not the one that connected."""
 
 from __future__ import annotations
 
 import os
+import signal
+import socket
+import struct
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,3 +57,76 @@ def alive(pid: int, started: int) -> bool:
         return start_time(pid) == started
     except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
         return False
+
+
+SO_PEERPIDFD = getattr(socket, "SO_PEERPIDFD", 77)  # Linux 6.5: the connecting process's pidfd
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Peer:
+    """The process at the other end of a unix socket: a pidfd (closed by close())."""
+
+    pidfd: int
+    uid: int
+    gid: int
+
+    def close(self) -> None:
+        if self.pidfd >= 0:
+            os.close(self.pidfd)
+            self.pidfd = -1
+
+
+def _ticks_now() -> int:
+    return int(time.clock_gettime(time.CLOCK_BOOTTIME) * _TICKS)
+
+
+def peer_of(conn: socket.socket) -> Peer:
+    """The peer of a just-accepted connection.  SO_PEERPIDFD names the very
+    process that connected; without it (kernels before 6.5) a pidfd of the
+    SO_PEERCRED pid, refused when that process started after the connection
+    was accepted (its pid was reused)."""
+    pid, uid, gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    try:
+        return Peer(conn.getsockopt(socket.SOL_SOCKET, SO_PEERPIDFD), uid, gid)
+    except OSError:
+        pass
+    accepted = _ticks_now()
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError as e:
+        raise NoSuchProcess(f"the process that connected (pid {pid}) is gone") from e
+    try:
+        if start_time(pid) > accepted + 1:
+            raise NoSuchProcess(f"pid {pid} was reused after it connected")
+    except (FileNotFoundError, ProcessLookupError) as e:
+        os.close(pidfd)
+        raise NoSuchProcess(f"the process that connected (pid {pid}) is gone") from e
+    except NoSuchProcess:
+        os.close(pidfd)
+        raise
+    return Peer(pidfd, uid, gid)
+
+
+def pid_of_pidfd(pidfd: int) -> int:
+    """The pid a pidfd refers to in the daemon's namespace; NoSuchProcess once it exited."""
+    for line in Path(f"/proc/self/fdinfo/{pidfd}").read_text().splitlines():
+        if line.startswith("Pid:"):
+            pid = int(line.split()[1])
+            if pid > 0:
+                return pid
+            break
+    raise NoSuchProcess("the process that connected has exited")
+
+
+def of_pidfd(pidfd: int) -> Identity:
+    """The identity of the process a pidfd holds, read from /proc and valid
+    because the same process is still alive after the read (so its pid was
+    not reused in between)."""
+    pid = pid_of_pidfd(pidfd)
+    who = of_pid(pid)
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError as e:
+        raise NoSuchProcess(f"process {pid} exited while it was identified") from e
+    return who

@@ -10,6 +10,7 @@ Root only, like the control socket beside it.  Request: the verb on a line,
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import time
@@ -17,9 +18,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpuslice import constants, errors, oci, request
-from gpuslice.allocator import container_start, metrics
+from gpuslice.allocator import container_start, identity, metrics
 from gpuslice.allocator.slices import SliceManager
-from gpuslice.allocator.unix_socket import UnixSocketServer
+from gpuslice.allocator.unix_socket import Deadline, UnixSocketServer
 from gpuslice.cdi.spec import SpecError
 
 log = logging.getLogger(__name__)
@@ -46,8 +47,8 @@ class Request:
 
 class RuntimeSocketServer(UnixSocketServer):
     name = "runtime-socket"
-    timeout_s = TIMEOUT_S
-    threaded = True  # a slow Reserve must not hold up another container's hook
+    deadline_s = TIMEOUT_S  # for the whole request: a client sending a byte now and then is cut off
+    per_uid = max_clients = 64  # root's hooks and shims: container starts in parallel
 
     def __init__(self, path: Path, manager: SliceManager) -> None:
         self.manager = manager
@@ -59,13 +60,26 @@ class RuntimeSocketServer(UnixSocketServer):
         }
         super().__init__(path, 0o600)  # root only, like the control socket
 
-    def handle(self, conn: socket.socket) -> None:
+    def handle(self, conn: socket.socket, peer: identity.Peer, deadline: Deadline) -> None:
         chunks, size = [], 0
-        while chunk := conn.recv(65536):
+        while True:
+            deadline.arm(conn)
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
             chunks.append(chunk)
             size += len(chunk)
             if size > MAX_REQUEST:
-                raise ValueError(f"request larger than {MAX_REQUEST} bytes")
+                metrics.RPCS.labels("runtime.unknown", errors.Code.INVALID_ARGUMENT.name).inc()
+                conn.sendall(f"error runtime socket: a request is at most {MAX_REQUEST} bytes\n".encode())
+                conn.shutdown(socket.SHUT_WR)
+                with contextlib.suppress(OSError):  # read the rest away, so the client gets the line, not a reset
+                    while True:
+                        deadline.arm(conn)
+                        if not conn.recv(1 << 20):
+                            break
+                return
+        deadline.arm(conn)
         conn.sendall((self.answer(b"".join(chunks)) + "\n").encode())
 
     def answer(self, data: bytes) -> str:

@@ -1,20 +1,21 @@
 """The slice socket: a tiny versioned binary protocol (gpuslice_slice.h) for
-the interposer.  The caller is identified by SO_PEERCRED, never by what it
-says; it learns only about its own container's slice and gets that slice's
-files as file descriptors (SCM_RIGHTS)."""
+the interposer.  The caller is identified by the pidfd its connection carries
+(unix_socket, identity.peer_of), never by what it says nor by a bare pid; it
+learns only about its own container's slice and gets that slice's files as
+file descriptors (SCM_RIGHTS).  Any uid may connect: each client has 2 s for
+its request, and a uid at most 8 connections at once."""
 
 from __future__ import annotations
 
 import logging
 import os
 import socket
-import struct
 from pathlib import Path
 
 from gpuslice.allocator import identity
 from gpuslice.allocator.slice_files import constant, ffi_and_lib
 from gpuslice.allocator.slices import SliceManager
-from gpuslice.allocator.unix_socket import UnixSocketServer
+from gpuslice.allocator.unix_socket import Deadline, UnixSocketServer
 from gpuslice.allocator.watcher import ProcessWatcher
 
 log = logging.getLogger(__name__)
@@ -46,9 +47,9 @@ class SliceSocketServer(UnixSocketServer):
         else:
             conn.sendall(data)
 
-    def handle(self, conn: socket.socket) -> None:
+    def handle(self, conn: socket.socket, peer: identity.Peer, deadline: Deadline) -> None:
         size = self.ffi.sizeof("struct gpuslice_request")
-        raw = conn.recv(size, socket.MSG_WAITALL)
+        raw = deadline.recv_exact(conn, size)
         req = self.ffi.from_buffer("struct gpuslice_request *", bytearray(raw)) if len(raw) == size else None
         if req is None or req.magic != constant("GPUSLICE_REQUEST_MAGIC") or req.op != constant("GPUSLICE_OP_ATTACH"):
             return self._reply(conn, "GPUSLICE_BAD_REQUEST", "expected an ATTACH request (gpuslice_slice.h)")
@@ -57,18 +58,20 @@ class SliceSocketServer(UnixSocketServer):
                 conn, "GPUSLICE_BAD_REQUEST",
                 f"protocol version {req.version} unsupported; this daemon speaks {constant('GPUSLICE_SLICE_VERSION')}",
             )  # fmt: skip
-        pid, _uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         try:
-            rec = self.manager.slice_of_process(pid)
+            who = identity.of_pidfd(peer.pidfd)
         except identity.NoSuchProcess:
-            rec = None
+            return None  # it is gone: nobody to answer
+        pid = who.pid
+        rec = self.manager.slice_of(who)
         if rec is None:
             return self._reply(conn, "GPUSLICE_NO_SLICE", "this process belongs to no container with a GPU slice")
         files = self.manager.files.get(rec.id)
         slot = files.claim_slot(pid) if files else None
         if files is None or slot is None:
             return self._reply(conn, "GPUSLICE_SLICE_FULL", f"slice {rec.id} has no free process slot")
-        self.watcher.watch(pid, files, slot)
+        if not self.watcher.watch_pidfd(peer.pidfd, pid, files, slot):
+            return None  # it exited meanwhile: its slot is free again
         fds = files.open_fds()
         try:
             self._reply(conn, "GPUSLICE_OK", slot=slot, gpus=len(rec.allocations), fds=fds)

@@ -120,9 +120,17 @@ class SliceManager:
             self._files_for(rec)
             self._driver_limit(rec)
             keep.add(rec.id)
-        for p in self.files_dir.iterdir():
-            if p.suffix in (".limits", ".usage") and p.stem not in keep:
-                p.unlink(missing_ok=True)
+        stale = [p for p in self.files_dir.iterdir() if p.suffix in (".limits", ".usage") and p.stem not in keep]
+        if stale:
+            # files of slices the store does not hold: kept aside, and said, not deleted
+            aside = self.files_dir / "orphaned"
+            aside.mkdir(mode=0o700, exist_ok=True)
+            for p in stale:
+                p.replace(aside / p.name)
+            log.warning(
+                "%d slice files of slices not in the store moved to %s: %s",
+                len(stale), aside, ", ".join(sorted({p.stem for p in stale})),
+            )  # fmt: skip
 
     # -- operations ----------------------------------------------------------------------
     def reserve(self, container_id: str, annotations: dict[str, str], owner: str = "") -> SliceRecord:
@@ -245,10 +253,9 @@ class SliceManager:
         return SliceView(rec, sum(f.used()), len(f.slot_pids()), how)
 
     # -- containers' processes ------------------------------------------------------------
-    def slice_of_process(self, pid: int) -> SliceRecord | None:
+    def slice_of(self, who: identity.Identity) -> SliceRecord | None:
         """The bound slice whose container this process belongs to: same pid
         namespace (a container's own), else same cgroup; never the daemon's."""
-        who = identity.of_pid(pid)
         bound = [r for r in self.store.all() if r.state == "bound"]
         if who.pid_ns != self.own_pid_ns:
             for r in bound:

@@ -113,16 +113,37 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _refuse(path: Path, what: str) -> StoreError:
+    return StoreError(
+        f"{path}: {what}; the slices it held are unknown. Move it aside to start with an empty ledger "
+        "(the slices' files are kept in the slice files directory), or restore it from a backup"
+    )
+
+
 class SliceStore:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # SQLite would take an empty file for a new store: a ledger that lost its
+        # content must not start as one that holds no slices
+        if path.exists() and path.stat().st_size == 0:
+            raise _refuse(path, "the slice store is empty (0 bytes), not a store this daemon made")
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        # NORMAL in WAL mode: a commit survives kill -9 of the daemon (the OS has it);
-        # only power loss can drop the last commits, and then every container is gone too.
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA foreign_keys=ON")
-        migrate(self._db, path)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL in WAL mode: a commit survives kill -9 of the daemon (the OS has it);
+            # only power loss can drop the last commits, and then every container is gone too.
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            checked = self._db.execute("PRAGMA quick_check").fetchone()[0]
+            if checked != "ok":
+                raise _refuse(path, f"the slice store is damaged ({checked})")
+            migrate(self._db, path)
+        except sqlite3.DatabaseError as e:
+            self._db.close()
+            raise _refuse(path, f"not a readable slice store ({e})") from None
+        except BaseException:
+            self._db.close()
+            raise
         self._lock = threading.RLock()  # reads take it too: one connection, no dirty reads
 
     def close(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import selectors
+import signal
 import threading
 
 from gpuslice.allocator.slice_files import SliceFiles
@@ -37,6 +38,20 @@ class ProcessWatcher:
         except ProcessLookupError:
             files.release_slot(slot)
             return False
+        with self._lock:
+            self._sel.register(fd, selectors.EVENT_READ, (pid, files, slot))
+        os.write(self._wake_w, b"x")
+        return True
+
+    def watch_pidfd(self, pidfd: int, pid: int, files: SliceFiles, slot: int) -> bool:
+        """Watch the process a pidfd holds (a copy is kept); False (and its row
+        cleared) if it has exited."""
+        try:
+            signal.pidfd_send_signal(pidfd, 0)
+        except ProcessLookupError:
+            files.release_slot(slot)
+            return False
+        fd = os.dup(pidfd)
         with self._lock:
             self._sel.register(fd, selectors.EVENT_READ, (pid, files, slot))
         os.write(self._wake_w, b"x")

@@ -75,13 +75,20 @@ def daemon(config_path: str | None, verbose: bool) -> None:
         # unit starts the daemon again when the driver's files appear
         click.echo(f"gpuslice daemon: {e} (nvml: {cfg.nvml})", err=True)
         sys.exit(EXIT_NO_DRIVER)
+    except errors.FailedPrecondition as e:  # another daemon on this state, a damaged store
+        click.echo(f"gpuslice daemon: {e}", err=True)
+        sys.exit(2)
     except (pynvml.NVMLError, sim.SimError, errors.GpusliceError) as e:
         click.echo(f"gpuslice daemon: cannot start (nvml: {cfg.nvml}): {e}", err=True)
         sys.exit(2)
     except OSError as e:
         click.echo(f"gpuslice daemon: {e.filename or ''}: {e.strerror}", err=True)
         sys.exit(2)
-    node.serve()
+    try:
+        node.serve()
+    except OSError as e:  # a socket path it cannot make: under a regular file, no permission
+        click.echo(f"gpuslice daemon: {e.filename or ''}: {e.strerror}", err=True)
+        sys.exit(2)
 
 
 @main.command()

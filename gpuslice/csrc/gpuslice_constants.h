@@ -16,6 +16,10 @@
 #define GS_STATE_DIR "/var/lib/gpuslice"
 #define GS_SLICE_FILES_DIR "/run/gpuslice/ledgers"
 
+/* the slice socket: how long the interposer waits for the daemon's answer
+ * before cuInit fails (the daemon gives each client 2 s for its request) */
+#define GS_SLICE_TIMEOUT_S 10
+
 /* environment: which daemon a client talks to, and the interposer's settings */
 #define GS_ENV_SOCKET "GPUSLICE_SOCKET"
 #define GS_ENV_SLICE_SOCKET "GPUSLICE_SLICE_SOCKET"

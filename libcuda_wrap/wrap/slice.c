@@ -10,6 +10,7 @@
 #include <strings.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -53,6 +54,15 @@ static int ask(const char *path, struct gpuslice_reply *rep, int fds[2])
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (s < 0)
         return -1;
+    /* bounded: connect (a full backlog), write and recvmsg give up with EAGAIN */
+    struct timeval limit = {.tv_sec = GS_SLICE_TIMEOUT_S};
+    if (setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit) != 0 ||
+        setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit) != 0) {
+        int e = errno;
+        close(s);
+        errno = e;
+        return -1;
+    }
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
     struct gpuslice_request req = {GPUSLICE_REQUEST_MAGIC, GPUSLICE_SLICE_VERSION, GPUSLICE_OP_ATTACH};
@@ -66,9 +76,10 @@ static int ask(const char *path, struct gpuslice_reply *rep, int fds[2])
     struct iovec iov = {rep, sizeof *rep};
     struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control};
     ssize_t n = recvmsg(s, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+    int e = errno;
     close(s);
     if (n != (ssize_t)sizeof *rep) {
-        errno = EPROTO;
+        errno = n < 0 ? e : EPROTO;
         return -1;
     }
     fds[0] = fds[1] = -1;
@@ -100,7 +111,10 @@ int gs_attach(void)
     int fds[2];
     if (ask(path, &rep, fds) != 0) {
         char why[160];
-        snprintf(why, sizeof why, "cannot reach the gpuslice daemon: %s", strerror(errno));
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINPROGRESS)
+            snprintf(why, sizeof why, "the gpuslice daemon did not answer within %d s", GS_SLICE_TIMEOUT_S);
+        else
+            snprintf(why, sizeof why, "cannot reach the gpuslice daemon: %s", strerror(errno));
         rc = refuse(why, path);
         goto out;
     }

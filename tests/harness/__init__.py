@@ -47,7 +47,8 @@ class PidNamespace:
     """A process in a new pid namespace, standing for a container's init (root only)."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "600"])
+        # its own mount namespace too, as every container has
+        self.proc = subprocess.Popen(["unshare", "--pid", "--mount", "--fork", "--kill-child", "sleep", "600"])
         deadline = time.monotonic() + 5
         self.init_pid = 0
         while not self.init_pid and time.monotonic() < deadline:

@@ -1,0 +1,228 @@
+"""The daemon probed as an attacker and an operator would (issue 14): silent
+clients of another uid, a second daemon on the same state, a removed socket,
+a damaged ledger, bad socket paths, and abusive runtime-socket clients."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuslice import constants
+from gpuslice.cli import sim_daemon
+from gpuslice.paths import native_dir
+from tests.conftest import gpu, needs_root, oci_bundle
+from tests.integration.test_slice_socket import read_reply, run_client
+
+NOBODY = 65534
+
+
+def silent_connections(path: Path, count: int, uid: int = NOBODY) -> subprocess.Popen:
+    """`count` connections to `path` from `uid` that never send a byte.  The
+    directory is opened as root first: uid 65534 may not walk the test's
+    private temporary directories, only the socket's own (0755)."""
+    code = (
+        "import os, socket, time\n"
+        f"d = os.open({str(path.parent)!r}, os.O_PATH)\n"
+        f"os.setgroups([]); os.setgid({uid}); os.setuid({uid})\n"
+        f"conns = [socket.socket(socket.AF_UNIX) for _ in range({count})]\n"
+        f"for c in conns: c.connect(f'/proc/self/fd/{{d}}/{path.name}')\n"
+        "print('connected', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout and proc.stdout.readline().strip() == "connected"
+    return proc
+
+
+@needs_root
+def test_silent_clients_of_another_uid_do_not_delay_an_attach(daemon, containers):
+    """S2: 20 silent connections from uid 65534 held another process's attach
+    for 40 s when the socket served one client at a time."""
+    d = daemon()
+    box = containers()
+    c = d.client()
+    c.reserve("web", {"gpuslice.io/memory": "1Gi"})
+    c.bind("web", box.init_pid)
+    os.chmod(d.slice_socket.parent, 0o755)
+    squatters = silent_connections(d.slice_socket, 20)
+    try:
+        started = time.monotonic()
+        reply = read_reply(run_client(box, d.slice_socket, 1 << 20))
+        took = time.monotonic() - started
+    finally:
+        squatters.kill()
+        squatters.wait()
+    assert reply["status"] == 0 and reply["limit"] == 1 << 30
+    assert took < 1.5, f"the attach waited {took:.1f} s behind another uid's silent connections"
+
+
+def test_the_interposer_gives_up_on_a_daemon_that_never_answers(make_machine, tmp_path):
+    """S2: the interposer waited without a timeout; now cuInit fails with one line."""
+    machine = make_machine()
+    path = tmp_path / "mute.sock"
+    mute = socket.socket(socket.AF_UNIX)
+    mute.bind(str(path))
+    mute.listen(8)  # accepts into the backlog, never answers
+    env = {**machine.env, "LD_LIBRARY_PATH": str(native_dir() / "wrap"),
+           "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / "libcuda.so.1"),
+           "GPUSLICE_REAL_LIBNVML": str(native_dir() / "sim" / "libnvidia-ml.so.1"),
+           "GPUSLICE_SLICE_SOCKET": str(path)}  # fmt: skip
+    started = time.monotonic()
+    r = subprocess.run(
+        [sys.executable, "-c", "from cuda.bindings import driver; print(driver.cuInit(0)[0])"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    took = time.monotonic() - started
+    mute.close()
+    assert "CUDA_SUCCESS" not in r.stdout, r.stdout
+    assert f"did not answer within {constants.SLICE_TIMEOUT_S} s" in r.stderr, r.stderr
+    assert took < constants.SLICE_TIMEOUT_S + 5
+
+
+def test_a_second_daemon_on_the_same_state_exits_and_leaves_the_first_serving(daemon):
+    """F3: the second unlinked and rebound every socket of the first."""
+    d = daemon()
+    second = subprocess.run([sys.executable, "-m", "gpuslice.cli", "daemon", "--config", str(d.config)],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert second.returncode == 2
+    [line] = second.stderr.strip().splitlines()
+    assert f"another gpuslice daemon (pid {d.proc.pid}) holds this state directory" in line
+    assert d.client().reserve("still-here", {"gpuslice.io/memory": "1Gi"}).container_id == "still-here"
+
+
+def test_a_removed_slice_socket_comes_back(daemon):
+    """F4: a deleted slice socket was never recreated, and health stayed SERVING."""
+    d = daemon(sweep_interval=0.2)
+    d.slice_socket.unlink()
+    deadline = time.monotonic() + 5
+    while not d.slice_socket.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert d.slice_socket.exists()
+    reply = read_reply(subprocess.Popen(
+        [sys.executable, str(Path(__file__).parents[1] / "clients/slice_client.py"), str(d.slice_socket), "1"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
+    ))  # fmt: skip
+    assert reply["status"] == 1  # answered: a host process of no slice is told so
+
+
+@pytest.mark.parametrize("damage", ["empty", "garbage", "truncated"])
+def test_a_damaged_ledger_stops_the_start_with_one_line_and_keeps_the_slice_files(daemon, damage):
+    """F5: a 0-byte state.db started with no slices and deleted their files;
+    a garbage one exited with a traceback."""
+    d = daemon()
+    c = d.client()
+    for i in range(5):
+        c.reserve(f"c{i}", {"gpuslice.io/memory": "1Gi"})
+    d.proc.terminate()
+    d.proc.wait(20)
+    store = d.dir / "state" / "state.db"
+    files_before = sorted(p.name for p in d.slice_files_dir.iterdir())
+    data = store.read_bytes()
+    store.write_bytes({"empty": b"", "garbage": os.urandom(8192), "truncated": data[: len(data) // 3]}[damage])
+    for wal in store.parent.glob("state.db-*"):
+        wal.unlink()
+    r = subprocess.run([sys.executable, "-m", "gpuslice.cli", "daemon", "--config", str(d.config)],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert str(store) in line and "Move it aside" in line and "Traceback" not in r.stderr
+    assert sorted(p.name for p in d.slice_files_dir.iterdir()) == files_before
+
+
+def test_slice_files_of_slices_not_in_the_store_are_moved_aside_and_logged(daemon):
+    d = daemon()
+    d.client().reserve("kept", {"gpuslice.io/memory": "1Gi"})
+    d.proc.terminate()
+    d.proc.wait(20)
+    (d.slice_files_dir / "stranger.limits").write_bytes(b"x")
+    d2 = daemon.restart(d)
+    assert (d.slice_files_dir / "orphaned" / "stranger.limits").exists()
+    assert "moved to" in (d.dir / "daemon.log").read_text() and "stranger" in (d.dir / "daemon.log").read_text()
+    assert [s.container_id for s in d2.client().list()] == ["kept"]
+    with sqlite3.connect(d.dir / "state" / "state.db") as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_a_socket_path_under_a_regular_file_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config = sim_daemon.write_config(tmp_path, [gpu()], socket=str(blocker / "gpuslice.sock"))
+    r = subprocess.run([sys.executable, "-m", "gpuslice.cli", "daemon", "--config", str(config)],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    [line] = [x for x in r.stderr.splitlines() if x.startswith("gpuslice daemon:")]  # the rest: its info log
+    assert str(blocker) in line
+
+
+def runtime_call(path: Path, payload: bytes, timeout: float = 60) -> str:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(timeout)
+        s.connect(str(path))
+        try:
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        return s.makefile().readline().strip()
+
+
+def test_runtime_socket_answers_a_huge_request_with_an_error(daemon):
+    d = daemon()
+    sock = constants.runtime_socket_beside(d.socket)
+    reply = runtime_call(sock, b"create\nid=x\nbundle=/x\n\n" + b"x" * (100 << 20))
+    assert reply == f"error runtime socket: a request is at most {constants.RUNTIME_REQUEST_MAX} bytes"
+    assert d.client().list() == []
+
+
+def test_runtime_socket_cuts_off_a_client_that_drips(daemon, monkeypatch):
+    """One byte every 20 s kept a daemon thread forever; the whole request now
+    has RUNTIME_TIMEOUT_S.  Measured with a shorter deadline, set in the config."""
+    d = daemon()
+    sock = constants.runtime_socket_beside(d.socket)
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(str(sock))
+        started = time.monotonic()
+        closed = None
+        while time.monotonic() - started < constants.RUNTIME_TIMEOUT_S + 10:
+            try:
+                s.sendall(b"c")
+                if s.recv(1, socket.MSG_DONTWAIT) == b"":
+                    closed = time.monotonic() - started
+                    break
+            except BlockingIOError:
+                pass
+            except (BrokenPipeError, ConnectionResetError):
+                closed = time.monotonic() - started
+                break
+            time.sleep(1)
+    assert closed is not None and closed < constants.RUNTIME_TIMEOUT_S + 5
+
+
+def test_runtime_socket_refuses_a_fifo_config_without_blocking(daemon, tmp_path):
+    d = daemon()
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    os.mkfifo(bundle / "config.json")
+    sock = constants.runtime_socket_beside(d.socket)
+    reply = runtime_call(sock, f"create\nid=fifo\nbundle={bundle}\n\n".encode(), timeout=10)
+    assert reply.startswith("error ") and "config.json" in reply
+
+
+@needs_root
+@pytest.mark.parametrize("who", ["daemon", "init", "host"])
+def test_create_runtime_binds_only_a_process_of_a_container(daemon, tmp_path, who):
+    d = daemon()
+    pid = {"daemon": d.proc.pid, "init": 1, "host": os.getpid()}[who]
+    b = oci_bundle(tmp_path / "b", {"gpuslice.io/memory": "1Gi"})
+    sock = constants.runtime_socket_beside(d.socket)
+    state = f'{{"ociVersion":"1.0.2","id":"c-{who}","status":"created","pid":{pid},"bundle":"{b}"}}'
+    reply = runtime_call(sock, f"createRuntime\n\n{state}".encode())
+    assert reply.startswith("error ") and f"pid {pid}" in reply, reply
+    assert d.client().list() == []
