@@ -128,7 +128,8 @@ def test_the_runtime_socket_is_root_only_and_answers_one_line(daemon):
     )
 
 
-def test_hook_shim_and_cdi_errors_reach_the_metrics_under_their_own_codes(tmp_path, daemon):
+@needs_root
+def test_hook_shim_and_cdi_errors_reach_the_metrics_under_their_own_codes(tmp_path, daemon, containers):
     import urllib.request
 
     from gpuslice.cli.sim_daemon import free_port
@@ -136,7 +137,7 @@ def test_hook_shim_and_cdi_errors_reach_the_metrics_under_their_own_codes(tmp_pa
 
     port = free_port()
     d = daemon(gpus=[{"memory": "16Gi"}], metrics={"port": port})
-    pid = os.getpid()
+    pid = containers().init_pid  # a process with its own mount namespace, as a container's
     bad = bundle(tmp_path / "bad", {"gpuslice.io/memory": "lots"})
     assert hook("createRuntime", {"id": "bad", "pid": pid, "bundle": str(bad)}, d.socket).returncode == 1
     nothing = tmp_path / "no-bundle"
