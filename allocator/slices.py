@@ -156,8 +156,17 @@ class SliceManager:
             return store.get(container_id)  # type: ignore[return-value]
 
         with self._lock:
+            existed = self.store.get(container_id) is not None
             rec = self.store.transaction(tx)
-            self._files_for(rec)
+            try:
+                self._files_for(rec)
+            except OSError as e:
+                if not existed:  # all or nothing: no row without its files
+                    self.release(container_id)
+                raise errors.ResourceExhausted(
+                    f"container {container_id}: cannot make the slice's files in {self.files_dir}: "
+                    f"{e.strerror or e}; nothing was reserved"
+                ) from e
         return rec
 
     def bind(self, container_id: str, pid: int) -> SliceRecord:

@@ -226,3 +226,27 @@ def test_create_runtime_binds_only_a_process_of_a_container(daemon, tmp_path, wh
     reply = runtime_call(sock, f"createRuntime\n\n{state}".encode())
     assert reply.startswith("error ") and f"pid {pid}" in reply, reply
     assert d.client().list() == []
+
+
+def test_a_reserve_that_cannot_make_its_files_books_nothing(daemon):
+    """F2: out of file descriptors, a failed Reserve still booked its row
+    (the row committed before the files were made)."""
+    import grpc
+
+    d = daemon(gpus=[gpu("80Gi")])
+    # the soft limit only, which can be raised again
+    subprocess.run(["prlimit", f"--pid={d.proc.pid}", "--nofile=64:"], check=True)
+    c = d.client()
+    ok, failed = 0, None
+    for i in range(200):
+        try:
+            c.reserve(f"c{i}", {"gpuslice.io/memory": "64Mi"})
+            ok += 1
+        except grpc.RpcError as e:
+            failed = e
+            break
+    assert failed is not None, "64 descriptors never ran out"
+    assert failed.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "nothing was reserved" in failed.details()
+    subprocess.run(["prlimit", f"--pid={d.proc.pid}", "--nofile=1024:"], check=True)
+    assert len(c.list()) == ok  # no row without its files
+    c.reserve("after", {"gpuslice.io/memory": "64Mi"})  # it recovers once descriptors are back
