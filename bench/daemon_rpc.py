@@ -10,8 +10,6 @@ import json
 import os
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -103,12 +101,7 @@ def run_runtime(d: sim_daemon.RunningDaemon, spec: Path, work: Path, clients: in
 
 def _spec(d: sim_daemon.RunningDaemon, d_dir: Path) -> Path:
     spec = d_dir / "gpuslice-bench.json"
-    subprocess.run(
-        [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(spec),
-         "--daemon-socket", str(d.socket), "--slice-dir", str(d.slice_socket.parent),
-         "--sim-config", str(d_dir / "sim.yaml"), "--sim-state-dir", str(d_dir / "sim")],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    sim_daemon.cdi_generate(d, spec).check_returncode()
     return spec
 
 

@@ -9,14 +9,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice import constants, paths, rootfs
+from gpuslice import paths, rootfs
 from gpuslice.cdi.registry import Registry as CdiRegistry
 from gpuslice.cli import sim_daemon
 from gpuslice.cli.status_table import render_status
@@ -104,13 +103,8 @@ def sim_node(echo=print) -> Iterator[SimNode]:
         cfg = sim_daemon.write_config(work, [{"memory": "16Gi", "name": "NVIDIA A100 16GB (simulated)"}])
         daemon = sim_daemon.start(work, cfg)
         try:
-            _install_spec(daemon, work, echo)
-            shim = work / "gpuslice-runtime"
-            shim.write_text(
-                f"#!/bin/sh\nexport {constants.ENV_SOCKET}={daemon.socket}\nexport {constants.ENV_CDI_SPEC}={SPEC}\n"
-                f'exec {paths.executable("gpuslice-runtime")} "$@"\n'
-            )
-            shim.chmod(0o755)
+            _install_spec(daemon, echo)
+            shim = sim_daemon.shim_for(daemon, SPEC, work / "gpuslice-runtime", paths.executable("gpuslice-runtime"))
             yield SimNode(daemon, work, rootfs.build(work / "rootfs"), shim)
         finally:
             SPEC.unlink(missing_ok=True)
@@ -123,13 +117,8 @@ def run(echo=print) -> None:
     echo("\ncleaned up: containers exited, slices released, CDI spec removed, daemon stopped")
 
 
-def _install_spec(daemon: sim_daemon.RunningDaemon, work: Path, echo) -> None:
-    gen = subprocess.run(
-        [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(SPEC),
-         "--daemon-socket", str(daemon.socket), "--slice-dir", str(daemon.slice_socket.parent),
-         "--sim-config", str(work / "sim.yaml"), "--sim-state-dir", str(work / "sim")],
-        capture_output=True, text=True,
-    )  # fmt: skip
+def _install_spec(daemon: sim_daemon.RunningDaemon, echo) -> None:
+    gen = sim_daemon.cdi_generate(daemon, SPEC)
     if gen.returncode != 0:
         raise RuntimeError(f"cdi generate failed: {gen.stderr.strip()}")
     echo(gen.stdout.strip())

@@ -16,6 +16,7 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gpuslice import constants
 from gpuslice.client import AllocatorClient
 
 
@@ -96,3 +97,25 @@ def start(d: Path, config: Path) -> RunningDaemon:
         proc.kill()
         raise RuntimeError("daemon did not become healthy in 30 s")
     return RunningDaemon(d, config, proc, sock, Path(cfg["slice_socket"]), cfg.get("metrics", {}).get("port", 0))
+
+
+def cdi_generate(d: RunningDaemon, output: Path) -> subprocess.CompletedProcess:
+    """`gpuslice cdi generate` for this daemon's simulated GPUs into `output`:
+    the hook pointed at this daemon, the simulator's config and state mounted."""
+    return subprocess.run(
+        [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(output),
+         "--daemon-socket", str(d.socket), "--slice-dir", str(d.slice_socket.parent),
+         "--sim-config", str(d.dir / "sim.yaml"), "--sim-state-dir", str(d.dir / "sim")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def shim_for(d: RunningDaemon, spec: Path, path: Path, shim: Path) -> Path:
+    """An executable at `path` that runs the runtime shim `shim` against this
+    daemon and CDI spec (what a runtime's configuration names as its binary)."""
+    path.write_text(
+        f"#!/bin/sh\nexport {constants.ENV_SOCKET}={d.socket}\nexport {constants.ENV_CDI_SPEC}={spec}\n"
+        f'exec {shim} "$@"\n'
+    )
+    path.chmod(0o755)
+    return path

@@ -12,7 +12,7 @@ import json
 import re
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,21 +67,9 @@ class Context:
     remove: bool = False
     binary: str = ""  # the runtime to ask its version: containerd, dockerd
     version: tuple[int, int] | None = None  # given: not asked
-    _asked: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def runtime_version(self, default_binary: str) -> tuple[int, int]:
-        if self.version is None:
-            binary = self.binary or default_binary
-            if binary not in self._asked:
-                self._asked[binary] = runtime_version(binary)
-            return self._asked[binary]
-        return self.version
-
-    def containerd_version(self) -> tuple[int, int]:
-        return self.runtime_version("containerd")
-
-    def docker_version(self) -> tuple[int, int]:
-        return self.runtime_version("dockerd")
+        return self.version or runtime_version(self.binary or default_binary)
 
 
 @dataclass(frozen=True)
@@ -203,7 +191,7 @@ def containerd(ctx: Context) -> list[Change]:
         for ours in (line, 'imports = ["/etc/containerd/conf.d/gpuslice.toml"]\n', f'"{DROPIN_IMPORT}", '):
             after_main = after_main.replace(ours, "", 1) if after_main else after_main
         return [Change(main_cfg, before_main, after_main), Change(dropin, _read(dropin), None)]
-    version = ctx.containerd_version()
+    version = ctx.runtime_version("containerd")
     main = _toml(before_main, main_cfg)
     if before_main and main.get("version", 1) < 2:
         raise InstallError(
@@ -287,7 +275,7 @@ def docker(ctx: Context) -> list[Change]:
         # features.cdi stays: other CDI devices may rely on it, and it changes nothing without them
     else:
         runtimes[RUNTIME_NAME] = {"path": ctx.shim}
-        if ctx.docker_version() >= DOCKER_CDI:
+        if ctx.runtime_version("dockerd") >= DOCKER_CDI:
             data.setdefault("features", {})["cdi"] = True
     after = json.dumps(data, indent=2) + "\n" if data or before is not None else None
     if before is not None and after is not None and json.loads(before or "{}") == data:

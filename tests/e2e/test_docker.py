@@ -10,20 +10,16 @@ import json
 import os
 import shutil
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from gpuslice import rootfs
-from gpuslice.cli import sim_daemon
-from gpuslice.paths import built_executable
-from tests.conftest import gpu
 from tests.harness.debian import unpacked
 from tests.harness.docker import IMAGE, DockerNode
+from tests.harness.gpu_node import GpuNode
+from tests.harness.gpu_node import gpu_node as sim_gpu_node
 
 GiB, MiB = 1 << 30, 1 << 20
 SPEC_PATH = Path("/var/run/cdi/gpuslice-docker.json")
@@ -46,42 +42,10 @@ def engine_bins(engine: str) -> list[Path]:
     return [tree / "usr/sbin", tree / "usr/bin"]
 
 
-@dataclass
-class GpuNode:
-    daemon: sim_daemon.RunningDaemon
-    shim: Path
-
-    def slices(self) -> list:
-        return list(self.daemon.client().list())
-
-    def wait_slices(self, want: int, seconds: float = 15) -> list:
-        deadline = time.monotonic() + seconds
-        while len(found := self.slices()) != want and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return found
-
-
 @pytest.fixture(scope="module")
 def gpu_node(tmp_path_factory) -> Iterator[GpuNode]:
-    d = tmp_path_factory.mktemp("daemon")
-    daemon = sim_daemon.start(d, sim_daemon.write_config(d, [gpu("16Gi")], sweep_interval=0.5))
-    made = subprocess.run(
-        [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(SPEC_PATH),
-         "--daemon-socket", str(daemon.socket), "--slice-dir", str(daemon.slice_socket.parent),
-         "--sim-config", str(d / "sim.yaml"), "--sim-state-dir", str(d / "sim")],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    shim = d / "gpuslice-runtime"
-    shim.write_text(
-        f"#!/bin/sh\nexport GPUSLICE_SOCKET={daemon.socket}\nexport GPUSLICE_CDI_SPEC={SPEC_PATH}\n"
-        f'exec {built_executable("gpuslice-runtime")} "$@"\n'
-    )
-    shim.chmod(0o755)
-    yield GpuNode(daemon, shim)
-    SPEC_PATH.unlink(missing_ok=True)
-    daemon.proc.terminate()
-    daemon.proc.wait(20)
+    with sim_gpu_node(tmp_path_factory.mktemp("daemon"), SPEC_PATH) as node:
+        yield node
 
 
 @pytest.fixture(scope="module", params=sorted(ENGINES))

@@ -18,6 +18,7 @@ import pytest
 from gpuslice import rootfs
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cdi.registry import Registry as CdiRegistry
+from gpuslice.cli import sim_daemon
 from gpuslice.cli.container_demo import PODMAN
 from gpuslice.paths import built_executable
 from tests.conftest import gpu
@@ -67,19 +68,9 @@ class Node:
         assert not others, f"another {cdi_spec.KIND} spec is installed: {others}"
         self.d = daemon(gpus or [gpu("16Gi")], sweep_interval=0.5)
         self.client = self.d.client()
-        r = subprocess.run(
-            [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(SPEC_PATH),
-             "--daemon-socket", str(self.d.socket), "--slice-dir", str(self.d.slice_socket.parent),
-             "--sim-config", str(self.d.dir / "sim.yaml"), "--sim-state-dir", str(self.d.dir / "sim")],
-            capture_output=True, text=True,
-        )  # fmt: skip
+        r = sim_daemon.cdi_generate(self.d, SPEC_PATH)
         assert r.returncode == 0, r.stderr
-        self.shim = tmp / "gpuslice-runtime"
-        self.shim.write_text(
-            f"#!/bin/sh\nexport GPUSLICE_SOCKET={self.d.socket}\nexport GPUSLICE_CDI_SPEC={SPEC_PATH}\n"
-            f'exec {SHIM} "$@"\n'
-        )
-        self.shim.chmod(0o755)
+        self.shim = sim_daemon.shim_for(self.d, SPEC_PATH, tmp / "gpuslice-runtime", SHIM)
 
     def wait_empty(self, seconds: float = 5) -> list:
         deadline = time.monotonic() + seconds

@@ -14,19 +14,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 
 from gpuslice import rootfs
-from gpuslice.cli import sim_daemon
-from gpuslice.paths import built_executable
 from tests.clients.cri import Kubelet, compile_api
-from tests.conftest import gpu
 from tests.harness.containerd import IMAGE, PAUSE, ContainerdNode
 from tests.harness.debian import unpacked
+from tests.harness.gpu_node import GpuNode
+from tests.harness.gpu_node import gpu_node as sim_gpu_node
 
 try:
     import tomllib
@@ -52,44 +50,10 @@ def containerd_bin(version: str) -> Path:
     return Path("/usr/bin") if suite is None else unpacked(("containerd",), suite) / "usr/bin"
 
 
-@dataclass
-class GpuNode:
-    daemon: sim_daemon.RunningDaemon
-    shim: Path
-
-    def slices(self) -> list:
-        return list(self.daemon.client().list())
-
-    def wait_slices(self, want: int, seconds: float = 15) -> list:
-        deadline = time.monotonic() + seconds
-        while len(found := self.slices()) != want and time.monotonic() < deadline:
-            time.sleep(0.1)
-        return found
-
-
 @pytest.fixture(scope="module")
 def gpu_node(tmp_path_factory) -> Iterator[GpuNode]:
-    """The daemon on one simulated 16 GiB GPU, its CDI spec in /var/run/cdi, and
-    the shim that containerd's runtime class runs (pointed at this daemon)."""
-    d = tmp_path_factory.mktemp("daemon")
-    daemon = sim_daemon.start(d, sim_daemon.write_config(d, [gpu("16Gi")], sweep_interval=0.5))
-    made = subprocess.run(
-        [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(SPEC_PATH),
-         "--daemon-socket", str(daemon.socket), "--slice-dir", str(daemon.slice_socket.parent),
-         "--sim-config", str(d / "sim.yaml"), "--sim-state-dir", str(d / "sim")],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    shim = d / "gpuslice-runtime"
-    shim.write_text(
-        f"#!/bin/sh\nexport GPUSLICE_SOCKET={daemon.socket}\nexport GPUSLICE_CDI_SPEC={SPEC_PATH}\n"
-        f'exec {built_executable("gpuslice-runtime")} "$@"\n'
-    )
-    shim.chmod(0o755)
-    yield GpuNode(daemon, shim)
-    SPEC_PATH.unlink(missing_ok=True)
-    daemon.proc.terminate()
-    daemon.proc.wait(20)
+    with sim_gpu_node(tmp_path_factory.mktemp("daemon"), SPEC_PATH) as node:
+        yield node
 
 
 @pytest.fixture(scope="module")

@@ -80,3 +80,16 @@ def interposer_env(d: RunningDaemon) -> dict[str, str]:
         "GPUSLICE_SIM_CONFIG": str(d.dir / "sim.yaml"),
         "GPUSLICE_SIM_STATE_DIR": str(d.dir / "sim"),
     }
+
+
+def wait_until_ready(proc: subprocess.Popen, log: Path, ready, name: str, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    """Wait for a service we started (containerd, dockerd) to answer `ready()`;
+    its log's tail in the error when it exits or never answers."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited {proc.returncode}: {log.read_text()[-2000:]}")
+        if ready():
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{name} did not answer in {seconds} s: {log.read_text()[-2000:]}")

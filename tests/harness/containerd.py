@@ -10,10 +10,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from gpuslice import rootfs
+from tests.harness import wait_until_ready
 from tests.harness.oci_image import write_archive
 
 IMAGE = "docker.io/library/gpuslice-probe:1"
@@ -108,14 +107,8 @@ class ContainerdNode:
             [self.binary("containerd"), "--config", str(self.config), "--log-level", "info"],
             stdout=subprocess.DEVNULL, stderr=self.log.open("ab"), env=self.env(),
         )  # fmt: skip
-        deadline = time.monotonic() + STARTED_WITHIN_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"containerd exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            if self.socket.exists() and self.ctr("version").returncode == 0:
-                return
-            time.sleep(0.2)
-        raise RuntimeError(f"containerd did not answer in {STARTED_WITHIN_S} s: {self.log.read_text()[-2000:]}")
+        wait_until_ready(self.proc, self.log, lambda: self.socket.exists() and self.ctr("version").returncode == 0,
+                         "containerd", STARTED_WITHIN_S)  # fmt: skip
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -147,7 +140,3 @@ class ContainerdNode:
         self.stop()
         subprocess.run(["umount", "-R", "-l", str(self.run)], capture_output=True)
         shutil.rmtree(self.run, ignore_errors=True)
-
-
-def probe_rootfs(tmp: Path) -> Path:
-    return rootfs.build(tmp / "probe-rootfs")

@@ -10,8 +10,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from tests.harness import wait_until_ready
 
 IMAGE = "gpuslice-probe:1"
 STARTED_WITHIN_S = 60
@@ -56,14 +57,8 @@ class DockerNode:
              "--storage-driver", "vfs"],
             stdout=subprocess.DEVNULL, stderr=self.log.open("ab"), env=self.env(),
         )  # fmt: skip
-        deadline = time.monotonic() + STARTED_WITHIN_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"dockerd exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            if self.socket.exists() and self.docker("version").returncode == 0:
-                return
-            time.sleep(0.3)
-        raise RuntimeError(f"dockerd did not answer in {STARTED_WITHIN_S} s: {self.log.read_text()[-2000:]}")
+        wait_until_ready(self.proc, self.log, lambda: self.socket.exists() and self.docker("version").returncode == 0,
+                         "dockerd", STARTED_WITHIN_S)  # fmt: skip
 
     def docker(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([self.which("docker"), *args], capture_output=True, text=True, timeout=timeout,

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from gpuslice import request
+from gpuslice.cli import sim_daemon
 from gpuslice.paths import built_executable
 from tests.conftest import oci_bundle
 
@@ -90,11 +90,7 @@ def test_a_request_variable_gets_its_slice_and_an_annotation_wins_over_it(tmp_pa
         tmp_path / "bundle", {"gpuslice.io/memory": "2Gi"}, env=["GPUSLICE_MEMORY=5Gi", "GPUSLICE_CORES=20"]
     )
     spec = tmp_path / "spec.json"
-    made = subprocess.run(
-        [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(spec),
-         "--daemon-socket", str(d.socket), "--sim-config", str(d.dir / "sim.yaml")],
-        capture_output=True, text=True,
-    )  # fmt: skip
+    made = sim_daemon.cdi_generate(d, spec)
     assert made.returncode == 0, made.stderr
     r = run(tmp_path, "create", "--bundle", str(bundle), "c6", socket=d.socket, spec=spec)
     assert r.returncode == 7 and (tmp_path / "argv").exists(), r.stderr  # reserved, then the real runtime ran

@@ -1,0 +1,42 @@
+"""A node's GPU side for the runtime tests: the daemon on one simulated GPU,
+its CDI spec in /var/run/cdi (where runtimes look), and the shim pointed at
+this daemon, as a runtime's configuration would name it."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice.cli import sim_daemon
+from gpuslice.paths import built_executable
+
+
+@dataclass
+class GpuNode:
+    daemon: sim_daemon.RunningDaemon
+    shim: Path
+
+    def slices(self) -> list:
+        return list(self.daemon.client().list())
+
+    def wait_slices(self, want: int, seconds: float = 15) -> list:
+        deadline = time.monotonic() + seconds
+        while len(found := self.slices()) != want and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return found
+
+
+@contextmanager
+def gpu_node(work: Path, spec: Path, memory: str = "16Gi") -> Iterator[GpuNode]:
+    daemon = sim_daemon.start(work, sim_daemon.write_config(work, [{"memory": memory}], sweep_interval=0.5))
+    try:
+        made = sim_daemon.cdi_generate(daemon, spec)
+        assert made.returncode == 0, made.stderr
+        yield GpuNode(daemon, sim_daemon.shim_for(daemon, spec, work / "gpuslice-runtime",
+                                                  built_executable("gpuslice-runtime")))  # fmt: skip
+    finally:
+        spec.unlink(missing_ok=True)
+        daemon.kill(15)
