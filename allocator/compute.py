@@ -174,6 +174,7 @@ class ComputeController:
         self.clock = clock
         self.lend_readings = max(3, round(LEND_WINDOW_S / period))  # readings that span LEND_WINDOW_S
         self.state: dict[tuple[str, int], GateState] = {}
+        self._shares: dict[str, tuple[int, list[Share]]] = {}  # slice id -> (limits generation, its shares)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last = clock()
@@ -204,28 +205,43 @@ class ComputeController:
 
     # -- one period ------------------------------------------------------------------
     def shares(self, files: dict[str, SliceFiles]) -> list[Share]:
+        out: list[Share] = []
+        magic = constant("GPUSLICE_LIMITS_MAGIC")
+        for sid, f in files.items():
+            lim = f.limits
+            if lim.magic != magic:
+                continue
+            generation = int(lim.generation)
+            cached = self._shares.get(sid)
+            if cached is None or cached[0] != generation:  # read again only when the limits changed
+                cached = (generation, self._read_shares(sid, f))
+                if lim.magic == magic and int(lim.generation) == generation:  # not rewritten meanwhile
+                    self._shares[sid] = cached
+            out.extend(cached[1])
+        for sid in set(self._shares) - files.keys():
+            del self._shares[sid]
+        return out
+
+    def _read_shares(self, sid: str, f: SliceFiles) -> list[Share]:
         out = []
         hard = constant("GPUSLICE_POLICY_HARD")
         prio = {constant(k): v for k, v in PRIORITY_NAMES.items()}
-        for sid, f in files.items():
-            lim = f.limits
-            if lim.magic != constant("GPUSLICE_LIMITS_MAGIC"):
+        lim = f.limits
+        for g in range(int(lim.gpu_count)):
+            cores = int(lim.gpu[g].cores)
+            if cores >= 100:  # a whole GPU is never throttled
                 continue
-            for g in range(int(lim.gpu_count)):
-                cores = int(lim.gpu[g].cores)
-                if cores >= 100:  # a whole GPU is never throttled
-                    continue
-                uuid = f.ffi.string(lim.gpu[g].uuid).decode()
-                out.append(
-                    Share(
-                        sid,
-                        g,
-                        uuid,
-                        cores / 100,
-                        int(lim.gpu[g].policy) == hard,
-                        prio.get(int(lim.gpu[g].priority), "normal"),
-                    )
+            uuid = f.ffi.string(lim.gpu[g].uuid).decode()
+            out.append(
+                Share(
+                    sid,
+                    g,
+                    uuid,
+                    cores / 100,
+                    int(lim.gpu[g].policy) == hard,
+                    prio.get(int(lim.gpu[g].priority), "normal"),
                 )
+            )
         return out
 
     def tick(self) -> None:
@@ -265,9 +281,14 @@ class ComputeController:
                     st.last_hungry = now
             needs = {s.slice_id: n for s in on_gpu if s.slice_id in active and (n := self._needs(s, now)) is not None}
             goal = targets(on_gpu, active, needs)
-            for s in on_gpu:  # an idle slice's budget is what it would get if it started now
-                if s.slice_id not in active:
-                    goal[s.slice_id] = targets(on_gpu, active | {s.slice_id}, needs)[s.slice_id]
+            idle = {s.slice_id for s in on_gpu} - active
+            if idle:
+                # an idle slice's budget is what it would get if it started now, together with the
+                # other idle ones (one pass, not one per idle slice: exact when one is idle, a little
+                # less when several are, for the one period until it counts as active)
+                started = targets(on_gpu, active | idle, needs)
+                for sid in idle:
+                    goal[sid] = started[sid]
             known = sorted(r for s in on_gpu if (r := self.state[(s.slice_id, s.gpu)].ns_per_thread()) is not None)
             prior = known[len(known) // 2] if known else None
             for s in on_gpu:

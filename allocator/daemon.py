@@ -54,7 +54,8 @@ class Daemon:
         )
         self.watcher = ProcessWatcher()
         self.manager.on_release.append(self.watcher.forget)
-        self.compute = ComputeController(self.manager.files_snapshot, NvmlUtilization(), cfg.compute_period)
+        # only slices with processes can launch: the controller looks at those alone
+        self.compute = ComputeController(self.watcher.files_in_use, NvmlUtilization(), cfg.compute_period)
         self._stop = threading.Event()
 
     def _reattach(self) -> None:

@@ -2,7 +2,12 @@
 
 The layout is libcuda_wrap/include/gpuslice_slice.h itself (the part between
 its cdef markers), and the atomic updates are the ledger atomics the interposer
-links: one definition of both, not a Python copy."""
+links: one definition of both, not a Python copy.
+
+The files are mapped with libc's mmap, not Python's (which keeps a duplicate
+descriptor per map): a slice holds no file descriptor, so thousands of slices
+fit any fd limit.  Their blocks are allocated before mapping, so a full
+filesystem is an error at creation (ENOSPC), never a SIGBUS on a later write."""
 
 from __future__ import annotations
 
@@ -30,6 +35,11 @@ int64_t gpuslice_gate_refill(struct gpuslice_gate *g, int64_t add, int64_t cap, 
 void gpuslice_gate_open(struct gpuslice_gate *g, uint64_t next_refill_ns, int64_t *before);
 """
 
+LIBC_FUNCTIONS = """
+void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
+int munmap(void *addr, size_t length);
+"""
+
 
 def _header_cdef(header: Path) -> str:
     text = header.read_text()
@@ -40,8 +50,14 @@ def _header_cdef(header: Path) -> str:
 def ffi_and_lib() -> tuple[FFI, Any]:
     d = native_dir() / "ledger"
     ffi = FFI()
-    ffi.cdef(_header_cdef(d / "gpuslice_slice.h") + LEDGER_FUNCTIONS)
+    ffi.cdef(_header_cdef(d / "gpuslice_slice.h") + LEDGER_FUNCTIONS + LIBC_FUNCTIONS)
     return ffi, ffi.dlopen(str(d / "libgpuslice-ledger.so"))
+
+
+@cache
+def _libc() -> Any:
+    ffi, _ = ffi_and_lib()
+    return ffi.dlopen(None)
 
 
 def constant(name: str) -> int:
@@ -75,24 +91,34 @@ class SliceFiles:
         self.limits_path = directory / f"{slice_id}.limits"
         self.usage_path = directory / f"{slice_id}.usage"
         self.slice_id = slice_id
-        self._limits_map = self._map(self.limits_path, "struct gpuslice_limits")
-        self._usage_map = self._map(self.usage_path, "struct gpuslice_usage")
-        self.limits = self.ffi.from_buffer("struct gpuslice_limits *", self._limits_map)
-        self.usage = self.ffi.from_buffer("struct gpuslice_usage *", self._usage_map)
+        self.limits = self._map(self.limits_path, "struct gpuslice_limits")
+        self.usage = self._map(self.usage_path, "struct gpuslice_usage")
         if self.usage.magic != constant("GPUSLICE_USAGE_MAGIC"):  # new: counters start at zero
             self.usage.version = constant("GPUSLICE_SLICE_VERSION")
             self.usage.magic = constant("GPUSLICE_USAGE_MAGIC")
 
-    def _map(self, path: Path, ctype: str) -> mmap.mmap:
+    def _map(self, path: Path, ctype: str) -> Any:
+        """The file as a struct pointer; unmapped when the last reference goes
+        (the compute controller may still hold a released slice's files)."""
         size = self.ffi.sizeof(ctype)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, 0)  # a stale layout is never reinterpreted
                 os.ftruncate(fd, size)
-            return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+            os.posix_fallocate(fd, 0, size)  # blocks now: ENOSPC here, not SIGBUS later
+            libc = _libc()
+            addr = libc.mmap(self.ffi.NULL, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+            if addr == self.ffi.cast("void *", -1):
+                err = self.ffi.errno
+                raise OSError(err, os.strerror(err), str(path))
+        except OSError:
+            if os.fstat(fd).st_blocks == 0:  # nothing of it was ever used: no half-made file stays
+                os.unlink(path)
+            raise
         finally:
             os.close(fd)
+        return self.ffi.gc(self.ffi.cast(f"{ctype} *", addr), lambda p: libc.munmap(p, size), size)
 
     def write_limits(self, gpus: list[GpuLimit]) -> None:
         lim = self.limits

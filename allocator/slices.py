@@ -1,12 +1,18 @@
 """The daemon's operations on slices: reserve, bind, release, resize, and each
-slice's shared files, on top of the slice store (SQLite) and placement."""
+slice's shared files, on top of the slice store (SQLite) and placement.
+
+The store is the durable truth; the manager keeps what it committed in memory
+too (records by container, tallies per GPU, bound slices by pid namespace and
+cgroup), so that no read, and no placement, goes to SQLite: a call costs the
+same at 2,000 slices as at one.  Every change commits first and updates the
+memory after, under one lock."""
 
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslice import errors
@@ -33,6 +39,68 @@ class SliceView:
     enforcement: str  # "driver+interposer" where the driver enforces the memory limit too
 
 
+@dataclass
+class GpuTally:
+    """What the slices on one GPU hold, kept as they change."""
+
+    memory: int = 0
+    cores: int = 0
+    slices: int = 0
+    whole: int = 0  # slices that hold it whole
+
+    def add(self, a: Allocation, whole: bool, sign: int) -> None:
+        self.memory += sign * a.memory
+        self.cores += sign * a.cores
+        self.slices += sign
+        self.whole += sign * int(whole)
+
+
+@dataclass
+class Index:
+    """The committed records, looked up without SQL."""
+
+    by_container: dict[str, SliceRecord] = field(default_factory=dict)
+    tally: dict[str, GpuTally] = field(default_factory=dict)
+    # bound slices, oldest first (containers of a pod may share a namespace)
+    by_pid_ns: dict[int, list[SliceRecord]] = field(default_factory=dict)
+    by_cgroup: dict[str, list[SliceRecord]] = field(default_factory=dict)
+
+    def put(self, rec: SliceRecord) -> None:
+        self.drop(rec.container_id)
+        self.by_container[rec.container_id] = rec
+        for a in rec.allocations:
+            self.tally.setdefault(a.gpu_uuid, GpuTally()).add(a, rec.whole, 1)
+        if rec.state == "bound":
+            if rec.pid_ns is not None:
+                _insert(self.by_pid_ns.setdefault(rec.pid_ns, []), rec)
+            if rec.cgroup:
+                _insert(self.by_cgroup.setdefault(rec.cgroup, []), rec)
+
+    def drop(self, container_id: str) -> SliceRecord | None:
+        rec = self.by_container.pop(container_id, None)
+        if rec is None:
+            return None
+        for a in rec.allocations:
+            self.tally[a.gpu_uuid].add(a, rec.whole, -1)
+        if rec.state == "bound":
+            _remove(self.by_pid_ns, rec.pid_ns, rec)
+            _remove(self.by_cgroup, rec.cgroup, rec)
+        return rec
+
+
+def _insert(recs: list[SliceRecord], rec: SliceRecord) -> None:
+    recs.append(rec)
+    recs.sort(key=lambda r: (r.created_ms, r.id))
+
+
+def _remove(by: dict, key: object, rec: SliceRecord) -> None:
+    recs = by.get(key)
+    if recs and rec in recs:
+        recs.remove(rec)
+        if not recs:
+            del by[key]
+
+
 def _ours(annotations: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in annotations.items() if k.startswith(requests.PREFIX)}
 
@@ -50,6 +118,7 @@ class SliceManager:
         self.driver_limits = driver_limits  # DriverLimits, or None without NVML's cgroup limits
         self.enforced: dict[str, str] = {}  # slice id -> cgroup path the driver limits
         self.files: dict[str, SliceFiles] = {}
+        self.index = Index()
         self._lock = threading.RLock()
         self.on_release: list = []  # callbacks(slice_id) for the process watcher
         files_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -58,23 +127,19 @@ class SliceManager:
 
     # -- capacity ------------------------------------------------------------------
     def capacities(self, exclude: str | None = None) -> list[GpuCapacity]:
-        used = self.store.usage_by_gpu()
-        if exclude:  # a resize measures against everything but the slice itself
-            rec = self.store.get(exclude)
-            for a in rec.allocations if rec else ():
-                m, c, n, w = used[a.gpu_uuid]
-                used[a.gpu_uuid] = (m - a.memory, c - a.cores, n - 1, w and n > 1)
+        with self._lock:
+            used = {u: GpuTally(t.memory, t.cores, t.slices, t.whole) for u, t in self.index.tally.items()}
+            rec = self.index.by_container.get(exclude) if exclude else None
+            for a in rec.allocations if rec else ():  # a resize measures against everything but the slice itself
+                used[a.gpu_uuid].add(a, rec.whole, -1)  # type: ignore[union-attr]
+        zero = GpuTally()
         return [
-            GpuCapacity(g.index, g.uuid, g.memory_total, *used.get(g.uuid, (0, 0, 0, False)))
+            GpuCapacity(g.index, g.uuid, g.memory_total, t.memory, t.cores, t.slices, t.whole > 0)
             for g in self.inventory.gpus
+            for t in (used.get(g.uuid, zero),)
         ]
 
     # -- files -----------------------------------------------------------------------
-    def files_snapshot(self) -> dict[str, SliceFiles]:
-        """The slices' shared files as they are now (for the compute controller)."""
-        with self._lock:
-            return dict(self.files)
-
     def _files_for(self, rec: SliceRecord) -> SliceFiles:
         with self._lock:
             f = self.files.get(rec.id)
@@ -117,6 +182,7 @@ class SliceManager:
         gone, and the driver's limits on running containers applied again."""
         keep = set()
         for rec in self.store.all():
+            self.index.put(rec)
             self._files_for(rec)
             self._driver_limit(rec)
             keep.add(rec.id)
@@ -141,8 +207,8 @@ class SliceManager:
         if req is None:
             raise errors.InvalidArgument(f"no {requests.PREFIX}* annotation: the container asks for no GPU")
 
-        def tx(store: SliceStore) -> SliceRecord:
-            existing = store.get(container_id)
+        with self._lock:
+            existing = self.index.by_container.get(container_id)
             if existing:
                 if existing.request != ours:
                     raise Conflict(
@@ -152,17 +218,16 @@ class SliceManager:
                 return existing
             placed = place(req, self.capacities(), self.inventory.distance, self.oversubscription)
             allocs = [Allocation(p.index, p.uuid, p.memory, p.cores) for p in placed]
-            store.insert(container_id, ours, req.policy.value, req.priority.value, req.whole_gpus, owner, allocs)
-            return store.get(container_id)  # type: ignore[return-value]
-
-        with self._lock:
-            existed = self.store.get(container_id) is not None
-            rec = self.store.transaction(tx)
+            rec = self.store.transaction(
+                lambda store: store.insert(
+                    container_id, ours, req.policy.value, req.priority.value, req.whole_gpus, owner, allocs
+                )
+            )
+            self.index.put(rec)
             try:
                 self._files_for(rec)
             except OSError as e:
-                if not existed:  # all or nothing: no row without its files
-                    self.release(container_id)
+                self.release(container_id)  # all or nothing: no row without its files
                 raise errors.ResourceExhausted(
                     f"container {container_id}: cannot make the slice's files in {self.files_dir}: "
                     f"{e.strerror or e}; nothing was reserved"
@@ -175,27 +240,28 @@ class SliceManager:
         except identity.NoSuchProcess as e:
             raise errors.InvalidArgument(f"pid {pid}: no such process to bind container {container_id} to") from e
 
-        def tx(store: SliceStore) -> SliceRecord:
-            rec = store.get(container_id)
+        with self._lock:
+            rec = self.index.by_container.get(container_id)
             if rec is None:
                 raise errors.NotFound(f"container {container_id} has no reservation; Reserve it first")
             if rec.state == "bound":
                 if rec.pid == pid and rec.pid_start == who.start_time:
                     return rec
                 raise Conflict(f"container {container_id} is already bound to pid {rec.pid}")
-            store.bind(container_id, who.pid, who.pid_ns, who.cgroup, who.start_time)
-            return store.get(container_id)  # type: ignore[return-value]
-
-        with self._lock:
-            rec = self.store.transaction(tx)
-            self._driver_limit(rec)
-            return rec
+            bound = self.store.transaction(
+                lambda store: store.bind(rec, who.pid, who.pid_ns, who.cgroup, who.start_time)
+            )
+            self.index.put(bound)
+            self._driver_limit(bound)
+            return bound
 
     def release(self, container_id: str) -> bool:
         with self._lock:
-            rec = self.store.transaction(lambda store: store.delete(container_id))
+            rec = self.index.by_container.get(container_id)
             if rec is None:
                 return False
+            self.store.transaction(lambda store: store.delete(rec.id))
+            self.index.drop(container_id)
             f = self.files.pop(rec.id, None)
             if f:
                 f.remove()
@@ -214,7 +280,7 @@ class SliceManager:
             )
 
         def tx(store: SliceStore) -> SliceRecord:
-            rec = store.get(container_id)
+            rec = self.index.by_container.get(container_id)
             if rec is None:
                 raise errors.NotFound(f"container {container_id} has no slice")
             merged = {**rec.request, **changes}
@@ -235,24 +301,30 @@ class SliceManager:
                         f"{format_bytes(memory)}"
                     )
                 new.append(Allocation(a.gpu_index, a.gpu_uuid, memory, cores))
-            store.resize(rec.id, new, merged)
-            return store.get(container_id)  # type: ignore[return-value]
+            return store.resize(rec, new, merged)
 
         with self._lock:
             rec = self.store.transaction(tx)
+            self.index.put(rec)
             self._files_for(rec)
             if rec.id in self.enforced:
                 self._driver_limit(rec)
         return rec
 
     def get(self, container_id: str) -> SliceView:
-        rec = self.store.get(container_id)
+        rec = self.index.by_container.get(container_id)
         if rec is None:
             raise errors.NotFound(f"container {container_id} has no slice")
         return self.view(rec)
 
+    def records(self) -> list[SliceRecord]:
+        """Every slice, oldest first (as the store lists them)."""
+        with self._lock:
+            recs = list(self.index.by_container.values())
+        return sorted(recs, key=lambda r: (r.created_ms, r.id))
+
     def views(self) -> list[SliceView]:
-        return [self.view(r) for r in self.store.all()]
+        return [self.view(r) for r in self.records()]
 
     def view(self, rec: SliceRecord) -> SliceView:
         f = self.files.get(rec.id)
@@ -265,21 +337,17 @@ class SliceManager:
     def slice_of(self, who: identity.Identity) -> SliceRecord | None:
         """The bound slice whose container this process belongs to: same pid
         namespace (a container's own), else same cgroup; never the daemon's."""
-        bound = [r for r in self.store.all() if r.state == "bound"]
-        if who.pid_ns != self.own_pid_ns:
-            for r in bound:
-                if r.pid_ns == who.pid_ns:
-                    return r
-        if who.cgroup not in ("", "/", self.own_cgroup):
-            for r in bound:
-                if r.cgroup == who.cgroup:
-                    return r
+        with self._lock:
+            if who.pid_ns != self.own_pid_ns and (recs := self.index.by_pid_ns.get(who.pid_ns)):
+                return recs[0]
+            if who.cgroup not in ("", "/", self.own_cgroup) and (recs := self.index.by_cgroup.get(who.cgroup)):
+                return recs[0]
         return None
 
     def sweep(self, reservation_timeout: float) -> list[str]:
         """Release slices whose container is gone and reservations never bound."""
         gone = []
-        for r in self.store.all():
+        for r in self.records():
             if (r.state == "bound" and not identity.alive(r.pid or 0, r.pid_start or -1)) or (
                 r.state == "reserved" and now_ms() - r.created_ms > reservation_timeout * 1000
             ):

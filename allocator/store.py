@@ -7,6 +7,7 @@ booking, no leak."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 import threading
@@ -55,6 +56,10 @@ CREATE INDEX IF NOT EXISTS allocations_by_gpu ON allocations(gpu_uuid);
 """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+# SQLITE_FULL and SQLITE_IOERR (primary codes; extended I/O codes share the low byte)
+FULL_OR_IO = {13, 10} | {10 | (n << 8) for n in range(1, 40)}
 
 
 class StoreError(errors.FailedPrecondition):
@@ -122,6 +127,7 @@ def _refuse(path: Path, what: str) -> StoreError:
 
 class SliceStore:
     def __init__(self, path: Path) -> None:
+        self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         # SQLite would take an empty file for a new store: a ledger that lost its
         # content must not start as one that holds no slices
@@ -152,13 +158,28 @@ class SliceStore:
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
             try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self._db
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    if self._db.in_transaction:
+                        self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as e:
+                raise self._write_failed(e) from None
+
+    def _write_failed(self, e: sqlite3.OperationalError) -> Exception:
+        """A change the disk cannot take is the caller's one-line error, and
+        the store is as it was (rolled back); the daemon goes on."""
+        code = getattr(e, "sqlite_errorcode", None)
+        if code in FULL_OR_IO:
+            return errors.ResourceExhausted(
+                f"the slice store {self.path} cannot take the change ({e}); nothing was changed. "
+                "Free space on its filesystem"
+            )
+        return e
 
     def transaction(self, fn: Callable[[SliceStore], T]) -> T:
         """Run fn(self) in one write transaction; reads inside see the state it changes."""
@@ -166,14 +187,15 @@ class SliceStore:
             return fn(self)
 
     # -- reads (call inside or outside a transaction) ----------------------------
-    def _record(self, row: tuple) -> SliceRecord:
-        allocs = tuple(
-            Allocation(*a)
-            for a in self._db.execute(
-                "SELECT gpu_index, gpu_uuid, memory, cores FROM allocations WHERE slice_id=? ORDER BY gpu_index",
-                (row[0],),
+    def _record(self, row: tuple, allocs: tuple[Allocation, ...] | None = None) -> SliceRecord:
+        if allocs is None:
+            allocs = tuple(
+                Allocation(*a)
+                for a in self._db.execute(
+                    "SELECT gpu_index, gpu_uuid, memory, cores FROM allocations WHERE slice_id=? ORDER BY gpu_index",
+                    (row[0],),
+                )
             )
-        )
         return SliceRecord(
             row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], bool(row[6]), row[7], row[8], row[9],
             row[10], row[11], row[12], row[13], allocs,
@@ -193,7 +215,12 @@ class SliceStore:
     def all(self) -> list[SliceRecord]:
         with self._lock:
             rows = self._db.execute(f"SELECT {self._COLUMNS} FROM slices ORDER BY created_ms, id").fetchall()
-            return [self._record(r) for r in rows]
+            allocs: dict[str, list[Allocation]] = {}
+            for sid, *a in self._db.execute(
+                "SELECT slice_id, gpu_index, gpu_uuid, memory, cores FROM allocations ORDER BY slice_id, gpu_index"
+            ):
+                allocs.setdefault(sid, []).append(Allocation(*a))
+            return [self._record(r, tuple(allocs.get(r[0], ()))) for r in rows]
 
     def usage_by_gpu(self) -> dict[str, tuple[int, int, int, bool]]:
         """uuid -> (memory reserved, cores reserved, slices, held whole)."""
@@ -208,35 +235,42 @@ class SliceStore:
     def insert(
         self, container_id: str, request: dict, policy: str, priority: str, whole: bool, owner: str,
         allocations: list[Allocation],
-    ) -> str:  # fmt: skip
-        slice_id = uuid.uuid4().hex[:16]
+    ) -> SliceRecord:  # fmt: skip
+        """Insert a reservation; the record as written (no read back)."""
+        rec = SliceRecord(
+            uuid.uuid4().hex[:16], container_id, "reserved", dict(request), policy, priority, whole, owner, now_ms(),
+            None, None, None, None, None, tuple(allocations),
+        )  # fmt: skip
         self._db.execute(
             "INSERT INTO slices (id, container_id, state, request, policy, priority, whole, owner, created_ms) "
             "VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?)",
-            (slice_id, container_id, json.dumps(request), policy, priority, int(whole), owner, now_ms()),
+            (rec.id, container_id, json.dumps(request), policy, priority, int(whole), owner, rec.created_ms),
         )
         self._db.executemany(
             "INSERT INTO allocations (slice_id, gpu_index, gpu_uuid, memory, cores) VALUES (?, ?, ?, ?, ?)",
-            [(slice_id, a.gpu_index, a.gpu_uuid, a.memory, a.cores) for a in allocations],
+            [(rec.id, a.gpu_index, a.gpu_uuid, a.memory, a.cores) for a in allocations],
         )
-        return slice_id
+        return rec
 
-    def bind(self, container_id: str, pid: int, pid_ns: int, cgroup: str, pid_start: int) -> None:
+    def bind(self, rec: SliceRecord, pid: int, pid_ns: int, cgroup: str, pid_start: int) -> SliceRecord:
+        """Bind a reservation to its container's process; the record as written."""
+        bound = dataclasses.replace(
+            rec, state="bound", bound_ms=now_ms(), pid=pid, pid_ns=pid_ns, cgroup=cgroup, pid_start=pid_start
+        )
         self._db.execute(
-            "UPDATE slices SET state='bound', bound_ms=?, pid=?, pid_ns=?, cgroup=?, pid_start=? WHERE container_id=?",
-            (now_ms(), pid, pid_ns, cgroup, pid_start, container_id),
+            "UPDATE slices SET state='bound', bound_ms=?, pid=?, pid_ns=?, cgroup=?, pid_start=? WHERE id=?",
+            (bound.bound_ms, pid, pid_ns, cgroup, pid_start, rec.id),
         )
+        return bound
 
-    def resize(self, slice_id: str, allocations: list[Allocation], request: dict) -> None:
+    def resize(self, rec: SliceRecord, allocations: list[Allocation], request: dict) -> SliceRecord:
         for a in allocations:
             self._db.execute(
                 "UPDATE allocations SET memory=?, cores=? WHERE slice_id=? AND gpu_uuid=?",
-                (a.memory, a.cores, slice_id, a.gpu_uuid),
+                (a.memory, a.cores, rec.id, a.gpu_uuid),
             )
-        self._db.execute("UPDATE slices SET request=? WHERE id=?", (json.dumps(request), slice_id))
+        self._db.execute("UPDATE slices SET request=? WHERE id=?", (json.dumps(request), rec.id))
+        return dataclasses.replace(rec, allocations=tuple(allocations), request=dict(request))
 
-    def delete(self, container_id: str) -> SliceRecord | None:
-        rec = self.get(container_id)
-        if rec:
-            self._db.execute("DELETE FROM slices WHERE id=?", (rec.id,))
-        return rec
+    def delete(self, slice_id: str) -> None:
+        self._db.execute("DELETE FROM slices WHERE id=?", (slice_id,))

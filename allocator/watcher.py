@@ -1,5 +1,7 @@
 """Watches the processes attached to slices (pidfds) and zeroes a process's
-usage in its slice's files the moment it exits, SIGKILL included."""
+usage in its slice's files the moment it exits, SIGKILL included.  It also
+knows which slices have processes at all: the only ones whose launches the
+compute controller has to look at."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ class ProcessWatcher:
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._stop = False
+        self._in_use: dict[str, tuple[SliceFiles, int]] = {}  # slice id -> (files, processes watched)
         self._thread = threading.Thread(target=self._run, name="pidfd-watcher", daemon=True)
 
     def start(self) -> None:
@@ -38,10 +41,30 @@ class ProcessWatcher:
         except ProcessLookupError:
             files.release_slot(slot)
             return False
+        self._register(fd, pid, files, slot)
+        return True
+
+    def _register(self, fd: int, pid: int, files: SliceFiles, slot: int) -> None:
         with self._lock:
             self._sel.register(fd, selectors.EVENT_READ, (pid, files, slot))
+            _, n = self._in_use.get(files.slice_id, (files, 0))
+            self._in_use[files.slice_id] = (files, n + 1)
         os.write(self._wake_w, b"x")
-        return True
+
+    def _unregister(self, fd: int, files: SliceFiles) -> None:
+        """(under the lock)"""
+        self._sel.unregister(fd)
+        os.close(fd)
+        _, n = self._in_use.get(files.slice_id, (files, 1))
+        if n <= 1:
+            self._in_use.pop(files.slice_id, None)
+        else:
+            self._in_use[files.slice_id] = (files, n - 1)
+
+    def files_in_use(self) -> dict[str, SliceFiles]:
+        """The slices with at least one process attached, and their files."""
+        with self._lock:
+            return {sid: f for sid, (f, _) in self._in_use.items()}
 
     def watch_pidfd(self, pidfd: int, pid: int, files: SliceFiles, slot: int) -> bool:
         """Watch the process a pidfd holds (a copy is kept); False (and its row
@@ -51,18 +74,16 @@ class ProcessWatcher:
         except ProcessLookupError:
             files.release_slot(slot)
             return False
-        fd = os.dup(pidfd)
-        with self._lock:
-            self._sel.register(fd, selectors.EVENT_READ, (pid, files, slot))
-        os.write(self._wake_w, b"x")
+        self._register(os.dup(pidfd), pid, files, slot)
         return True
 
     def forget(self, slice_id: str) -> None:
         with self._lock:
+            if slice_id not in self._in_use:
+                return
             for key in list(self._sel.get_map().values()):
                 if key.data and key.data[1].slice_id == slice_id:
-                    self._sel.unregister(key.fd)
-                    os.close(key.fd)
+                    self._unregister(key.fd, key.data[1])
 
     def _run(self) -> None:
         while not self._stop:
@@ -73,10 +94,9 @@ class ProcessWatcher:
                 pid, files, slot = key.data
                 with self._lock:
                     try:
-                        self._sel.unregister(key.fd)
+                        self._unregister(key.fd, files)
                     except (KeyError, ValueError):
                         continue  # forgotten meanwhile
-                    os.close(key.fd)
                 if files.slot_pids().get(slot) == pid:
                     freed = files.release_slot(slot)
                     log.info("process %d of slice %s exited; %d bytes returned", pid, files.slice_id, freed)

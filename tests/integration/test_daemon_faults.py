@@ -5,11 +5,13 @@ a damaged ledger, bad socket paths, and abusive runtime-socket clients."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -228,25 +230,181 @@ def test_create_runtime_binds_only_a_process_of_a_container(daemon, tmp_path, wh
     assert d.client().list() == []
 
 
-def test_a_reserve_that_cannot_make_its_files_books_nothing(daemon):
-    """F2: out of file descriptors, a failed Reserve still booked its row
-    (the row committed before the files were made)."""
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_slices_hold_no_file_descriptors(daemon):
+    """F2: each slice kept 2 descriptors for the daemon's life (Python's mmap
+    duplicates the file's), so under the default limit of 1024 the 502nd
+    Reserve failed with INTERNAL [Errno 24]."""
+    d = daemon(gpus=[gpu("80Gi")])
+    subprocess.run(["prlimit", f"--pid={d.proc.pid}", "--nofile=256:"], check=True)  # the soft limit only
+    c = d.client()
+    before = open_fds(d.proc.pid)
+    for i in range(600):
+        c.reserve(f"c{i}", {"gpuslice.io/memory": "64Mi"})
+    assert len(c.list()) == 600
+    assert open_fds(d.proc.pid) <= before + 2  # nothing per slice
+    for i in range(0, 600, 2):
+        assert c.release(f"c{i}")
+    assert len(c.list()) == 300 and len(list(d.slice_files_dir.glob("*.usage"))) == 300
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
+    """small_tmpfs(name, size): a tmpfs of that size at tmp_path/name, unmounted afterwards."""
+    mounted: list[Path] = []
+
+    def mount(name: str, size: str) -> Path:
+        where = tmp_path / name
+        where.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(where)], check=True)
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@needs_root
+@pytest.mark.parametrize("full", ["slice files", "store"])
+def test_a_full_filesystem_is_resource_exhausted_and_the_daemon_recovers(daemon, small_tmpfs, full):
+    """F1: on a 2 MB tmpfs the daemon died of SIGBUS after 44 slices (sparse
+    slice files written through mmap), with no log line.  Now the first
+    Reserve that does not fit is RESOURCE_EXHAUSTED with one line, nothing is
+    half-reserved, attached processes keep working, and Reserves succeed
+    again once there is space."""
     import grpc
 
-    d = daemon(gpus=[gpu("80Gi")])
-    # the soft limit only, which can be raised again
-    subprocess.run(["prlimit", f"--pid={d.proc.pid}", "--nofile=64:"], check=True)
+    fs = small_tmpfs("fs", "128k")
+    where = {"slice_files_dir": str(fs / "slices")} if full == "slice files" else {"state_dir": str(fs / "state")}
+    d = daemon(gpus=[gpu("80Gi")], **where)
     c = d.client()
     ok, failed = 0, None
-    for i in range(200):
+    for i in range(2000):
         try:
-            c.reserve(f"c{i}", {"gpuslice.io/memory": "64Mi"})
+            c.reserve(f"c{i}", {"gpuslice.io/memory": "16Mi"})
             ok += 1
         except grpc.RpcError as e:
             failed = e
             break
-    assert failed is not None, "64 descriptors never ran out"
-    assert failed.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "nothing was reserved" in failed.details()
-    subprocess.run(["prlimit", f"--pid={d.proc.pid}", "--nofile=1024:"], check=True)
-    assert len(c.list()) == ok  # no row without its files
-    c.reserve("after", {"gpuslice.io/memory": "64Mi"})  # it recovers once descriptors are back
+    assert failed is not None, "128 KiB never filled up"
+    assert failed.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, failed.details()
+    assert "\n" not in failed.details() and ("nothing was" in failed.details()), failed.details()
+    assert ok > 0 and d.proc.poll() is None
+    assert len(c.list()) == ok  # no row without its files, no files without a row
+    subprocess.run(["mount", "-o", "remount,size=16m", str(fs)], check=True)
+    c.reserve("after", {"gpuslice.io/memory": "16Mi"})
+    assert len(c.list()) == ok + 1
+    d.kill(signal.SIGTERM)
+    store = Path(where.get("state_dir", str(d.dir / "state"))) / "state.db"
+    with sqlite3.connect(store) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert db.execute("SELECT COUNT(*) FROM slices").fetchone()[0] == ok + 1
+
+
+# The attacker of S1, run as uid 65534 in no container: a child connects to the
+# slice socket and exits; the parent keeps the connection, says the child's pid,
+# waits until that pid belongs to a process of another container, and only then
+# sends ATTACH.  It prints what came back: the status and how many fds.
+REUSE_ATTACKER = """
+import os, socket, struct, sys
+d = os.open(sys.argv[1], os.O_PATH)
+os.setgroups([]); os.setgid(65534); os.setuid(65534)
+s = socket.socket(socket.AF_UNIX)
+child = os.fork()
+if child == 0:
+    s.connect(f"/proc/self/fd/{d}/" + sys.argv[2])
+    os._exit(0)
+os.waitpid(child, 0)
+print(child, flush=True)
+sys.stdin.readline()
+s.sendall(bytes.fromhex(sys.argv[3]))
+try:
+    data, fds, _, _ = socket.recv_fds(s, 4096, 4)
+except OSError as e:
+    data, fds = b"", []
+print(len(data), len(fds), flush=True)
+"""
+
+
+# Forks, inside a container's pid namespace, when told to: the fork is the only
+# process made between the test's write to ns_last_pid and its child's pid.
+FORK_ON_CUE = """
+import os, sys, time
+print("ready", flush=True)
+sys.stdin.readline()
+if os.fork() == 0:
+    time.sleep(60)
+    os._exit(0)
+print("forked", flush=True)
+sys.stdin.readline()
+"""
+
+
+def take_pid(pid: int, box) -> subprocess.Popen | None:  # type: ignore[no-untyped-def]
+    """A process of the container `box` that the host sees as `pid`, or None
+    when another process on the host took the pid first."""
+    helper = subprocess.Popen(
+        box.command([sys.executable, "-c", FORK_ON_CUE]), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    assert helper.stdin and helper.stdout and helper.stdout.readline() == "ready\n"
+    Path("/proc/sys/kernel/ns_last_pid").write_text(str(pid - 1))
+    helper.stdin.write("go\n")
+    helper.stdin.flush()
+    assert helper.stdout.readline() == "forked\n"
+    try:
+        if os.readlink(f"/proc/{pid}/ns/pid") == os.readlink(f"/proc/{box.init_pid}/ns/pid"):
+            return helper
+    except FileNotFoundError:
+        pass
+    helper.kill()
+    helper.wait()
+    return None
+
+
+@needs_root
+def test_a_reused_pid_does_not_get_another_containers_slice(daemon, containers):
+    """S1: a process of no slice connected, exited, and its pid went to a
+    process of container B before the daemon served the connection; the
+    daemon read the pid from SO_PEERCRED and /proc only then, and handed B's
+    limits fd and read-write usage fd to the outsider."""
+    import struct
+
+    from gpuslice.allocator.slice_files import constant
+
+    d = daemon()
+    box = containers()
+    c = d.client()
+    c.reserve("b", {"gpuslice.io/memory": "1Gi"})
+    c.bind("b", box.init_pid)
+    os.chmod(d.slice_socket.parent, 0o755)
+    attach = struct.pack(
+        "=IHH", constant("GPUSLICE_REQUEST_MAGIC"), constant("GPUSLICE_SLICE_VERSION"), constant("GPUSLICE_OP_ATTACH")
+    )
+    for _attempt in range(5):  # another process on the host may take the pid first: try again
+        attacker = subprocess.Popen(
+            [sys.executable, "-c", REUSE_ATTACKER, str(d.slice_socket.parent), d.slice_socket.name, attach.hex()],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert attacker.stdin and attacker.stdout
+        child = int(attacker.stdout.readline())
+        impostor = take_pid(child, box)
+        if impostor is None:
+            attacker.kill()
+            attacker.wait()
+            continue
+        try:
+            attacker.stdin.write("go\n")
+            attacker.stdin.flush()
+            _bytes, fds = map(int, attacker.stdout.readline().split())
+        finally:
+            impostor.kill()
+            impostor.wait()
+            attacker.wait()
+        assert fds == 0, "an outsider got container b's slice files"
+        assert c.get("b").processes == 0
+        return
+    pytest.fail("the host kept taking the pid before the test could reuse it (5 tries)")
