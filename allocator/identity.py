@@ -41,8 +41,12 @@ def _cgroup(pid: int) -> str:
 
 
 def start_time(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        stat = os.read(fd, 4096)  # one read: the sweeper asks this of every bound slice
+    finally:
+        os.close(fd)
+    return int(stat.rsplit(b")", 1)[1].split()[19])
 
 
 def of_pid(pid: int) -> Identity:

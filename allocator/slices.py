@@ -9,6 +9,7 @@ memory after, under one lock."""
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import threading
@@ -89,8 +90,7 @@ class Index:
 
 
 def _insert(recs: list[SliceRecord], rec: SliceRecord) -> None:
-    recs.append(rec)
-    recs.sort(key=lambda r: (r.created_ms, r.id))
+    bisect.insort(recs, rec, key=lambda r: (r.created_ms, r.id))
 
 
 def _remove(by: dict, key: object, rec: SliceRecord) -> None:
@@ -183,9 +183,13 @@ class SliceManager:
         keep = set()
         for rec in self.store.all():
             self.index.put(rec)
-            self._files_for(rec)
-            self._driver_limit(rec)
             keep.add(rec.id)
+            try:
+                self._files_for(rec)
+            except OSError as e:  # e.g. a full disk: the slice stays; a Reserve of it again makes them
+                log.error("slice %s of container %s: cannot make its files: %s", rec.id, rec.container_id, e)
+                continue
+            self._driver_limit(rec)
         stale = [p for p in self.files_dir.iterdir() if p.suffix in (".limits", ".usage") and p.stem not in keep]
         if stale:
             # files of slices the store does not hold: kept aside, and said, not deleted
@@ -215,6 +219,8 @@ class SliceManager:
                         f"container {container_id} already holds slice {existing.id} with other annotations "
                         f"{existing.request}"
                     )
+                if existing.id not in self.files:  # a Reserve that failed half-way (full disk) is finished now
+                    self._files_or_nothing(existing)
                 return existing
             placed = place(req, self.capacities(), self.inventory.distance, self.oversubscription)
             allocs = [Allocation(p.index, p.uuid, p.memory, p.cores) for p in placed]
@@ -224,15 +230,19 @@ class SliceManager:
                 )
             )
             self.index.put(rec)
-            try:
-                self._files_for(rec)
-            except OSError as e:
-                self.release(container_id)  # all or nothing: no row without its files
-                raise errors.ResourceExhausted(
-                    f"container {container_id}: cannot make the slice's files in {self.files_dir}: "
-                    f"{e.strerror or e}; nothing was reserved"
-                ) from e
+            self._files_or_nothing(rec)
         return rec
+
+    def _files_or_nothing(self, rec: SliceRecord) -> None:
+        """The slice's files, or no slice at all (the row goes too)."""
+        try:
+            self._files_for(rec)
+        except OSError as e:
+            self.release(rec.container_id)  # all or nothing: no row without its files
+            raise errors.ResourceExhausted(
+                f"container {rec.container_id}: cannot make the slice's files in {self.files_dir}: "
+                f"{e.strerror or e}; nothing was reserved"
+            ) from e
 
     def bind(self, container_id: str, pid: int) -> SliceRecord:
         try:

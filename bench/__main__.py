@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from bench import compute_shares, container_start, daemon_rpc, interposer_calls, sim_calls
+from bench import compute_shares, container_start, daemon_rpc, interposer_calls, scale, sim_calls
 
 BENCHMARKS = {
     "sim-calls": sim_calls.main,
@@ -13,6 +13,7 @@ BENCHMARKS = {
     "interposer-calls": interposer_calls.main,
     "container-start": container_start.main,
     "compute-shares": compute_shares.main,
+    "scale": scale.main,
 }
 
 
