@@ -320,6 +320,17 @@ class Agent:
         err, pfn, status = cu.cuGetProcAddress(symbol.encode(), version, flags)
         return {"error": name_of(err), "pfn": int(pfn) if pfn else 0, "status": None if status is None else int(status)}
 
+    # -- errors ----------------------------------------------------------------
+    def error_names(self, codes: list[int]) -> dict:
+        """cuGetErrorName and cuGetErrorString of each code: [result, name, text]."""
+        out = {}
+        for code in codes:
+            err, name = cu.cuGetErrorName(code)
+            err2, text = cu.cuGetErrorString(code)
+            out[str(code)] = [name_of(err), name.decode() if name else None, text.decode() if text else None,
+                              name_of(err2)]  # fmt: skip
+        return out
+
     def dlsym(self, names: list[str], path: str = "libcuda.so.1") -> dict:
         lib = ctypes.CDLL(path)
         out = {}

@@ -57,3 +57,25 @@ def test_every_table_entry_resolves_to_its_exported_symbol(agent):
         if ver == newest[(name, kind)] or kind == "DEFAULT":
             # asking at exactly this version yields this variant
             assert got["pfn"] == addrs[sym], f"{name}@{ver} {kind} -> expected {sym}"
+
+
+def cuda_h_results() -> dict[int, str]:
+    """Every CUresult that NVIDIA's cuda.h declares: value -> name."""
+    import re
+
+    from tests.integration.test_declarations import needs
+
+    text = (needs("cuda.h") / "cuda.h").read_text()
+    enum = text[text.index("typedef enum cudaError_enum") : text.index("} CUresult;")]
+    return {int(v): n for n, v in re.findall(r"^\s+(CUDA_[A-Z_0-9]+)\s*=\s*(\d+)", enum, re.M)}
+
+
+def test_every_error_of_cuda_h_has_its_name_and_a_text(agent):
+    results = cuda_h_results()
+    assert len(results) > 100
+    got = agent.call("error_names", codes=sorted(results))
+    for code, name in results.items():
+        err, got_name, text, err2 = got[str(code)]
+        assert (err, got_name, err2) == ("CUDA_SUCCESS", name, "CUDA_SUCCESS"), (code, got[str(code)])
+        assert text and text != name and text.strip() == text, (name, text)
+    assert agent.call("error_names", codes=[12345])["12345"][0] == "CUDA_ERROR_INVALID_VALUE"
