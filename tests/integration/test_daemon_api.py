@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
@@ -160,13 +159,11 @@ def test_health_metrics_and_status(daemon):
     assert 'gpuslice_gpu_memory_reserved_bytes{gpu="0"' in body
     assert 'gpuslice_rpc_total{code="OK",method="Reserve"} 1.0' in body
     assert "gpuslice_rpc_duration_seconds_bucket" in body
-    # the compute controller's view: an elastic slice alone would get the whole GPU
-    deadline = time.monotonic() + 5
-    while "gpuslice_slice_compute_target_ratio{" not in body and time.monotonic() < deadline:
-        time.sleep(0.1)
-        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert re.search(r'gpuslice_slice_compute_target_ratio\{gpu="0",slice="\w+"\} 1\.0', body), body
-    assert "gpuslice_slice_compute_used_ratio{" in body
+    # the compute controller looks only at slices with processes (docs/daemon.md, "Scale"): this one
+    # has none, so it has no compute series yet (test_compute checks them for slices that run)
+    time.sleep(0.3)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "gpuslice_slice_compute_target_ratio{" not in body
     out = subprocess.run(
         [sys.executable, "-m", "gpuslice.cli", "status", "--socket", str(d.socket)], capture_output=True, text=True
     )
