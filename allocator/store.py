@@ -139,6 +139,10 @@ class SliceStore:
             # NORMAL in WAL mode: a commit survives kill -9 of the daemon (the OS has it);
             # only power loss can drop the last commits, and then every container is gone too.
             self._db.execute("PRAGMA synchronous=NORMAL")
+            # a checkpoint every 256 pages (1 MiB) and the log cut back to that size after it: the
+            # ledger stays about a megabyte on disk, whatever the churn (4 MiB and more by default)
+            self._db.execute("PRAGMA wal_autocheckpoint=256")
+            self._db.execute("PRAGMA journal_size_limit=1048576")
             self._db.execute("PRAGMA foreign_keys=ON")
             checked = self._db.execute("PRAGMA quick_check").fetchone()[0]
             if checked != "ok":
