@@ -132,12 +132,11 @@ class SliceManager:
             rec = self.index.by_container.get(exclude) if exclude else None
             for a in rec.allocations if rec else ():  # a resize measures against everything but the slice itself
                 used[a.gpu_uuid].add(a, rec.whole, -1)  # type: ignore[union-attr]
-        zero = GpuTally()
-        return [
-            GpuCapacity(g.index, g.uuid, g.memory_total, t.memory, t.cores, t.slices, t.whole > 0)
-            for g in self.inventory.gpus
-            for t in (used.get(g.uuid, zero),)
-        ]
+        caps = []
+        for g in self.inventory.gpus:
+            t = used.get(g.uuid, GpuTally())
+            caps.append(GpuCapacity(g.index, g.uuid, g.memory_total, t.memory, t.cores, t.slices, t.whole > 0))
+        return caps
 
     # -- files -----------------------------------------------------------------------
     def _files_for(self, rec: SliceRecord) -> SliceFiles:

@@ -58,8 +58,7 @@ CREATE INDEX IF NOT EXISTS allocations_by_gpu ON allocations(gpu_uuid);
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-# SQLITE_FULL and SQLITE_IOERR (primary codes; extended I/O codes share the low byte)
-FULL_OR_IO = {13, 10} | {10 | (n << 8) for n in range(1, 40)}
+SQLITE_IOERR, SQLITE_FULL = 10, 13  # primary result codes (the low byte of extended ones)
 
 
 class StoreError(errors.FailedPrecondition):
@@ -177,8 +176,7 @@ class SliceStore:
     def _write_failed(self, e: sqlite3.OperationalError) -> Exception:
         """A change the disk cannot take is the caller's one-line error, and
         the store is as it was (rolled back); the daemon goes on."""
-        code = getattr(e, "sqlite_errorcode", None)
-        if code in FULL_OR_IO:
+        if (getattr(e, "sqlite_errorcode", 0) & 0xFF) in (SQLITE_IOERR, SQLITE_FULL):
             return errors.ResourceExhausted(
                 f"the slice store {self.path} cannot take the change ({e}); nothing was changed. "
                 "Free space on its filesystem"
@@ -225,15 +223,6 @@ class SliceStore:
             ):
                 allocs.setdefault(sid, []).append(Allocation(*a))
             return [self._record(r, tuple(allocs.get(r[0], ()))) for r in rows]
-
-    def usage_by_gpu(self) -> dict[str, tuple[int, int, int, bool]]:
-        """uuid -> (memory reserved, cores reserved, slices, held whole)."""
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT a.gpu_uuid, SUM(a.memory), SUM(a.cores), COUNT(*), MAX(s.whole) "
-                "FROM allocations a JOIN slices s ON s.id = a.slice_id GROUP BY a.gpu_uuid"
-            ).fetchall()
-        return {u: (int(m), int(c), int(n), bool(w)) for u, m, c, n, w in rows}
 
     # -- writes (call inside transaction()) ---------------------------------------
     def insert(

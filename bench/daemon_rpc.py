@@ -14,21 +14,19 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
-import shutil
 import socket
 import statistics
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import click
 
+from bench import node
 from gpuslice.cli import sim_daemon
 from gpuslice.constants import runtime_socket_beside as path_beside
 
 BUDGET_MS = 5.0
-TMPFS = Path("/dev/shm")
 
 
 def _pct(values: list[float], p: float) -> float:
@@ -144,34 +142,23 @@ def _spec(d: sim_daemon.RunningDaemon, d_dir: Path) -> Path:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="gpuslice-bench-") as tmp:
-        d_dir = Path(tmp)
-        # slice files on a tmpfs, as on a node (/run/gpuslice/ledgers): not on the disk
-        shm = Path(tempfile.mkdtemp(prefix="gpuslice-bench-", dir=TMPFS if TMPFS.is_dir() else None))
-        config = sim_daemon.write_config(
-            d_dir, [{"memory": "80Gi"}, {"memory": "80Gi"}], slice_files_dir=str(shm / "slices")
-        )
-        d = sim_daemon.start(d_dir, config)
-        try:
-            for clients, per_client in ((1, 300), (32, 20)):
-                results = run(d, clients, per_client)
-                floor = _pct(results["health Check"], 0.99)
-                click.echo(f"{clients} concurrent client process(es), {clients * per_client} sequences:")
-                for name, ms in results.items():
-                    p99 = _pct(ms, 0.99)
-                    ratios = f"   p99/floor {p99 / floor:5.2f}" if name != "health Check" else "   (the floor)"
-                    if name in ("Reserve", "Bind"):
-                        ratios += f"   p99/budget {p99 / BUDGET_MS:5.2f}"
-                    click.echo(f"  {name:<22} p50 {statistics.median(ms):7.2f} ms   p99 {p99:7.2f} ms{ratios}")
-            spec = _spec(d, d_dir)
-            for clients, per_client in ((1, 300), (32, 20)):
-                work = d_dir / f"bundles-{clients}"
-                work.mkdir()
-                results = run_runtime(d, spec, work, clients, per_client)
-                click.echo(f"runtime socket (the hook's and the shim's path), {clients} concurrent client(s):")
-                for name, ms in results.items():
-                    p99 = _pct(ms, 0.99)
-                    click.echo(f"  {name:<22} p50 {statistics.median(ms):7.2f} ms   p99 {p99:7.2f} ms")
-        finally:
-            d.kill()
-            shutil.rmtree(shm, ignore_errors=True)
+    with node([{"memory": "80Gi"}, {"memory": "80Gi"}]) as d:
+        for clients, per_client in ((1, 300), (32, 20)):
+            results = run(d, clients, per_client)
+            floor = _pct(results["health Check"], 0.99)
+            click.echo(f"{clients} concurrent client process(es), {clients * per_client} sequences:")
+            for name, ms in results.items():
+                p99 = _pct(ms, 0.99)
+                ratios = f"   p99/floor {p99 / floor:5.2f}" if name != "health Check" else "   (the floor)"
+                if name in ("Reserve", "Bind"):
+                    ratios += f"   p99/budget {p99 / BUDGET_MS:5.2f}"
+                click.echo(f"  {name:<22} p50 {statistics.median(ms):7.2f} ms   p99 {p99:7.2f} ms{ratios}")
+        spec = _spec(d, d.dir)
+        for clients, per_client in ((1, 300), (32, 20)):
+            work = d.dir / f"bundles-{clients}"
+            work.mkdir()
+            results = run_runtime(d, spec, work, clients, per_client)
+            click.echo(f"runtime socket (the hook's and the shim's path), {clients} concurrent client(s):")
+            for name, ms in results.items():
+                p99 = _pct(ms, 0.99)
+                click.echo(f"  {name:<22} p50 {statistics.median(ms):7.2f} ms   p99 {p99:7.2f} ms")

@@ -8,22 +8,20 @@ running."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import click
 
+from bench import node
 from gpuslice.cli import sim_daemon
 
 SLICES = 2000
 STATUS_BUDGET_S = 0.5
 IDLE_BUDGET = 0.02  # of one core
 IDLE_WINDOW_S = 10.0
-TMPFS = Path("/dev/shm")
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -53,36 +51,26 @@ def _status_seconds(d: sim_daemon.RunningDaemon) -> tuple[float, int]:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory(prefix="gpuslice-bench-") as tmp:
-        d_dir = Path(tmp)
-        # slice files on a tmpfs as on a node (/run); the sweeper at its default interval
-        shm = Path(tempfile.mkdtemp(prefix="gpuslice-bench-", dir=TMPFS if TMPFS.is_dir() else None))
-        config = sim_daemon.write_config(
-            d_dir, [{"memory": "80Gi"}, {"memory": "80Gi"}], slice_files_dir=str(shm / "slices"), sweep_interval=5.0
+    # the sweeper at its default interval
+    with node([{"memory": "80Gi"}, {"memory": "80Gi"}], sweep_interval=5.0) as d:
+        took = _reserve_all(d)
+        first, last = 500 / sum(took[:500]), 500 / sum(took[-500:])
+        click.echo(f"Reserve+Bind, slices 1-500:     {first:7.0f} /s")
+        click.echo(f"Reserve+Bind, slices 1501-2000: {last:7.0f} /s   last/first {last / first:.2f}")
+        with d.client() as c:
+            t0 = time.perf_counter()
+            listed = len(c.list())
+            list_s = time.perf_counter() - t0
+        status_s, lines = _status_seconds(d)
+        click.echo(f"List RPC at {listed} slices:       {list_s * 1e3:7.0f} ms")
+        click.echo(
+            f"gpuslice status at {listed}:      {status_s * 1e3:7.0f} ms   ({lines} lines)   "
+            f"/budget {status_s / STATUS_BUDGET_S:.2f}"
         )
-        d = sim_daemon.start(d_dir, config)
-        try:
-            took = _reserve_all(d)
-            first, last = 500 / sum(took[:500]), 500 / sum(took[-500:])
-            click.echo(f"Reserve+Bind, slices 1-500:     {first:7.0f} /s")
-            click.echo(f"Reserve+Bind, slices 1501-2000: {last:7.0f} /s   last/first {last / first:.2f}")
-            with d.client() as c:
-                t0 = time.perf_counter()
-                listed = len(c.list())
-                list_s = time.perf_counter() - t0
-            status_s, lines = _status_seconds(d)
-            click.echo(f"List RPC at {listed} slices:       {list_s * 1e3:7.0f} ms")
-            click.echo(
-                f"gpuslice status at {listed}:      {status_s * 1e3:7.0f} ms   ({lines} lines)   "
-                f"/budget {status_s / STATUS_BUDGET_S:.2f}"
-            )
-            time.sleep(1.0)  # the last calls' work is done
-            cpu0, t0 = _cpu_seconds(d.proc.pid), time.monotonic()
-            time.sleep(IDLE_WINDOW_S)
-            idle = (_cpu_seconds(d.proc.pid) - cpu0) / (time.monotonic() - t0)
-            click.echo(
-                f"idle daemon CPU at {listed} slices: {idle * 100:5.2f} % of a core   /budget {idle / IDLE_BUDGET:.2f}"
-            )
-        finally:
-            d.kill()
-            shutil.rmtree(shm, ignore_errors=True)
+        time.sleep(1.0)  # the last calls' work is done
+        cpu0, t0 = _cpu_seconds(d.proc.pid), time.monotonic()
+        time.sleep(IDLE_WINDOW_S)
+        idle = (_cpu_seconds(d.proc.pid) - cpu0) / (time.monotonic() - t0)
+        click.echo(
+            f"idle daemon CPU at {listed} slices: {idle * 100:5.2f} % of a core   /budget {idle / IDLE_BUDGET:.2f}"
+        )

@@ -17,13 +17,19 @@ import time
 from gpuslice.allocator.slice_files import constant, ffi_and_lib
 
 
+def attach_request() -> bytes:
+    """What the interposer sends first: ATTACH (gpuslice_slice.h)."""
+    return struct.pack(
+        "=IHH", constant("GPUSLICE_REQUEST_MAGIC"), constant("GPUSLICE_SLICE_VERSION"), constant("GPUSLICE_OP_ATTACH")
+    )
+
+
 def main() -> None:
     path, charge = sys.argv[1], int(sys.argv[2])
     ffi, lib = ffi_and_lib()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(path)
-    s.sendall(struct.pack("=IHH", constant("GPUSLICE_REQUEST_MAGIC"), constant("GPUSLICE_SLICE_VERSION"),
-                          constant("GPUSLICE_OP_ATTACH")))  # fmt: skip
+    s.sendall(attach_request())
     size = ffi.sizeof("struct gpuslice_reply")
     data, fds, _flags, _addr = socket.recv_fds(s, size, 2)
     reply = ffi.from_buffer("struct gpuslice_reply *", bytearray(data))

@@ -19,6 +19,7 @@ import pytest
 from gpuslice import constants
 from gpuslice.cli import sim_daemon
 from gpuslice.paths import native_dir
+from tests.clients.slice_client import attach_request
 from tests.conftest import gpu, needs_root, oci_bundle
 from tests.integration.test_slice_socket import read_reply, run_client
 
@@ -43,16 +44,23 @@ def silent_connections(path: Path, count: int, uid: int = NOBODY) -> subprocess.
     return proc
 
 
+def container_with_slice(daemon, containers, name: str):  # type: ignore[no-untyped-def]
+    """A daemon, a container bound to a 1 GiB slice named `name`, the daemon's
+    client; the slice socket's directory open to other uids."""
+    d = daemon()
+    box = containers()
+    c = d.client()
+    c.reserve(name, {"gpuslice.io/memory": "1Gi"})
+    c.bind(name, box.init_pid)
+    os.chmod(d.slice_socket.parent, 0o755)
+    return d, box, c
+
+
 @needs_root
 def test_silent_clients_of_another_uid_do_not_delay_an_attach(daemon, containers):
     """S2: 20 silent connections from uid 65534 held another process's attach
     for 40 s when the socket served one client at a time."""
-    d = daemon()
-    box = containers()
-    c = d.client()
-    c.reserve("web", {"gpuslice.io/memory": "1Gi"})
-    c.bind("web", box.init_pid)
-    os.chmod(d.slice_socket.parent, 0o755)
+    d, box, _ = container_with_slice(daemon, containers, "web")
     squatters = silent_connections(d.slice_socket, 20)
     try:
         started = time.monotonic()
@@ -371,19 +379,8 @@ def test_a_reused_pid_does_not_get_another_containers_slice(daemon, containers):
     process of container B before the daemon served the connection; the
     daemon read the pid from SO_PEERCRED and /proc only then, and handed B's
     limits fd and read-write usage fd to the outsider."""
-    import struct
-
-    from gpuslice.allocator.slice_files import constant
-
-    d = daemon()
-    box = containers()
-    c = d.client()
-    c.reserve("b", {"gpuslice.io/memory": "1Gi"})
-    c.bind("b", box.init_pid)
-    os.chmod(d.slice_socket.parent, 0o755)
-    attach = struct.pack(
-        "=IHH", constant("GPUSLICE_REQUEST_MAGIC"), constant("GPUSLICE_SLICE_VERSION"), constant("GPUSLICE_OP_ATTACH")
-    )
+    d, box, c = container_with_slice(daemon, containers, "b")
+    attach = attach_request()
     for _attempt in range(5):  # another process on the host may take the pid first: try again
         attacker = subprocess.Popen(
             [sys.executable, "-c", REUSE_ATTACKER, str(d.slice_socket.parent), d.slice_socket.name, attach.hex()],
