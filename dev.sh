@@ -17,7 +17,7 @@ APT_PACKAGES=(gcc make binutils libc6-dev libyaml-dev python3 python3-venv pytho
 # container runtimes for the end-to-end tests: installed when root; without
 # them (as a normal user) those tests skip with a reason
 RUNTIME_PACKAGES=(podman runc containerd docker.io busybox-static
-    dpkg-dev lintian rpm rpmlint
+    dpkg-dev lintian rpm rpmlint debootstrap
     python3-click python3-yaml python3-cffi python3-jsonschema python3-prometheus-client python3-tomli-w libyaml-0-2)
 
 wanted=("${APT_PACKAGES[@]}")

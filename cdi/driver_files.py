@@ -15,6 +15,17 @@ from gpuslice.paths import native_dir
 
 LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "lib64", "usr/lib", "lib")
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
+# files a driver install or upgrade writes, which gpuslice-cdi.path watches
+# (packaging/systemd; a unit test holds the two lists together)
+WATCHED = (
+    "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+    "usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "usr/lib/aarch64-linux-gnu/libnvidia-ml.so.1",
+    "usr/lib/aarch64-linux-gnu/libcuda.so.1",
+    "usr/lib64/libnvidia-ml.so.1",
+    "usr/lib64/libcuda.so.1",
+    "usr/bin/nvidia-smi",
+)
 # libraries every container image brings itself
 BASE_LIBS = re.compile(r"^(libc|libm|libdl|libpthread|librt|ld-linux[-\w]*)\.so")
 
@@ -30,6 +41,21 @@ class DriverFiles:
     extra_libs: tuple[Path, ...] = ()  # what the libraries need beyond a base image (the simulator's libyaml)
     nvidia_smi: Path | None = None
     control_nodes: tuple[str, ...] = ()  # container paths of /dev/nvidiactl, ... that the host has
+
+
+def watched_state(root: Path) -> tuple[tuple[int, int, int] | None, ...]:
+    """What the watched files are now (inode, mtime, size; None where absent): a
+    driver install writes them one after another, and a change while the spec is
+    made would otherwise be lost (systemd drops a path event while its unit runs)."""
+    state: list[tuple[int, int, int] | None] = []
+    for rel in WATCHED:
+        try:
+            st = (root / rel).stat()
+        except OSError:
+            state.append(None)
+        else:
+            state.append((st.st_ino, st.st_mtime_ns, st.st_size))
+    return tuple(state)
 
 
 def _find_lib(root: Path, stem: str, version: str) -> Path:

@@ -7,14 +7,22 @@ import json
 import os
 import sys
 from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from gpuslice import __version__, constants, errors, paths, sim
 
+if TYPE_CHECKING:
+    from gpuslice.cdi.generate import Options
+
 # exit statuses (docs/daemon.md): 1 an error, 2 a bad configuration or request,
 # 3 no usable NVIDIA driver (NVML cannot be loaded): systemd does not restart on it
 EXIT_NO_DRIVER = 3
+# `cdi generate` reads the driver again when its files changed meanwhile, at most this often
+CDI_REREAD_ENV = "GPUSLICE_CDI_REREAD"
+CDI_REREADS = 5
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -137,11 +145,8 @@ def cdi_generate(
     driver, driver_root, output, hook_path, daemon_socket, slice_dir, sim_config, sim_state_dir, to_stdout
 ):
     """Discover the GPUs and the driver's files and write the CDI spec."""
-    from pathlib import Path
-
-    from gpuslice import inventory
+    from gpuslice.cdi import driver_files
     from gpuslice.cdi import generate as gen
-    from gpuslice.cdi import spec as cdi_spec
 
     if driver == "sim":
         for env, value in ((sim.CONFIG_ENV, sim_config), (sim.STATE_DIR_ENV, sim_state_dir)):
@@ -150,6 +155,25 @@ def cdi_generate(
         sim.activate()
     hook_path = hook_path or str(paths.executable("gpuslice-hook"))
     opts = gen.Options(driver, Path(driver_root), hook_path, daemon_socket, slice_dir, sim_config, sim_state_dir)
+    watch = driver == "nvidia" and not to_stdout
+    before = driver_files.watched_state(opts.driver_root) if watch else ()
+    try:
+        _write_spec(opts, Path(output), to_stdout)
+    finally:
+        # the driver's files changed while they were read (an install in progress):
+        # read them again in a fresh process, whose NVML is the new one
+        rounds = int(os.environ.get(CDI_REREAD_ENV, "0"))
+        if watch and rounds < CDI_REREADS and driver_files.watched_state(opts.driver_root) != before:
+            click.echo("gpuslice: the driver's files changed while they were read; reading them again", err=True)
+            os.environ[CDI_REREAD_ENV] = str(rounds + 1)
+            os.execv(sys.executable, sys.orig_argv)
+
+
+def _write_spec(opts: Options, output: Path, to_stdout: bool) -> None:
+    from gpuslice import inventory
+    from gpuslice.cdi import generate as gen
+    from gpuslice.cdi import spec as cdi_spec
+
     try:
         inv = inventory.read()
     except inventory.NoDriver as e:
@@ -162,7 +186,7 @@ def cdi_generate(
             cdi_spec.validate(data)
             click.echo(json.dumps(data, indent=2))
         else:
-            cdi_spec.write(spec, Path(output))
+            cdi_spec.write(spec, output)
             click.echo(f"wrote {output}: {len(spec.devices)} devices, cdiVersion {spec.to_dict()['cdiVersion']}")
     except errors.GpusliceError as e:
         raise click.ClickException(str(e)) from e
@@ -181,8 +205,6 @@ def cdi_list() -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 def cdi_validate(file: str) -> None:
     """Check a CDI spec (JSON or YAML): schema, names, and the cdiVersion its fields need."""
-    from pathlib import Path
-
     from gpuslice.cdi import spec as cdi_spec
 
     try:
@@ -194,8 +216,6 @@ def cdi_validate(file: str) -> None:
 
 
 def _install(target: str, ctx_args: dict, dry_run: bool) -> None:
-    from pathlib import Path
-
     from gpuslice import install as installer
 
     version = ctx_args.pop("runtime_version", None)

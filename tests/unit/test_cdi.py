@@ -189,3 +189,22 @@ def test_registry_skips_broken_files_and_rereads_changed_ones(tmp_path):
     assert list(reg.devices("example.com/card")) == ["a"]
     _spec_file(run / "card.json", {"a": "2", "bb": "2"})  # a new size: seen without a restart
     assert reg.devices("example.com/card")["a"].device.edits.env == ("WHO=2",)
+
+
+def test_the_path_unit_watches_the_files_whose_changes_make_the_spec_read_again(tmp_path):
+    from gpuslice.cdi import driver_files
+
+    unit = (Path(__file__).parents[2] / "packaging/systemd/gpuslice-cdi.path").read_text()
+    watched = [line.split("=", 1)[1].lstrip("/") for line in unit.splitlines() if line.startswith("PathChanged=")]
+    assert watched == list(driver_files.WATCHED)
+    before = driver_files.watched_state(tmp_path)
+    assert before == (None,) * len(watched)
+    lib = tmp_path / watched[0]
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"v1")
+    installed = driver_files.watched_state(tmp_path)
+    assert installed != before and installed[0] is not None
+    replacement = lib.with_name(lib.name + ".dpkg-new")
+    replacement.write_bytes(b"v2")
+    replacement.rename(lib)  # an upgrade: a new inode in place
+    assert driver_files.watched_state(tmp_path) not in (before, installed)

@@ -1,0 +1,264 @@
+"""The .deb under a real systemd: a Debian 12 root filesystem (debootstrap)
+booted with systemd as PID 1 in a container, the package installed before any
+NVIDIA driver, the (simulated) driver installed and upgraded afterwards, the
+daemon restarted and killed, then the package removed and purged.
+
+The steps run in order against one booted system: each starts from the state
+the previous one left, as on a node being provisioned."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuslice.paths import native_dir
+from tests.harness import REPO
+
+PODMAN = ["podman", "--runtime", "runc"]
+ROOTFS_CACHE = REPO / "build" / "systemd-rootfs"
+SPEC = "/var/run/cdi/gpuslice.json"
+LIBDIR = "/usr/lib/x86_64-linux-gnu"
+UNITS = ("gpuslice-daemon.service", "gpuslice-cdi.service", "gpuslice-cdi.path")
+# the package's own Python, for a client of the daemon inside the booted system
+CLIENT = "import sys; sys.path.insert(0, '/usr/lib/gpuslice/python'); from gpuslice.client import AllocatorClient; "
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("debootstrap", "podman", "runc", "dpkg-deb")),
+    reason="needs root, debootstrap, podman, runc and dpkg-dev (./dev.sh installs them as root)",
+)
+
+
+def _build_module():
+    spec = importlib.util.spec_from_file_location("gpuslice_packaging_build", REPO / "packaging" / "build.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _rootfs_packages() -> list[str]:
+    """systemd, and what the .deb depends on. debootstrap resolves no alternatives
+    and misses python3-cffi's python3-ply."""
+    depends = [d.split()[0] for d in _build_module().DEB_DEPENDS]
+    return sorted({"systemd", "systemd-sysv", "dbus", "python3-ply", *depends})
+
+
+@pytest.fixture(scope="module")
+def rootfs() -> Path:
+    """A minimal Debian 12 with systemd, made once and reused while the package
+    list is the same (the boot runs on an overlay of it, so it stays pristine)."""
+    packages = ",".join(_rootfs_packages())
+    stamp = ROOTFS_CACHE / ".gpuslice-packages"
+    if stamp.is_file() and stamp.read_text() == packages:
+        return ROOTFS_CACHE
+    shutil.rmtree(ROOTFS_CACHE, ignore_errors=True)
+    partial = ROOTFS_CACHE.with_name(ROOTFS_CACHE.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    r = subprocess.run(["debootstrap", "--variant=minbase", f"--include={packages}", "bookworm", str(partial),
+                        "http://deb.debian.org/debian"], capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    (partial / ".gpuslice-packages").write_text(packages)
+    partial.rename(ROOTFS_CACHE)
+    return ROOTFS_CACHE
+
+
+@pytest.fixture(scope="module")
+def deb(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("deb")
+    r = subprocess.run([sys.executable, str(REPO / "packaging/build.py"), "deb", str(out)], capture_output=True,
+                       text=True, timeout=600)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+class Booted:
+    """A container whose PID 1 is systemd."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def sh(self, script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*PODMAN, "exec", self.name, "sh", "-c", script], capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+
+    def ok(self, script: str, timeout: float = 60) -> str:
+        r = self.sh(script, timeout)
+        assert r.returncode == 0, f"{script}: rc {r.returncode}\n{r.stdout}{r.stderr}"
+        return r.stdout
+
+    def cp(self, src: Path, dest: str) -> None:
+        subprocess.run([*PODMAN, "cp", str(src), f"{self.name}:{dest}"], check=True, capture_output=True)
+
+    def prop(self, unit: str, name: str) -> str:
+        return self.ok(f"systemctl show -P {name} {unit}").strip()
+
+    def python(self, code: str) -> str:
+        return self.ok(f'/usr/bin/python3 -I -c "{CLIENT}{code}"')
+
+    def journal(self, unit: str) -> str:
+        return self.ok(f"journalctl -q --no-pager -o cat -u {unit}")
+
+    def paths(self) -> set[str]:
+        """Every path of the system outside the kernel's and the runtime's own."""
+        out = self.ok("find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /var/log/journal \\) -prune "
+                      "-o -print", timeout=120)  # fmt: skip
+        return set(out.splitlines())
+
+
+def wait_for(what: str, check: Callable[[], bool], seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        time.sleep(0.25)
+
+
+@pytest.fixture(scope="module")
+def node(rootfs: Path) -> Iterator[Booted]:
+    name = f"gpuslice-systemd-{os.getpid()}"
+    r = subprocess.run([*PODMAN, "run", "-d", "--name", name, "--systemd=always", "--privileged", "--network", "none",
+                        "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--rootfs", f"{rootfs}:O",
+                        "/sbin/init"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    booted = Booted(name)
+    try:
+        # systemd answers once its bus is up
+        wait_for("systemd", lambda: booted.sh("systemctl is-system-running --wait", timeout=120).stdout.strip()
+                 in ("running", "degraded"), seconds=120)  # fmt: skip
+        assert booted.ok("systemctl is-system-running").strip() == "running", booted.ok("systemctl --failed")
+        yield booted
+    finally:
+        subprocess.run([*PODMAN, "rm", "-f", "-t", "0", name], capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def before_install(node: Booted) -> set[str]:
+    return node.paths()
+
+
+def sim_driver_files(version: str, gpus: int) -> dict[str, Path | str]:
+    """What a driver package writes, simulated: its two libraries and, beside
+    them, the simulator's description of the machine (its GPUs, its version)."""
+    import yaml
+
+    config = yaml.safe_load((REPO / "libcuda_wrap/sim/gpuslice-sim.yaml").read_text())
+    config["driver_version"] = version
+    config["gpus"] = [dict(config["gpus"][0], uuid=f"GPU-5e1c0a1d-{i:04d}-4000-8000-{i:012d}",
+                           pci_bus_id=f"00000000:{7 + 8 * i:02X}:00.0") for i in range(gpus)]  # fmt: skip
+    config["topology"] = []
+    return {"gpuslice-sim.yaml": yaml.safe_dump(config), "libnvidia-ml.so.1": native_dir() / "sim/libnvidia-ml.so.1",
+            "libcuda.so.1": native_dir() / "sim/libcuda.so.1"}  # fmt: skip
+
+
+def install_driver(node: Booted, tmp: Path, version: str, gpus: int) -> None:
+    """Config first, libraries last: the libraries are what the path unit watches."""
+    for name, content in sim_driver_files(version, gpus).items():
+        src = tmp / name
+        if isinstance(content, str):
+            src.write_text(content)
+        else:
+            shutil.copy2(content, src)
+        # a new file renamed into place, as dpkg does
+        node.cp(src, f"{LIBDIR}/{name}.dpkg-new")
+        node.ok(f"mv -f {LIBDIR}/{name}.dpkg-new {LIBDIR}/{name}")
+
+
+def spec_devices(node: Booted) -> list[str]:
+    """The spec's devices by index, and "all" (each GPU is also named by its UUID)."""
+    r = node.sh(f"cat {SPEC}")
+    names = [d["name"] for d in json.loads(r.stdout)["devices"]] if r.returncode == 0 else []
+    return sorted(n for n in names if not n.startswith("GPU-"))
+
+
+def test_installed_before_the_driver_the_units_wait_for_it(node: Booted, deb: Path, before_install: set[str]):
+    node.cp(deb, "/tmp/gpuslice.deb")
+    out = node.ok("dpkg -i /tmp/gpuslice.deb 2>&1", timeout=180)
+    assert "no CDI spec generated (no NVIDIA driver yet)" in out
+    for unit in UNITS:
+        assert node.prop(unit, "UnitFileState") == "enabled", unit
+    assert node.prop("gpuslice-cdi.path", "ActiveState") == "active"
+    time.sleep(6)  # three of the daemon's RestartSec: a restart loop would show here
+    assert node.prop("gpuslice-daemon.service", "NRestarts") == "0"
+    assert node.prop("gpuslice-daemon.service", "ExecMainStatus") == "3"
+    # no driver yet is not a failure: nothing failed, no start limit was reached
+    assert node.ok("systemctl --failed --no-legend --plain").strip() == ""
+    assert node.prop("gpuslice-cdi.path", "ActiveState") == "active"
+    journal = node.journal("gpuslice-daemon.service")
+    assert "gpuslice daemon: cannot read the GPUs through NVML" in journal and "Traceback" not in journal, journal
+    r = node.sh("gpuslice cdi generate")
+    assert r.returncode == 3 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "no CDI spec written" in r.stderr and "Traceback" not in r.stderr
+    assert node.sh(f"test -e {SPEC}").returncode == 1
+
+
+def test_the_driver_appearing_writes_the_spec_and_starts_the_daemon(node: Booted, tmp_path: Path):
+    install_driver(node, tmp_path, "580.95.05", gpus=2)
+    wait_for("the CDI spec", lambda: spec_devices(node) == ["0", "1", "all"])
+    wait_for("the daemon", lambda: node.prop("gpuslice-daemon.service", "ActiveState") == "active")
+    wait_for("the daemon's socket", lambda: node.sh("test -S /run/gpuslice/gpuslice.sock").returncode == 0)
+    status = node.ok("gpuslice status")
+    assert status.count("0 B / 40.0 GiB") == 2, status
+    assert node.prop("gpuslice-cdi.path", "ActiveState") == "active"
+    assert node.ok("systemctl is-system-running").strip() == "running"
+
+
+def slice_of(node: Booted, container: str) -> list[int]:
+    """The slice's memory limit on each of its GPUs."""
+    out = node.python(f"print(*(g.memory_limit for g in AllocatorClient().get('{container}').gpus))")
+    return [int(m) for m in out.split()]
+
+
+def test_slices_outlive_a_restart_and_a_kill(node: Booted):
+    node.python("AllocatorClient().reserve('ctr-systemd', {'gpuslice.io/memory': '3Gi', 'gpuslice.io/gpus': '2'})")
+    assert slice_of(node, "ctr-systemd") == [3 << 30, 3 << 30]
+    before = node.prop("gpuslice-daemon.service", "MainPID")
+    node.ok("systemctl restart gpuslice-daemon.service")
+    wait_for("the daemon's socket", lambda: node.sh("test -S /run/gpuslice/gpuslice.sock").returncode == 0)
+    assert node.prop("gpuslice-daemon.service", "MainPID") != before
+    assert slice_of(node, "ctr-systemd") == [3 << 30, 3 << 30]
+
+    killed = node.prop("gpuslice-daemon.service", "MainPID")
+    node.ok("systemctl kill -s KILL gpuslice-daemon.service")
+    wait_for("the daemon's restart", lambda: node.prop("gpuslice-daemon.service", "MainPID") not in ("0", killed))
+    wait_for("the daemon", lambda: node.sh("gpuslice status >/dev/null 2>&1").returncode == 0)
+    assert node.prop("gpuslice-daemon.service", "NRestarts") == "1"
+    assert slice_of(node, "ctr-systemd") == [3 << 30, 3 << 30]
+    assert "ctr-systemd" in node.ok("gpuslice status")
+
+
+def test_a_driver_upgrade_regenerates_the_spec(node: Booted, tmp_path: Path):
+    before = node.ok(f"stat -c %Y.%N {SPEC}")
+    install_driver(node, tmp_path, "580.105.08", gpus=3)
+    wait_for("the regenerated CDI spec", lambda: spec_devices(node) == ["0", "1", "2", "all"])
+    assert node.ok(f"stat -c %Y.%N {SPEC}") != before
+    assert node.ok("systemctl --failed --no-legend --plain").strip() == ""
+
+
+def test_remove_then_purge_leave_nothing(node: Booted, before_install: set[str]):
+    owned = set(node.ok("dpkg -L gpuslice").splitlines())
+    conffiles = {line.split()[0] for line in node.ok("dpkg-query -W -f='${Conffiles}' gpuslice").splitlines() if line}
+    assert conffiles == {"/etc/gpuslice/daemon.yaml"}
+    node.ok("dpkg -r gpuslice", timeout=120)
+    left = node.paths()
+    kept = conffiles | {str(Path(c).parent) for c in conffiles}  # an admin's configuration, until purge
+    assert {p for p in owned - before_install if p in left} == kept
+    assert "gpuslice" not in node.ok("cat /proc/[0-9]*/cmdline | tr '\\0' ' '")  # no procps in this system
+    assert node.ok("systemctl list-units --all --no-legend --plain 'gpuslice*'").strip() == ""
+
+    node.ok("dpkg --purge gpuslice", timeout=120)
+    assert not (owned - before_install) & node.paths()
+    # state the package made at run time (/run is another filesystem: not in paths())
+    for made in ("/var/lib/gpuslice", "/run/gpuslice", "/etc/gpuslice", SPEC):
+        assert node.sh(f"test -e {made}").returncode == 1, made
+    # (it exits 1 when nothing matches)
+    assert node.sh("systemctl list-unit-files --no-legend --plain 'gpuslice*'").stdout.strip() == ""
+    assert node.ok("systemctl --failed --no-legend --plain").strip() == ""
