@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -24,6 +25,8 @@ from gpuslice.paths import native_dir
 from tests.harness import REPO
 
 PODMAN = ["podman", "--runtime", "runc"]
+# the most open files a container may have here (podman cannot give more than its own hard limit)
+NOFILE_HARD = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 ROOTFS_CACHE = REPO / "build" / "systemd-rootfs"
 SPEC = "/var/run/cdi/gpuslice.json"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
@@ -125,9 +128,10 @@ def wait_for(what: str, check: Callable[[], bool], seconds: float = 30) -> None:
 @pytest.fixture(scope="module")
 def node(rootfs: Path) -> Iterator[Booted]:
     name = f"gpuslice-systemd-{os.getpid()}"
-    r = subprocess.run([*PODMAN, "run", "-d", "--name", name, "--systemd=always", "--privileged", "--network", "none",
-                        "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024", "--rootfs", f"{rootfs}:O",
-                        "/sbin/init"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    argv = [*PODMAN, "run", "-d", "--name", name, "--systemd=always", "--privileged", "--network", "none",
+            "--ulimit", f"nofile=1024:{NOFILE_HARD}", "--ulimit", "nproc=1024:1024", "--rootfs", f"{rootfs}:O",
+            "/sbin/init"]  # fmt: skip
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     booted = Booted(name)
     try:
@@ -207,6 +211,11 @@ def test_the_driver_appearing_writes_the_spec_and_starts_the_daemon(node: Booted
     wait_for("the daemon's socket", lambda: node.sh("test -S /run/gpuslice/gpuslice.sock").returncode == 0)
     status = node.ok("gpuslice status")
     assert status.count("0 B / 40.0 GiB") == 2, status
+    pid = node.prop("gpuslice-daemon.service", "MainPID")
+    soft, hard = node.ok(f"grep 'Max open files' /proc/{pid}/limits").split()[3:5]
+    # LimitNOFILE=65536 (a pidfd per watched process), as far as this machine lets a
+    # container go (systemd's default soft limit would be 1024)
+    assert int(soft) == int(hard) == min(65536, NOFILE_HARD), (soft, hard)
     assert node.prop("gpuslice-cdi.path", "ActiveState") == "active"
     assert node.ok("systemctl is-system-running").strip() == "running"
 
