@@ -247,6 +247,41 @@ def _install(target: str, ctx_args: dict, dry_run: bool) -> None:
         click.echo(f"{'removed' if c.after is None else 'wrote'} {c.path}")
 
 
+@main.command("selftest")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="the daemon's config (YAML)")
+@click.option("--cdi-spec", type=click.Path(dir_okay=False), help="the spec to check (default: the one CDI resolves)")
+@click.option("--memory", default="1Gi", show_default=True, help="each GPU's temporary slice")
+@click.option("--seconds", type=click.FloatRange(1, 600), default=10.0, show_default=True,
+              help="how long the compute shares are measured")  # fmt: skip
+@click.option("--gpu", "gpus", type=click.IntRange(0), multiple=True, help="only this GPU (repeatable)")
+@click.option("--no-shares", is_flag=True, help="skip the compute-share measurement")
+@click.option("--json", "as_json", is_flag=True, help="print JSON")
+def selftest_cmd(config_path, cdi_spec, memory, seconds, gpus, no_shares, as_json):
+    """Check this node (root): the driver, the CDI spec, the daemon, then in
+    temporary slices on each GPU the interposer over the driver: memory limits
+    on every allocation path, the slice's view, SIGKILL, cuGetProcAddress,
+    compute shares and the launch gate's cost. Exit 0 only if all pass."""
+    from gpuslice.allocator import config as daemon_config
+    from gpuslice.cli import selftest as st
+    from gpuslice.cli.selftest_report import all_passed, render
+    from gpuslice.cli.selftest_report import as_json as report_json
+    from gpuslice.units import parse_bytes
+
+    try:
+        cfg = daemon_config.load(config_path)
+        limit = parse_bytes(memory)
+    except (errors.InvalidArgument, ValueError) as e:
+        click.echo(f"gpuslice selftest: {' '.join(str(e).split())}", err=True)
+        sys.exit(2)
+    if limit < 256 << 20 or limit % (64 << 20):
+        click.echo(f"gpuslice selftest: --memory {memory}: a multiple of 64Mi, at least 256Mi", err=True)
+        sys.exit(2)
+    opts = st.Options(cfg, Path(cdi_spec) if cdi_spec else None, limit, seconds, tuple(gpus), not no_shares)
+    checks = st.run(opts)
+    click.echo(json.dumps(report_json(checks), indent=2) if as_json else render(checks))
+    sys.exit(0 if all_passed(checks) else 1)
+
+
 _TARGETS = click.Choice(["containerd", "crio", "podman", "docker"])
 _RUNTIME_BINARY = click.option(
     "--runtime-binary", "binary", default="", help="the runtime to ask its version (default: containerd, dockerd)"

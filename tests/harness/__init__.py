@@ -17,10 +17,12 @@ from referencing.jsonschema import DRAFT7
 
 from gpuslice.cli.sim_daemon import RunningDaemon
 from gpuslice.paths import native_dir
+from gpuslice.pid_namespace import PidNamespace
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_REFERENCE = REPO.parent / "shared" / "reference"  # official schemas and protos, read at test time
 CLIENTS = REPO / "tests" / "clients"
+__all__ = ["PidNamespace"]  # tests and benchmarks take it from here
 
 
 def shared_reference(part: str) -> Path:
@@ -41,31 +43,6 @@ def official_validator(part: str, schema: str) -> jsonschema.Draft7Validator:
     return jsonschema.Draft7Validator(
         json.loads((root / schema).read_text()), registry=Registry().with_resources(resources)
     )
-
-
-class PidNamespace:
-    """A process in a new pid namespace, standing for a container's init (root only)."""
-
-    def __init__(self) -> None:
-        # its own mount namespace too, as every container has
-        self.proc = subprocess.Popen(["unshare", "--pid", "--mount", "--fork", "--kill-child", "sleep", "600"])
-        deadline = time.monotonic() + 5
-        self.init_pid = 0
-        while not self.init_pid and time.monotonic() < deadline:
-            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-            self.init_pid = int(children[0]) if children else 0
-            time.sleep(0.02)
-        if not self.init_pid:
-            self.proc.kill()
-            raise RuntimeError("unshare did not start its child")
-
-    def command(self, argv: list[str]) -> list[str]:
-        """argv run inside this pid namespace."""
-        return ["nsenter", "--target", str(self.init_pid), "--pid", "--", *argv]
-
-    def stop(self) -> None:
-        self.proc.kill()
-        self.proc.wait(10)
 
 
 def interposer_env(d: RunningDaemon) -> dict[str, str]:

@@ -1,0 +1,168 @@
+"""`gpuslice selftest`, the node: the driver and its GPUs, the CDI spec against
+the driver's files, the daemon, and the runtimes `gpuslice install` configured.
+Also the layout a container gets from the spec, which the slice checks use."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pynvml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gpuslice import errors, install, inventory, sim
+from gpuslice.allocator.config import Config
+from gpuslice.cdi import driver_files
+from gpuslice.cdi import spec as cdi_spec
+from gpuslice.cdi.registry import Registry
+from gpuslice.cli.selftest_report import Check, failed
+from gpuslice.client import AllocatorClient
+from gpuslice.units import format_bytes
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a container of this node gets from the CDI spec, as host paths: its
+    environment (the interposer first on the library path, the driver's
+    libraries behind it, the slice socket) and each GPU device's own."""
+
+    env: dict[str, str]
+    device_env: dict[int, dict[str, str]] = field(default_factory=dict)
+    driver_libcuda: Path = Path()  # the driver's libcuda on the host, for runs without the interposer
+
+
+def driver(cfg: Config) -> tuple[list[Check], inventory.Inventory | None]:
+    """NVML as the daemon reads it (the driver's, or the simulator the config names)."""
+    if cfg.nvml == "sim":
+        os.environ.update(sim.environment(config=cfg.sim_config, state_dir=cfg.sim_state_dir))
+        sim.activate()
+    try:
+        inv = inventory.read()
+        pynvml.nvmlInit()  # held for the run: the share checks read NVML too
+    except (inventory.NoDriver, pynvml.NVMLError) as e:
+        return [failed("driver", "NVML answers", str(e))], None
+    cuda = f"{inv.cuda_version // 1000}.{inv.cuda_version % 1000 // 10}"
+    nvml = pynvml.nvmlSystemGetNVMLVersion()
+    nvml = nvml.decode() if isinstance(nvml, bytes) else nvml
+    gpus = "; ".join(f"{g.index}: {g.name}, {format_bytes(g.memory_total)}" for g in inv.gpus) or "none"
+    return [
+        Check("driver", "NVML answers", f"driver {inv.driver_version}, NVML {nvml}, CUDA {cuda}", True),
+        Check("GPUs", "at least one", gpus, bool(inv.gpus)),
+    ], inv
+
+
+def daemon(cfg: Config, inv: inventory.Inventory) -> Check:
+    expected = f"serving on {cfg.socket}, the same GPUs as NVML"
+    try:
+        with grpc.insecure_channel(f"unix:{cfg.socket}") as ch:
+            status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+        with AllocatorClient(cfg.socket, timeout=5) as client:
+            served = [g.uuid for g in client.inventory().gpus]
+    except grpc.RpcError as e:
+        return failed("daemon", expected, f"cannot reach it: {e.details()}")
+    serving = status == health_pb2.HealthCheckResponse.SERVING
+    same = sorted(served) == sorted(g.uuid for g in inv.gpus)
+    observed = f"{health_pb2.HealthCheckResponse.ServingStatus.Name(status)}, {len(served)} GPUs"
+    return Check("daemon", expected, observed + ("" if same else " (not NVML's)"), serving and same)
+
+
+def _spec(spec_file: Path | None) -> tuple[cdi_spec.Spec, Path]:
+    if spec_file is not None:
+        return cdi_spec.load(spec_file), spec_file
+    found = Registry().devices().get("all")
+    if found is None:
+        raise cdi_spec.SpecError(
+            "no gpuslice.io/gpu=all in /etc/cdi or /var/run/cdi (`gpuslice cdi generate` writes it)"
+        )
+    return found.spec, found.path
+
+
+def container_view(root: Path, mounts: tuple[cdi_spec.Mount, ...]) -> None:
+    """The spec's mounts as a tree of symlinks under root: root/CONTAINER_PATH
+    leads to the host file or directory mounted there, so a library path of
+    the container's, rebased on root, finds what the container would."""
+    for m in mounts:
+        link = root / m.container_path.lstrip("/")
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(m.host_path)
+
+
+def in_view(root: Path, value: str) -> str:
+    """A path of the container's environment, rebased on the view where the
+    view has it (the loader and the interposer then open the mounted files)."""
+    if not value.startswith("/"):
+        return value
+    rebased = root / value.lstrip("/")
+    known = rebased if rebased.is_symlink() or rebased.exists() else rebased.parent
+    return str(rebased) if known.is_symlink() or known.exists() else value
+
+
+def _view_env(root: Path, env: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for entry in env:
+        key, _, value = entry.partition("=")
+        parts = value.split(":") if key == "LD_LIBRARY_PATH" else [value]
+        out[key] = ":".join(in_view(root, p) for p in parts)
+    return out
+
+
+def cdi(
+    inv: inventory.Inventory, spec_file: Path | None, simulated: bool, view: Path
+) -> tuple[list[Check], Layout | None]:
+    """The spec, checked; and the containers' layout, built as a view under `view`."""
+    expected = "valid; a device per GPU (index, UUID) and all"
+    try:
+        spec, where = _spec(spec_file)
+    except cdi_spec.SpecError as e:
+        return [failed("CDI spec", expected, str(e).splitlines()[0])], None
+    names = {d.name for d in spec.devices}
+    missing = sorted(({"all"} | {str(g.index) for g in inv.gpus} | {g.uuid for g in inv.gpus}) - names)
+    observed = f"{where}: {len(names)} devices" + (f", missing {missing}" if missing else "")
+    checks = [Check("CDI spec", expected, observed, not missing)]
+    mounts = spec.edits.mounts
+    container_view(view, mounts)
+    layout = Layout(
+        _view_env(view, spec.edits.env),
+        {g.index: _view_env(view, spec.device(str(g.index)).edits.env) for g in inv.gpus if str(g.index) in names},
+    )
+    expected = "its host files exist; its driver library is the driver's"
+    try:
+        files = driver_files.simulated() if simulated else driver_files.nvidia(Path("/"), inv.driver_version)
+    except errors.GpusliceError as e:
+        return [*checks, failed("CDI spec matches the driver", expected, str(e))], None
+    absent = [m.host_path for m in mounts if not Path(m.host_path).exists()]
+    given = Path(layout.env.get("GPUSLICE_REAL_LIBCUDA", "(none)"))
+    same = given.exists() and given.resolve() == files.libcuda.resolve()
+    observed = f"{len(mounts) - len(absent)} of {len(mounts)} mounts present; libcuda {given.resolve()}"
+    if absent:
+        observed += f"; absent: {', '.join(absent)}"
+    checks.append(Check("CDI spec matches the driver", expected, observed, same and not absent))
+    return checks, Layout(layout.env, layout.device_env, files.libcuda)
+
+
+def runtimes(root: Path = Path("/")) -> Check:
+    """Each runtime `gpuslice install` configured still holds what it wrote."""
+    expected = "each configured runtime as installed"
+    configured, changed = [], []
+    for target in install.TARGETS:
+        manifest = root / install.MANIFEST_DIR / f"{target}.json"
+        if not manifest.is_file():
+            continue
+        configured.append(target)
+        try:
+            wrote = json.loads(manifest.read_text())["wrote"]
+        except (OSError, ValueError, KeyError) as e:
+            changed.append(f"{target} (manifest unreadable: {e})")
+            continue
+        for path, content in wrote.items():
+            current = Path(path).read_text() if Path(path).is_file() else None
+            if current != content:
+                changed.append(f"{target}: {path}")
+    if not configured:
+        return Check("runtimes", expected, "none configured (runtimes that read CDI specs need none)", None)
+    observed = ", ".join(configured) + (f"; changed since: {'; '.join(changed)}" if changed else "")
+    return Check("runtimes", expected, observed, not changed)

@@ -1,0 +1,259 @@
+"""`gpuslice selftest`, in slices: temporary slices on each GPU, bound to
+processes in their own pid namespace as a container's would be, running
+gpuslice-selftest-worker through the interposer in the layout the CDI spec
+gives containers. Every slice is released at the end, whatever happens."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pynvml
+
+from gpuslice import request
+from gpuslice.cli.selftest_node import Layout
+from gpuslice.cli.selftest_report import Check, failed
+from gpuslice.client import AllocatorClient
+from gpuslice.inventory import Gpu
+from gpuslice.paths import native_dir
+from gpuslice.pid_namespace import PidNamespace
+from gpuslice.units import format_bytes
+
+WORKER = "gpuslice-selftest-worker"
+PATHS = ("mem", "managed", "pitch", "async", "pool", "vmm", "array", "array3d", "mipmap")
+CHUNK = 64 << 20
+KILL_GIVES_BACK_S = 1.0
+SHARES = (30, 70)
+SHARE_TOLERANCE = 3.0  # percentage points
+SETTLE_S = 3.0  # the controller's budgets settle before the shares are measured
+LAUNCH_BUDGET_NS = 20.0  # DESIGN: an intercepted launch under budget adds at most this
+SPIN_GRID, SPIN_CYCLES = 2640, 100_000  # about 10 waves of ~60 us on a large GPU; the simulator models its own
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+@dataclass
+class Box:
+    """A pid namespace bound to a slice, and how to run the worker in it."""
+
+    name: str  # the slice's container ID
+    ns: PidNamespace
+    env: dict[str, str]
+    uuid: str
+
+    def argv(self, *args: str) -> list[str]:
+        return self.ns.command([str(native_dir() / "tools" / WORKER), self.uuid, *args])
+
+    def run(self, *args: str, timeout: float = 120, env: dict[str, str] | None = None) -> dict:
+        r = subprocess.run(self.argv(*args), env=env or self.env, capture_output=True, text=True, timeout=timeout)
+        return _reply(r.stdout, r.stderr, args[0])
+
+    def start(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self.argv(*args), env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+
+
+def _reply(stdout: str, stderr: str, what: str) -> dict:
+    lines = stdout.strip().splitlines()
+    try:
+        out = json.loads(lines[-1]) if lines else {"error": stderr.strip()[-300:] or "no output"}
+    except ValueError:
+        out = {"error": lines[-1][-300:]}
+    if "error" in out:
+        raise WorkerError(f"{what}: {out['error']}")
+    return out
+
+
+def worker_pid(proc: subprocess.Popen[str]) -> int:
+    """The worker's host pid: nsenter's child."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.01)
+    raise WorkerError("the worker did not start")
+
+
+@contextmanager
+def slice_box(client: AllocatorClient, gpu: Gpu, layout: Layout, annotations: dict[str, str]) -> Iterator[Box]:
+    name = f"gpuslice-selftest-{gpu.index}-{uuid.uuid4().hex[:8]}"
+    ns = PidNamespace()
+    try:
+        client.reserve(name, {request.DEVICE: gpu.uuid, **annotations}, owner="gpuslice selftest")
+        try:
+            client.bind(name, ns.init_pid)
+            yield Box(name, ns, {**os.environ, **layout.env, **layout.device_env.get(gpu.index, {})}, gpu.uuid)
+        finally:
+            client.release(name)
+    finally:
+        ns.stop()
+
+
+def memory_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, limit: int) -> list[Check]:
+    tag = f"GPU {gpu.index}"
+    try:
+        with slice_box(client, gpu, layout, {request.MEMORY: str(limit)}) as box:
+            enforcement = client.get(box.name).enforcement
+            checks = [Check(f"{tag} enforcement", "the driver's limit where it has one", enforcement, None)]
+            return checks + _in_slice(client, box, gpu, layout, limit)
+    except (grpc.RpcError, WorkerError, OSError, subprocess.TimeoutExpired) as e:
+        why = (e.details() or "") if isinstance(e, grpc.RpcError) else str(e)
+        return [failed(f"{tag} slice", f"a {format_bytes(limit)} slice runs the checks", why)]
+
+
+def _in_slice(client: AllocatorClient, box: Box, gpu: Gpu, layout: Layout, limit: int) -> list[Check]:
+    tag = f"GPU {gpu.index}"
+    view = box.run("view")
+    interposer = (native_dir() / "wrap" / "libcuda.so.1").resolve()
+    loaded = Path(view["libcuda"]).resolve() if view["libcuda"] else Path("(none)")
+    checks = [
+        Check(f"{tag} loader finds the interposer", f"libcuda.so.1 is {interposer}", str(loaded), loaded == interposer),
+        Check(f"{tag} cuMemGetInfo", f"total {limit}", f"total {view['cuda_total']}, free {view['cuda_free']}",
+              view["cuda_total"] == limit),
+        Check(f"{tag} NVML memory", f"total {limit}", f"total {view['nvml_total']}, used {view['nvml_used']}",
+              view["nvml"] == 0 and view["nvml_total"] == limit),
+    ]  # fmt: skip
+    for path in PATHS:
+        r = box.run("fill", path, str(CHUNK))
+        exact = r["then"] == "CUDA_ERROR_OUT_OF_MEMORY" and limit - r["charge"] < r["allocated"] <= limit
+        back = r["freed"] == "CUDA_SUCCESS" and r["free_after"] == r["total"] == limit
+        expected = f"OOM after {limit - limit % r['charge']}, all freed"
+        observed = f"{r['then']} after {r['allocated']}; {r['free_after']} free after"
+        checks.append(Check(f"{tag} {path} to the limit", expected, observed, exact and back))
+    checks.append(_kill_gives_back(client, box, gpu, limit // 2))
+    r = box.run("procaddr")
+    # the worker compares with the exports of the libcuda.so.1 it loaded: the interposer's only if it is the one
+    observed = f"{r['hooked']} of {r['checked']}" + (f"; not: {r['not_hooked']}" if r["not_hooked"] else "")
+    if loaded != interposer:
+        observed += f" (of {loaded}, not the interposer)"
+    expected = f"the interposer's, at driver {r['driver']} and older"
+    checks.append(Check(f"{tag} cuGetProcAddress hooks", expected, observed,
+                        r["hooked"] == r["checked"] and loaded == interposer))  # fmt: skip
+    checks.append(_launch_overhead(box, layout, tag))
+    return checks
+
+
+def _kill_gives_back(client: AllocatorClient, box: Box, gpu: Gpu, size: int) -> Check:
+    name = box.name
+    expected = f"its {format_bytes(size)} back within {KILL_GIVES_BACK_S:g} s"
+    proc = box.start("hold", str(size))
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        _reply(line, "", "hold")
+        pid = worker_pid(proc)
+        deadline = time.monotonic() + 5
+        while client.get(name).memory_used < size and time.monotonic() < deadline:
+            time.sleep(0.01)
+        held = client.get(name).memory_used
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        while client.get(name).memory_used and time.monotonic() - killed < 5:
+            time.sleep(0.01)
+        took = time.monotonic() - killed
+        left = client.get(name).memory_used
+    finally:
+        proc.kill()
+        proc.wait(10)
+    observed = f"{held} held; {left} left after {took:.2f} s"
+    return Check(f"GPU {gpu.index} SIGKILL gives memory back", expected, observed,
+                 held == size and left == 0 and took <= KILL_GIVES_BACK_S)  # fmt: skip
+
+
+def _launch_overhead(box: Box, layout: Layout, tag: str, rounds: int = 5, launches: int = 4000) -> Check:
+    """Interposed and direct runs interleaved; the spread of the direct runs is the noise."""
+    direct_env = {**box.env, "GPUSLICE_SELFTEST_LIBCUDA": str(layout.driver_libcuda)}
+    gated, direct = [], []
+    for _ in range(rounds):
+        gated.append(box.run("launches", str(launches))["ns_per_launch"])
+        direct.append(box.run("launches", str(launches), env=direct_env)["ns_per_launch"])
+    added = statistics.median(gated) - statistics.median(direct)
+    noise = max(direct) - min(direct)
+    observed = f"{added:+.1f} ns on {statistics.median(direct):.0f} ns (noise {noise:.1f} ns)"
+    return Check(f"{tag} launch gate per launch", f"<= {LAUNCH_BUDGET_NS:g} ns added", observed,
+                 added <= LAUNCH_BUDGET_NS + noise)  # fmt: skip
+
+
+def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: float) -> list[Check]:
+    """Two processes spinning under hard shares; each one's SM use from NVML."""
+    tag = f"GPU {gpu.index}"
+    try:
+        with (
+            slice_box(client, gpu, layout, _share(SHARES[0])) as a,
+            slice_box(client, gpu, layout, _share(SHARES[1])) as b,
+        ):
+            procs = [
+                box.start("spin", f"{SETTLE_S + seconds + 1:.1f}", str(SPIN_GRID), str(SPIN_CYCLES)) for box in (a, b)
+            ]
+            try:
+                for p in procs:
+                    assert p.stdout is not None
+                    _reply(p.stdout.readline(), "", "spin")
+                pids = [worker_pid(p) for p in procs]
+                time.sleep(SETTLE_S)
+                used = sm_use(gpu.uuid, pids, seconds)
+            finally:
+                for p in procs:
+                    p.kill()
+                    p.wait(10)
+    except (grpc.RpcError, WorkerError, OSError, subprocess.TimeoutExpired) as e:
+        why = (e.details() or "") if isinstance(e, grpc.RpcError) else str(e)
+        return [failed(f"{tag} hard shares", f"{SHARES[0]} and {SHARES[1]} %", why)]
+    return [
+        Check(f"{tag} hard share {share} %", f"{share} ± {SHARE_TOLERANCE:g} % over {seconds:g} s (NVML)",
+              f"{use:.1f} %", abs(use - share) <= SHARE_TOLERANCE)
+        for share, use in zip(SHARES, used, strict=True)
+    ]  # fmt: skip
+
+
+def _share(cores: int) -> dict[str, str]:
+    return {request.MEMORY: str(256 << 20), request.CORES: str(cores), request.POLICY: "hard"}
+
+
+def sm_use(gpu_uuid: str, pids: list[int], seconds: float) -> list[float]:
+    """Each process's SM use (percent) over the next `seconds`, from NVML's
+    process samples: each sample counts for the time since the one before."""
+    handle = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid.encode())
+    seen = _latest_sample(handle)
+    busy = dict.fromkeys(pids, 0.0)
+    window = 0.0
+    end = time.monotonic() + seconds
+    while True:
+        time.sleep(min(0.5, max(0.0, end - time.monotonic())))
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, seen)
+        except pynvml.NVMLError_NotFound:
+            samples = []
+        stamps = sorted({s.timeStamp for s in samples if s.timeStamp > seen})
+        for stamp in stamps:
+            span = stamp - seen
+            for s in samples:
+                if s.timeStamp == stamp and s.pid in busy:
+                    busy[s.pid] += s.smUtil * span
+            window += span
+            seen = stamp
+        if time.monotonic() >= end:
+            break
+    return [busy[p] / window if window else 0.0 for p in pids]
+
+
+def _latest_sample(handle: object) -> int:
+    try:
+        samples = pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
+    except pynvml.NVMLError_NotFound:
+        return int(time.time() * 1e6)
+    return max((s.timeStamp for s in samples), default=int(time.time() * 1e6))

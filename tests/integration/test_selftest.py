@@ -1,0 +1,113 @@
+"""`gpuslice selftest` on the simulator: every check runs and passes on a right
+node; a node that is wrong in one way fails at that check, with exit 1; bad
+input is one line; the temporary slices are gone afterwards either way."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuslice.cli import sim_daemon
+from gpuslice.cli.selftest_slices import PATHS
+from tests.conftest import gpu, needs_root
+
+pytestmark = needs_root
+
+
+def selftest(d, *args: str, spec: Path | None = None) -> tuple[int, dict]:  # type: ignore[no-untyped-def]
+    argv = [sys.executable, "-m", "gpuslice.cli", "selftest", "--config", str(d.config), "--json", *args]
+    if spec:
+        argv += ["--cdi-spec", str(spec)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert "Traceback" not in r.stderr, r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def spec_for(d, tmp_path: Path) -> Path:  # type: ignore[no-untyped-def]
+    spec = tmp_path / "gpuslice.json"
+    r = sim_daemon.cdi_generate(d, spec)
+    assert r.returncode == 0, r.stderr
+    return spec
+
+
+def verdicts(report: dict) -> dict[str, str]:
+    return {c["name"]: c["verdict"] for c in report["checks"]}
+
+
+@pytest.mark.measure  # the compute shares are measured over seconds of simulated load
+def test_every_check_runs_and_passes_on_a_right_node(daemon, tmp_path):
+    d = daemon([gpu("16Gi"), gpu("8Gi")])
+    rc, report = selftest(d, "--seconds", "5", spec=spec_for(d, tmp_path))
+    got = verdicts(report)
+    assert rc == 0 and report["passed"], [c for c in report["checks"] if c["verdict"] == "FAIL"]
+    for index in (0, 1):
+        for name in ("cuMemGetInfo", "NVML memory", "SIGKILL gives memory back", "hard share 30 %",
+                     "hard share 70 %", "loader finds the interposer", "cuGetProcAddress hooks",
+                     "launch gate per launch", *(f"{p} to the limit" for p in PATHS)):  # fmt: skip
+            assert got[f"GPU {index} {name}"] == "PASS", name
+    for name in ("driver", "GPUs", "daemon", "CDI spec", "CDI spec matches the driver"):
+        assert got[name] == "PASS"
+    assert got["runtimes"] == "INFO"  # nothing installed on this node
+    assert d.client().list() == []  # every temporary slice released
+
+
+def test_a_spec_that_leaves_the_interposer_out_fails_where_the_limit_is_lost(daemon, tmp_path):
+    d = daemon([gpu("16Gi")])
+    spec = spec_for(d, tmp_path)
+    data = json.loads(spec.read_text())
+    # the library path without the interposer's directory: the driver's libcuda is found first
+    data["containerEdits"]["env"] = [
+        "LD_LIBRARY_PATH=/usr/lib/gpuslice/driver" if e.startswith("LD_LIBRARY_PATH=") else e
+        for e in data["containerEdits"]["env"]
+    ]
+    spec.write_text(json.dumps(data))
+    rc, report = selftest(d, "--no-shares", spec=spec)
+    got = verdicts(report)
+    assert rc == 1 and not report["passed"]
+    assert got["GPU 0 loader finds the interposer"] == "FAIL"
+    assert got["GPU 0 cuMemGetInfo"] == "FAIL"  # the whole GPU, not the slice
+    assert all(got[f"GPU 0 {p} to the limit"] == "FAIL" for p in PATHS)
+    assert got["GPU 0 cuGetProcAddress hooks"] == "FAIL"  # the driver's own functions
+    assert got["CDI spec"] == "PASS" and got["daemon"] == "PASS"
+    assert d.client().list() == []
+
+
+def test_a_spec_for_another_driver_stops_before_any_slice(daemon, tmp_path):
+    d = daemon([gpu("16Gi")])
+    spec = spec_for(d, tmp_path)
+    data = json.loads(spec.read_text())
+    stale = tmp_path / "old-driver" / "libcuda.so.1"
+    for m in data["containerEdits"]["mounts"]:
+        if m["containerPath"].endswith("/driver/libcuda.so.1"):
+            m["hostPath"] = str(stale)
+    spec.write_text(json.dumps(data))
+    rc, report = selftest(d, spec=spec)
+    got = verdicts(report)
+    assert rc == 1 and got["CDI spec matches the driver"] == "FAIL"
+    observed = next(c["observed"] for c in report["checks"] if c["name"] == "CDI spec matches the driver")
+    assert str(stale) in observed
+    assert not any(name.startswith("GPU 0") for name in got)  # no slice on a node whose spec is wrong
+    assert d.client().list() == []
+
+
+def test_without_the_daemon_it_says_so_and_fails(daemon, tmp_path):
+    d = daemon([gpu("16Gi")])
+    spec = spec_for(d, tmp_path)
+    d.kill()
+    rc, report = selftest(d, spec=spec)
+    daemon_row = next(c for c in report["checks"] if c["name"] == "daemon")
+    assert rc == 1 and daemon_row["verdict"] == "FAIL" and "cannot reach it" in daemon_row["observed"]
+
+
+@pytest.mark.parametrize("memory", ["lots", "100Mi", "1000Mi"])
+def test_a_bad_memory_size_is_one_line_and_reserves_nothing(daemon, memory):
+    d = daemon([gpu("16Gi")])
+    r = subprocess.run([sys.executable, "-m", "gpuslice.cli", "selftest", "--config", str(d.config), "--memory",
+                        memory], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--memory" in r.stderr or "lots" in r.stderr
+    assert d.client().list() == []

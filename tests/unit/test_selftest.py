@@ -1,0 +1,39 @@
+"""`gpuslice selftest`'s pure parts: container paths back to host files, and
+the verdict of a set of checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuslice.cdi import spec as cdi_spec
+from gpuslice.cli.selftest_node import container_view, in_view
+from gpuslice.cli.selftest_report import Check, all_passed, render
+
+
+def test_the_containers_paths_lead_to_the_host_files_mounted_there(tmp_path):
+    host = tmp_path / "host"
+    (host / "wrap").mkdir(parents=True)
+    (host / "wrap/libcuda.so.1").write_text("interposer")
+    (host / "slice").mkdir()
+    mounts = (
+        cdi_spec.Mount(str(host / "wrap/libcuda.so.1"), "/usr/lib/gpuslice/wrap/libcuda.so.1"),
+        cdi_spec.Mount(str(host / "slice"), "/run/gpuslice/slice"),
+    )
+    view = tmp_path / "view"
+    container_view(view, mounts)
+    lib_dir = in_view(view, "/usr/lib/gpuslice/wrap")
+    assert (Path(lib_dir) / "libcuda.so.1").read_text() == "interposer"
+    socket = in_view(view, "/run/gpuslice/slice/slice.sock")  # not made yet: its directory is mounted
+    assert Path(socket).parent.resolve() == host / "slice"
+    assert in_view(view, "/opt/elsewhere/lib") == "/opt/elsewhere/lib"  # nothing mounted there
+    assert in_view(view, "relative") == "relative"
+
+
+def test_informative_rows_neither_pass_nor_fail():
+    fact = Check("runtimes", "as installed", "none configured", None)
+    good = Check("daemon", "serving", "SERVING", True)
+    bad = Check("GPU 0 mem to the limit", "OOM after 1", "no error after 2", False)
+    assert all_passed([fact, good]) and not all_passed([fact, good, bad]) and not all_passed([])
+    table = render([fact, good, bad])
+    assert table.splitlines()[1].endswith("INFO") and table.splitlines()[3].endswith("FAIL")
+    assert table.endswith("1 of 2 checks passed")
