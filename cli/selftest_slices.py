@@ -37,7 +37,7 @@ SHARES = (30, 70)
 SHARE_TOLERANCE = 3.0  # percentage points
 SETTLE_S = 3.0  # the controller's budgets settle before the shares are measured
 LAUNCH_BUDGET_NS = 20.0  # DESIGN: an intercepted launch under budget adds at most this
-SPIN_GRID, SPIN_CYCLES = 2640, 100_000  # about 10 waves of ~60 us on a large GPU; the simulator models its own
+SPIN_WAVES, SPIN_CYCLES = 10, 100_000  # whole waves of ~60 us on a real GPU; the simulator models its own
 
 
 class WorkerError(RuntimeError):
@@ -197,7 +197,7 @@ def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: flo
             slice_box(client, gpu, layout, _share(SHARES[1])) as b,
         ):
             procs = [
-                box.start("spin", f"{SETTLE_S + seconds + 1:.1f}", str(SPIN_GRID), str(SPIN_CYCLES)) for box in (a, b)
+                box.start("spin", f"{SETTLE_S + seconds + 1:.1f}", str(SPIN_WAVES), str(SPIN_CYCLES)) for box in (a, b)
             ]
             try:
                 for p in procs:

@@ -336,7 +336,8 @@ int sim_config_load(const char *path, struct sim_machine *out, char *err, size_t
     return rc;
 }
 
-/* GPUSLICE_SIM_CONFIG, else gpuslice-sim.yaml beside this library. */
+/* GPUSLICE_SIM_CONFIG, else gpuslice-sim.yaml beside this library's file (a
+ * library reached through a symlink looks beside the file the link leads to). */
 const char *sim_config_path(void)
 {
     static char path[4096];
@@ -345,7 +346,8 @@ const char *sim_config_path(void)
         return env;
     Dl_info info;
     if (dladdr((void *)sim_config_path, &info) && info.dli_fname) {
-        snprintf(path, sizeof path, "%s", info.dli_fname);
+        if (!realpath(info.dli_fname, path))
+            snprintf(path, sizeof path, "%s", info.dli_fname);
         char *slash = strrchr(path, '/');
         if (slash) {
             snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "gpuslice-sim.yaml");

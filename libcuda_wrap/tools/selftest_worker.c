@@ -12,8 +12,9 @@
  *   hold BYTES           allocate, report, then wait to be killed
  *   procaddr             what cuGetProcAddress hands out, against the library's
  *                        own exports, at the driver's version and older ones
- *   spin SECONDS GRID CYCLES   launch a spin kernel (PTX text, JIT-compiled by
- *                        the driver) back to back; report the launches made
+ *   spin SECONDS WAVES CYCLES  launch a spin kernel (PTX text, JIT-compiled by
+ *                        the driver) back to back, each WAVES full waves of
+ *                        blocks spinning CYCLES clocks; report the launches made
  *   launches N           the CPU time of one kernel launch, over N launches
  * env GPUSLICE_SELFTEST_LIBCUDA: load this library instead (the driver's own,
  * to measure what the interposer adds). */
@@ -294,12 +295,17 @@ static CUresult load_kernel(const char *name, CUfunction *f)
     return r ? r : CU(cuModuleGetFunction, f, m, name);
 }
 
-static int spin(double seconds, unsigned grid, unsigned long long cycles)
+static int spin(double seconds, unsigned waves, unsigned long long cycles)
 {
     CUfunction f;
+    int sms = 0;
     CUresult r = load_kernel("spin", &f);
+    if (!r)
+        r = CU(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
     if (r)
         return fail("spin kernel", r);
+    /* 1024 threads a block, 2 blocks an SM: whole waves, no SM idle in the last */
+    unsigned grid = waves * 2u * (unsigned)sms;
     void *params[] = {&cycles};
     unsigned long long end = now_ns() + (unsigned long long)(seconds * 1e9), launches = 0;
     printf("{\"spinning\": true}\n");
@@ -342,7 +348,7 @@ static int launches(unsigned n)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s UUID view|fill PATH CHUNK|hold BYTES|procaddr|spin S GRID CYCLES|launches N\n",
+        fprintf(stderr, "usage: %s UUID view|fill PATH CHUNK|hold BYTES|procaddr|spin S WAVES CYCLES|launches N\n",
                 argv[0]);
         return 2;
     }
