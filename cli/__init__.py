@@ -277,7 +277,11 @@ def selftest_cmd(config_path, cdi_spec, memory, seconds, gpus, no_shares, as_jso
         click.echo(f"gpuslice selftest: --memory {memory}: a multiple of 64Mi, at least 256Mi", err=True)
         sys.exit(2)
     opts = st.Options(cfg, Path(cdi_spec) if cdi_spec else None, limit, seconds, tuple(gpus), not no_shares)
-    checks = st.run(opts)
+    try:
+        checks = st.run(opts)
+    except (st.Stopped, KeyboardInterrupt) as e:
+        click.echo(f"gpuslice selftest: {e or 'interrupted'}; its slices were released", err=True)
+        sys.exit(1)
     click.echo(json.dumps(report_json(checks), indent=2) if as_json else render(checks))
     sys.exit(0 if all_passed(checks) else 1)
 

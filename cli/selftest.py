@@ -5,6 +5,7 @@ table or JSON, and a status that is 0 only if every check passed."""
 from __future__ import annotations
 
 import os
+import signal
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,18 @@ class Options:
     shares: bool = True
 
 
+class Stopped(Exception):
+    pass
+
+
+def _stop(signum: int, _frame: object) -> None:
+    raise Stopped(f"stopped by {signal.Signals(signum).name}")
+
+
 def run(opts: Options) -> list[Check]:
+    # SIGTERM and SIGHUP unwind like Ctrl-C: the temporary slices are released on the way out
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _stop)
     with tempfile.TemporaryDirectory(prefix="gpuslice-selftest-") as view:
         return _run(opts, Path(view))
 

@@ -5,8 +5,10 @@ input is one line; the temporary slices are gone afterwards either way."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -91,6 +93,22 @@ def test_a_spec_for_another_driver_stops_before_any_slice(daemon, tmp_path):
     observed = next(c["observed"] for c in report["checks"] if c["name"] == "CDI spec matches the driver")
     assert str(stale) in observed
     assert not any(name.startswith("GPU 0") for name in got)  # no slice on a node whose spec is wrong
+    assert d.client().list() == []
+
+
+def test_stopped_halfway_it_releases_its_slices(daemon, tmp_path):
+    d = daemon([gpu("16Gi")])
+    argv = [sys.executable, "-m", "gpuslice.cli", "selftest", "--config", str(d.config), "--cdi-spec",
+            str(spec_for(d, tmp_path)), "--seconds", "30"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(d.client().list()) < 2:  # the two share slices: the memory checks are done
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1 and "stopped by SIGTERM; its slices were released" in err, err
+    assert "Traceback" not in err
     assert d.client().list() == []
 
 
