@@ -89,6 +89,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                 index=g.index, uuid=g.uuid, name=g.name, pci_bus_id=g.pci_bus_id, memory_total=g.memory_total,
                 memory_reserved=caps[g.uuid].memory_reserved, cores_reserved=caps[g.uuid].cores_reserved,
                 slices=caps[g.uuid].slices, exclusive=caps[g.uuid].exclusive,
+                compute_capability=g.compute_capability,
             )
             for g in inv.gpus
         ]  # fmt: skip

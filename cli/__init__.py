@@ -286,6 +286,38 @@ def selftest_cmd(config_path, cdi_spec, memory, seconds, gpus, no_shares, as_jso
     sys.exit(0 if all_passed(checks) else 1)
 
 
+@main.command("kubelet-plugin")
+@click.option("--node-name", envvar="NODE_NAME", required=True, help="this node's name (env NODE_NAME)")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), help="default: the pod's in-cluster config")
+@click.option("--socket", "daemon_socket", default=constants.CONTROL_SOCKET, show_default=True, help="the daemon")
+@click.option("--plugin-dir", type=click.Path(file_okay=False), default="/var/lib/kubelet/plugins/gpuslice.io",
+              show_default=True, help="its DRA socket and checkpoint")  # fmt: skip
+@click.option("--registry-dir", type=click.Path(file_okay=False), default="/var/lib/kubelet/plugins_registry",
+              show_default=True, help="the kubelet's plugin registry")  # fmt: skip
+@click.option("--cdi-dir", type=click.Path(file_okay=False), default="/var/run/cdi", show_default=True)
+@click.option("--cdi-spec", type=click.Path(dir_okay=False), help="the node's gpuslice.io/gpu spec (default: CDI's)")
+@click.option("-v", "--verbose", is_flag=True, help="log at debug level")
+def kubelet_plugin(node_name, kubeconfig, daemon_socket, plugin_dir, registry_dir, cdi_dir, cdi_spec, verbose):
+    """The DRA driver gpuslice.io on this node: publishes its GPUs as a
+    ResourceSlice and prepares the claims kube-scheduler allocated on them."""
+    import logging
+    import signal
+
+    from gpuslice.dra import plugin
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="gpuslice-kubelet-plugin: %(message)s")
+    opts = plugin.Options(node_name, daemon_socket, kubeconfig, Path(plugin_dir), Path(registry_dir), Path(cdi_dir),
+                          Path(cdi_spec) if cdi_spec else None)  # fmt: skip
+    try:
+        p = plugin.Plugin(opts)
+    except errors.GpusliceError as e:
+        click.echo(f"gpuslice kubelet-plugin: {e}", err=True)
+        sys.exit(2)
+    signal.signal(signal.SIGTERM, lambda *_: p.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: p.stopping.set())
+    p.serve()
+
+
 _TARGETS = click.Choice(["containerd", "crio", "podman", "docker"])
 _RUNTIME_BINARY = click.option(
     "--runtime-binary", "binary", default="", help="the runtime to ask its version (default: containerd, dockerd)"

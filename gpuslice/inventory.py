@@ -26,6 +26,7 @@ class Gpu:
     memory_used: int
     utilization: int
     processes: tuple[GpuProcess, ...] = field(default_factory=tuple)
+    compute_capability: str = ""  # "9.0"
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,7 @@ def _gpu(index: int) -> Gpu:
         memory_used=mem.used,
         utilization=pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
         processes=procs,
+        compute_capability="{}.{}".format(*pynvml.nvmlDeviceGetCudaComputeCapability(h)),
     )
 
 

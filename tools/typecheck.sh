@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mypy over the shipped Python (gpuslice/, cdi/, allocator/, cli/) as the one
+# mypy over the shipped Python (gpuslice/, cdi/, allocator/, dra/, cli/) as the one
 # package they install as: the component directories are mapped into gpuslice
 # (pyproject package-dir), so mypy reads them through a tree of links laid out
 # the way they are installed.
@@ -14,6 +14,7 @@ for f in gpuslice/*; do
 done
 ln -s "$PWD/cdi" "$view/gpuslice/cdi"
 ln -s "$PWD/allocator" "$view/gpuslice/allocator"
+ln -s "$PWD/dra" "$view/gpuslice/dra"
 ln -s "$PWD/cli" "$view/gpuslice/cli"
 cd "$view"
 exec "$OLDPWD/.venv/bin/mypy" --config-file "$OLDPWD/pyproject.toml" -p gpuslice

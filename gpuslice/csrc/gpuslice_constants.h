@@ -36,6 +36,9 @@
 /* CDI: the kind, and the env entry by which an injected GPU names itself */
 #define GS_CDI_KIND "gpuslice.io/gpu"
 #define GS_CDI_DEVICE_ENV_PREFIX "GPUSLICE_DEVICE_"
+/* DRA: the kind of a claim's CDI device, and the env entry naming the claim (its UID) */
+#define GS_CDI_CLAIM_KIND "gpuslice.io/claim"
+#define GS_ENV_CLAIM "GPUSLICE_CLAIM"
 
 /* inside a container: where the interposer and the real driver libraries sit */
 #define GS_CONTAINER_WRAP_DIR "/usr/lib/gpuslice/wrap"

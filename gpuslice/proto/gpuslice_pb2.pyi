@@ -11,7 +11,7 @@ class InventoryRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total", "memory_reserved", "cores_reserved", "slices", "exclusive")
+    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total", "memory_reserved", "cores_reserved", "slices", "exclusive", "compute_capability")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,7 @@ class Gpu(_message.Message):
     CORES_RESERVED_FIELD_NUMBER: _ClassVar[int]
     SLICES_FIELD_NUMBER: _ClassVar[int]
     EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -30,7 +31,8 @@ class Gpu(_message.Message):
     cores_reserved: int
     slices: int
     exclusive: bool
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total: _Optional[int] = ..., memory_reserved: _Optional[int] = ..., cores_reserved: _Optional[int] = ..., slices: _Optional[int] = ..., exclusive: _Optional[bool] = ...) -> None: ...
+    compute_capability: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total: _Optional[int] = ..., memory_reserved: _Optional[int] = ..., cores_reserved: _Optional[int] = ..., slices: _Optional[int] = ..., exclusive: _Optional[bool] = ..., compute_capability: _Optional[str] = ...) -> None: ...
 
 class Link(_message.Message):
     __slots__ = ("a", "b", "pcie", "nvlinks")

@@ -19,7 +19,7 @@ COMPONENTS = {
     "gpuslice": ("gpuslice", 0),
     "cdi": ("gpuslice.cdi", 1),
     "allocator": ("gpuslice.allocator", 2),
-    "kubernetes": ("gpuslice.kubernetes", 3),
+    "dra": ("gpuslice.dra", 3),
     "cli": ("gpuslice.cli", 4),
 }
 

@@ -1,0 +1,111 @@
+"""`gpuslice kubelet-plugin`: the DRA services on the plugin's socket, the
+registration service in the kubelet's registry, and the node's ResourceSlice
+published at start and again whenever the daemon's inventory changes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from gpuslice import errors
+from gpuslice.cdi import spec as cdi_spec
+from gpuslice.cdi.registry import Registry
+from gpuslice.client import AllocatorClient
+from gpuslice.dra import resource_slice, service
+from gpuslice.dra.checkpoint import Checkpoint
+from gpuslice.dra.cluster_api import ClusterApi
+from gpuslice.dra.prepare import Preparer
+
+log = logging.getLogger(__name__)
+
+PLUGIN_DIR = Path("/var/lib/kubelet/plugins") / resource_slice.DRIVER
+REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
+
+
+@dataclass(frozen=True)
+class Options:
+    node: str
+    daemon_socket: str
+    kubeconfig: str | None = None
+    plugin_dir: Path = PLUGIN_DIR
+    registry_dir: Path = REGISTRY_DIR
+    cdi_dir: Path = Path("/var/run/cdi")
+    base_spec: Path | None = None  # the node's gpuslice.io/gpu spec; default: the one CDI resolves
+    republish_s: float = 30.0
+
+
+def base_spec(path: Path | None) -> cdi_spec.Spec:
+    if path is not None:
+        return cdi_spec.load(path)
+    found = Registry().devices().get("all")
+    if found is None:
+        raise errors.FailedPrecondition("no gpuslice.io/gpu spec in /etc/cdi or /var/run/cdi (gpuslice cdi generate)")
+    return found.spec
+
+
+def _listen(server: grpc.Server, socket: Path) -> None:
+    socket.parent.mkdir(parents=True, exist_ok=True)
+    socket.unlink(missing_ok=True)  # a socket left by a plugin that died
+    server.add_insecure_port(f"unix://{socket}")
+
+
+class Plugin:
+    def __init__(self, opts: Options, api: ClusterApi | None = None) -> None:
+        self.opts = opts
+        self.api = api or ClusterApi(opts.kubeconfig)
+        self.daemon = AllocatorClient(opts.daemon_socket, timeout=10)
+        self.preparer = Preparer(opts.node, self.daemon, self.api.read_claim, base_spec(opts.base_spec),
+                                 opts.cdi_dir, Checkpoint(opts.plugin_dir / "checkpoint.json"))  # fmt: skip
+        self.endpoint = opts.plugin_dir / "dra.sock"
+        self.registry_socket = opts.registry_dir / f"{resource_slice.DRIVER}-reg.sock"
+        self.stopping = threading.Event()
+        self.generation = 0
+        self.published: bytes = b""
+
+    def publish(self) -> None:
+        """The ResourceSlice, when the GPUs differ from what was published (not
+        their use: kube-scheduler keeps the books of consumed capacity)."""
+        inventory = self.daemon.inventory()
+        for g in inventory.gpus:
+            for use in ("memory_reserved", "cores_reserved", "slices", "exclusive"):
+                g.ClearField(use)
+        seen = inventory.SerializeToString(deterministic=True)
+        if seen == self.published:
+            return
+        self.generation += 1
+        self.api.publish_slice(resource_slice.build(self.opts.node, inventory, self.generation))
+        self.published = seen
+        log.info("published ResourceSlice %s, generation %d", resource_slice.slice_name(self.opts.node),
+                 self.generation)  # fmt: skip
+
+    def serve(self) -> None:
+        dra = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        service.add_dra(dra, self.preparer)
+        _listen(dra, self.endpoint)
+        registration = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+        service.add_registration(registration, str(self.endpoint))
+        _listen(registration, self.registry_socket)
+        dra.start()
+        registration.start()  # after the DRA service: the kubelet calls it as soon as it registers us
+        log.info("serving %s on %s; registration on %s", resource_slice.DRIVER, self.endpoint, self.registry_socket)
+        try:
+            while not self.stopping.is_set():
+                try:
+                    self.publish()
+                except grpc.RpcError as e:
+                    log.warning("ResourceSlice not published: the daemon: %s", e.details())
+                except (errors.GpusliceError, OSError) as e:
+                    log.warning("ResourceSlice not published: %s", e)
+                self.stopping.wait(self.opts.republish_s)
+        finally:
+            registration.stop(0)
+            dra.stop(5)
+            for s in (self.registry_socket, self.endpoint):
+                if s.is_socket():
+                    os.unlink(s)
