@@ -87,14 +87,14 @@ def parse(claim: dict[str, Any], pool: str) -> Claim:
     meta = claim.get("metadata") or {}
     allocation = (claim.get("status") or {}).get("allocation")
     if not allocation:
-        raise ClaimError(f"claim {meta.get('namespace')}/{meta.get('name')} is not allocated")
+        raise ClaimError("not allocated")
     devices = allocation.get("devices") or {}
     ours = [r for r in devices.get("results") or [] if r.get("driver") == DRIVER]
     if not ours:
-        raise ClaimError(f"claim {meta.get('namespace')}/{meta.get('name')} has no device of {DRIVER}")
+        raise ClaimError(f"no device of {DRIVER} allocated")
     elsewhere = sorted({r.get("pool", "") for r in ours} - {pool})
     if elsewhere:
-        raise ClaimError(f"claim {meta.get('name')}: devices of pool {elsewhere[0]}, not of this node ({pool})")
+        raise ClaimError(f"devices of pool {elsewhere[0]}, not of this node ({pool})")
     config = _config(devices.get("config") or [])
     policy, priority = config.get("computePolicy"), config.get("priority")
     if policy is not None and policy not in {p.value for p in request.ComputePolicy}:

@@ -78,9 +78,11 @@ class Preparer:
         uid = (claim.get("metadata") or {}).get("uid")
         if uid != ref.uid:
             raise errors.FailedPrecondition(f"claim {ref.namespace}/{ref.name} is now UID {uid}, not {ref.uid}")
-        parsed = claim_model.parse(claim, self.node)
-        uuids = self._gpus(parsed)
-        annotations = self._annotations(parsed, uuids)
+        try:
+            parsed = claim_model.parse(claim, self.node)
+            annotations = self._annotations(parsed, self._gpus(parsed))
+        except claim_model.ClaimError as e:
+            raise claim_model.ClaimError(f"claim {ref.namespace}/{ref.name}: {e}") from None
         sid = slice_id(ref.uid)
         try:
             self.daemon.reserve(sid, annotations, owner=f"dra {ref.namespace}/{ref.name}")
@@ -117,10 +119,10 @@ class Preparer:
         for d in claim.devices:
             index = index_of(d.device)
             if index is None or index not in by_index:
-                raise claim_model.ClaimError(f"claim {claim.name}: device {d.device} is not a GPU of this node")
+                raise claim_model.ClaimError(f"device {d.device} is not a GPU of this node")
             uuids.append(by_index[index])
         if len(set(uuids)) != len(uuids):
-            raise claim_model.ClaimError(f"claim {claim.name}: one GPU allocated twice")
+            raise claim_model.ClaimError("one GPU allocated twice")
         return uuids
 
     def _annotations(self, claim: claim_model.Claim, uuids: list[str]) -> dict[str, str]:
@@ -129,7 +131,7 @@ class Preparer:
         cores = {d.cores for d in claim.devices}
         if len(memories) > 1 or len(cores) > 1:
             raise claim_model.ClaimError(
-                f"claim {claim.name}: its GPUs were allocated different memory or cores; "
+                "its GPUs were allocated different memory or cores; "
                 "a claim's slice has one size on every GPU (one request per size)"
             )
         out = {request.DEVICE: ",".join(uuids), request.GPUS: str(len(uuids))}

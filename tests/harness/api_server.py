@@ -1,0 +1,128 @@
+"""A stand-in for the API server's ResourceClaim and ResourceSlice endpoints
+(resource.k8s.io/v1), enough for the kubernetes client the DRA plugin uses:
+claims are served as a test puts them; slices are created and replaced with a
+resourceVersion, and each one written is validated against the official
+Kubernetes 1.37 schema (kubernetes-validate)."""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import yaml
+
+K8S_VERSION = "1.37"
+BASE = "/apis/resource.k8s.io/v1"
+
+
+def validate(obj: dict[str, Any]) -> None:
+    kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+class ApiServer:
+    def __init__(self) -> None:
+        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
+        self.slices: dict[str, dict[str, Any]] = {}
+        self.writes: list[tuple[str, str]] = []  # (verb, name) of each slice write
+        self.invalid: list[str] = []
+        self._version = 0
+        self._lock = threading.Lock()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def kubeconfig(self, path: Path) -> Path:
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "stand-in",
+            "clusters": [{"name": "stand-in", "cluster": {"server": self.url}}],
+            "users": [{"name": "node", "user": {"token": "stand-in"}}],
+            "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "node"}}],
+        }))  # fmt: skip
+        return path
+
+    def put_claim(self, claim: dict[str, Any]) -> None:
+        validate(claim)
+        meta = claim["metadata"]
+        self.claims[(meta["namespace"], meta["name"])] = claim
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _next_version(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def _send(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _missing(self) -> None:
+                self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
+                                 "code": 404})  # fmt: skip
+
+            def _body(self) -> dict[str, Any]:
+                return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+
+            def do_GET(self) -> None:
+                m = re.fullmatch(BASE + r"/namespaces/([^/]+)/resourceclaims/([^/?]+)", self.path.split("?")[0])
+                if m and (m.group(1), m.group(2)) in api.claims:
+                    return self._send(200, api.claims[(m.group(1), m.group(2))])
+                m = re.fullmatch(BASE + r"/resourceslices/([^/?]+)", self.path.split("?")[0])
+                if m and m.group(1) in api.slices:
+                    return self._send(200, api.slices[m.group(1)])
+                self._missing()
+
+            def _store_slice(self, name: str, body: dict[str, Any], verb: str) -> None:
+                try:
+                    validate(body)
+                except Exception as e:  # the real API server refuses it; so do we, and the test sees why
+                    api.invalid.append(str(e))
+                    return self._send(422, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 422,
+                                            "reason": "Invalid", "message": str(e)[:500]})  # fmt: skip
+                with api._lock:
+                    body["metadata"]["resourceVersion"] = api._next_version()
+                    api.slices[name] = body
+                    api.writes.append((verb, name))
+                self._send(201 if verb == "create" else 200, body)
+
+            def do_POST(self) -> None:
+                if self.path.split("?")[0] != BASE + "/resourceslices":
+                    return self._missing()
+                body = self._body()
+                if body["metadata"]["name"] in api.slices:
+                    return self._send(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409,
+                                            "reason": "AlreadyExists"})  # fmt: skip
+                self._store_slice(body["metadata"]["name"], body, "create")
+
+            def do_PUT(self) -> None:
+                m = re.fullmatch(BASE + r"/resourceslices/([^/?]+)", self.path.split("?")[0])
+                if not m or m.group(1) not in api.slices:
+                    return self._missing()
+                body = self._body()
+                if body["metadata"].get("resourceVersion") != api.slices[m.group(1)]["metadata"]["resourceVersion"]:
+                    return self._send(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409,
+                                            "reason": "Conflict"})  # fmt: skip
+                self._store_slice(m.group(1), body, "replace")
+
+        return Handler

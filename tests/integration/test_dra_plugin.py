@@ -1,0 +1,267 @@
+"""The DRA kubelet plugin against the real contracts: a stand-in kubelet over
+the kubelet's own protos (registration, then NodePrepareResources and
+NodeUnprepareResources in v1 and v1beta1), claims exactly as kube-scheduler
+writes them served by a stand-in API server, every object validated against
+the Kubernetes 1.37 schemas, and the daemon on the simulator holding the
+slices."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from gpuslice.cdi import spec as cdi_spec
+from gpuslice.cli import sim_daemon
+from tests.conftest import gpu
+from tests.harness import CLIENTS, REPO, official_validator
+from tests.harness.api_server import ApiServer
+
+NODE = "node-a"
+GiB = 1 << 30
+
+
+def listening(path: Path) -> bool:
+    """A socket that accepts: a file left by a killed plugin does not."""
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+class Node:
+    def __init__(self, daemon, tmp: Path) -> None:  # type: ignore[no-untyped-def]
+        self.d = daemon([gpu("16Gi"), gpu("16Gi")], [{"gpus": [0, 1], "pcie": "hostbridge", "nvlinks": 4}])
+        self.tmp = tmp
+        self.spec = tmp / "cdi" / "gpuslice.json"
+        self.spec.parent.mkdir()
+        r = sim_daemon.cdi_generate(self.d, self.spec)
+        assert r.returncode == 0, r.stderr
+        self.api = ApiServer()
+        self.kubeconfig = self.api.kubeconfig(tmp / "kubeconfig")
+        self.plugin_dir = tmp / "plugins" / "gpuslice.io"
+        self.registry = tmp / "plugins_registry"
+        self.claim_specs = tmp / "run-cdi"
+        self.protos = tmp / "kubelet-protos"
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> Path:
+        return self.plugin_dir / "dra.sock"
+
+    def start_plugin(self) -> None:
+        argv = [sys.executable, "-m", "gpuslice.cli", "kubelet-plugin", "--node-name", NODE, "--kubeconfig",
+                str(self.kubeconfig), "--socket", str(self.d.socket), "--plugin-dir", str(self.plugin_dir),
+                "--registry-dir", str(self.registry), "--cdi-dir", str(self.claim_specs),
+                "--cdi-spec", str(self.spec)]  # fmt: skip
+        log = open(self.tmp / "plugin.log", "a")  # noqa: SIM115 - the child's
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while not (listening(self.registry / "gpuslice.io-reg.sock") and listening(self.endpoint)):
+            assert self.proc.poll() is None, self.log()
+            assert time.monotonic() < deadline, self.log()
+            time.sleep(0.05)
+
+    def stop_plugin(self, sig: int = signal.SIGTERM) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        self.proc.wait(20)
+
+    def log(self) -> str:
+        return (self.tmp / "plugin.log").read_text()
+
+    def kubelet(self, *args: str) -> dict:
+        r = subprocess.run([sys.executable, str(CLIENTS / "kubelet_dra.py"), str(self.protos), *args],
+                           capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+        assert r.returncode == 0, r.stderr + self.log()
+        return json.loads(r.stdout)
+
+    def prepare(self, *claims: dict, version: str = "v1") -> dict:
+        refs = [{k: c["metadata"][k] for k in ("uid", "namespace", "name")} for c in claims]
+        return self.kubelet("prepare", str(self.endpoint), version, json.dumps(refs))["claims"]
+
+    def unprepare(self, *claims: dict, version: str = "v1") -> dict:
+        refs = [{k: c["metadata"][k] for k in ("uid", "namespace", "name")} for c in claims]
+        return self.kubelet("unprepare", str(self.endpoint), version, json.dumps(refs))["claims"]
+
+    def slices(self) -> dict[str, object]:
+        return {s.container_id: s for s in self.d.client().list()}
+
+
+@pytest.fixture
+def node(daemon, tmp_path):
+    n = Node(daemon, tmp_path)
+    n.start_plugin()
+    yield n
+    if n.proc and n.proc.poll() is None:
+        n.stop_plugin()
+    n.api.stop()
+
+
+def allocated(name: str, *devices: tuple[str, str | None, str | None], config: list | None = None) -> dict:
+    """A ResourceClaim as kube-scheduler leaves it: one request `gpu`, one
+    result per (device, memory, cores), each with its share's ID."""
+    capacity = {k: v for k, v in (("memory", devices[0][1]), ("cores", devices[0][2])) if v}
+    results = []
+    for device, memory, cores in devices:
+        consumed = {k: v for k, v in (("memory", memory), ("cores", cores)) if v}
+        share = {"consumedCapacity": consumed, "shareID": str(uuid.uuid4())} if consumed else {}
+        results.append({"request": "gpu", "driver": "gpuslice.io", "pool": NODE, "device": device, **share})
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ml", "uid": str(uuid.uuid4())},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpuslice.io", "count": len(devices),
+            **({"capacity": {"requests": capacity}} if capacity else {})}}]}},
+        "status": {"allocation": {
+            "devices": {"results": results, **({"config": config} if config else {})},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
+        }},
+    }  # fmt: skip
+
+
+def published(node: Node) -> dict:
+    deadline = time.monotonic() + 20
+    while f"{NODE}-gpuslice.io" not in node.api.slices:
+        assert time.monotonic() < deadline, (node.api.invalid, node.log())
+        time.sleep(0.05)
+    return node.api.slices[f"{NODE}-gpuslice.io"]
+
+
+def test_the_kubelet_registers_it_and_picks_v1(node):
+    got = node.kubelet("register", str(node.registry / "gpuslice.io-reg.sock"))
+    assert got["info"] == {"type": "DRAPlugin", "name": "gpuslice.io", "endpoint": str(node.endpoint),
+                           "supported_versions": ["v1.DRAPlugin", "v1beta1.DRAPlugin"]}  # fmt: skip
+    assert got["chosen"] == "v1.DRAPlugin" and got["error"] == ""
+    assert "registered with the kubelet" in node.log()
+
+
+def test_the_resource_slice_offers_each_gpu_as_shareable_capacity(node):
+    obj = published(node)
+    assert node.api.invalid == []  # the schema-checked write went through
+    spec = obj["spec"]
+    assert spec["driver"] == "gpuslice.io" and spec["nodeName"] == NODE and spec["pool"]["name"] == NODE
+    inventory = {g.index: g for g in node.d.client().inventory().gpus}
+    assert [d["name"] for d in spec["devices"]] == ["gpu-0", "gpu-1"]
+    for device in spec["devices"]:
+        g = inventory[int(device["name"].split("-")[1])]
+        assert device["allowMultipleAllocations"] is True
+        assert device["capacity"]["memory"]["value"] == str(16 * GiB)
+        assert device["capacity"]["cores"]["value"] == "100"
+        assert device["capacity"]["memory"]["requestPolicy"]["validRange"]["step"] == str(256 << 20)
+        attrs = device["attributes"]
+        assert attrs["uuid"] == {"string": g.uuid} and attrs["index"] == {"int": g.index}
+        assert attrs["driverVersion"] == {"version": "580.95.5"}  # 580.95.05 as semantic versioning has it
+        assert attrs["cudaComputeCapability"] == {"version": "8.0.0"} and attrs["architecture"] == {"string": "Ampere"}
+    # GPUs joined by NVLink under one host bridge share both placement attributes
+    a, b = (d["attributes"] for d in spec["devices"])
+    assert a["nvlinkDomain"] == b["nvlinkDomain"] and a["pcieRoot"] == b["pcieRoot"]
+    assert node.api.writes == [("create", f"{NODE}-gpuslice.io")]  # unchanged GPUs are not written again
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_a_claim_becomes_a_slice_of_exactly_what_was_allocated_and_goes_away(node, version):
+    params = {"apiVersion": "gpuslice.io/v1", "kind": "SliceConfig", "computePolicy": "hard", "priority": "high"}
+    config = [{"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "gpuslice.io", "parameters": params}}]
+    claim = allocated("train", ("gpu-1", "4Gi", "30"), config=config)
+    node.api.put_claim(claim)
+    uid = claim["metadata"]["uid"]
+    answer = node.prepare(claim, version=version)[uid]
+    assert answer.get("error", "") == ""
+    (device,) = answer["devices"]
+    assert device["request_names"] == ["gpu"] and device["pool_name"] == NODE and device["device_name"] == "gpu-1"
+    assert device["cdi_device_ids"] == [f"gpuslice.io/claim={uid}"]
+    result = claim["status"]["allocation"]["devices"]["results"][0]
+    assert device.get("share_id") == (result["shareID"] if version == "v1" else None)
+
+    s = node.slices()[f"claim-{uid}"]
+    uuid1 = node.d.client().inventory().gpus[1].uuid
+    assert [(g.uuid, g.memory_limit, g.cores) for g in s.gpus] == [(uuid1, 4 * GiB, 30)]
+    assert s.policy == "hard" and s.priority == "high"
+
+    spec_file = node.claim_specs / f"gpuslice.io-claim_{uid}.json"
+    data = json.loads(spec_file.read_text())
+    official_validator("cdi", "schema.json").validate(data)
+    claim_device = cdi_spec.load(spec_file).device(uid)
+    assert f"GPUSLICE_CLAIM={uid}" in claim_device.edits.env
+    assert f"GPUSLICE_DEVICE_1={uuid1}" in claim_device.edits.env and not any(
+        e.startswith("GPUSLICE_DEVICE_0=") for e in claim_device.edits.env
+    )
+    assert any(m.container_path.endswith("wrap/libcuda.so.1") for m in claim_device.edits.mounts)
+
+    assert node.prepare(claim, version=version)[uid] == answer  # again: the same answer, one slice
+    assert len(node.slices()) == 1
+
+    assert node.unprepare(claim, version=version)[uid] == {"error": ""}
+    assert node.slices() == {} and not spec_file.exists()
+    assert node.unprepare(claim, version=version)[uid] == {"error": ""}  # idempotent
+
+
+def test_two_claims_share_a_gpu_and_a_two_gpu_claim_takes_both(node):
+    a = allocated("a", ("gpu-0", "6Gi", "40"))
+    b = allocated("b", ("gpu-0", "6Gi", "40"))
+    both = allocated("pair", ("gpu-0", "2Gi", "20"), ("gpu-1", "2Gi", "20"))
+    for c in (a, b, both):
+        node.api.put_claim(c)
+    answers = node.prepare(a, b, both)
+    assert all(answers[c["metadata"]["uid"]].get("error", "") == "" for c in (a, b, both)), answers
+    gpus = node.d.client().inventory().gpus
+    assert gpus[0].memory_reserved == 14 * GiB and gpus[0].cores_reserved == 100  # all of it, as the scheduler booked
+    pair = node.slices()[f"claim-{both['metadata']['uid']}"]
+    assert sorted(g.index for g in pair.gpus) == [0, 1] and {g.memory_limit for g in pair.gpus} == {2 * GiB}
+    node.unprepare(a, b, both)
+    assert node.slices() == {}
+
+
+def test_a_failing_claim_leaves_nothing_and_the_others_stand(node):
+    too_big = allocated("huge", ("gpu-0", "20Gi", None))
+    elsewhere = allocated("other-node", ("gpu-0", "1Gi", None))
+    elsewhere["status"]["allocation"]["devices"]["results"][0]["pool"] = "node-b"
+    params = {"apiVersion": "gpuslice.io/v1", "computePolicy": "strict"}
+    bad_config = allocated(
+        "typo", ("gpu-0", "1Gi", None), config=[{"source": "FromClass", "opaque": {"driver": "gpuslice.io",
+                                                                                   "parameters": params}}]
+    )  # fmt: skip
+    good = allocated("fine", ("gpu-1", "1Gi", None))
+    for c in (too_big, elsewhere, bad_config, good):
+        node.api.put_claim(c)
+    missing = {"metadata": {"uid": str(uuid.uuid4()), "namespace": "ml", "name": "never-created"}}
+    answers = node.prepare(too_big, elsewhere, bad_config, good, missing)
+    errors = {c["metadata"]["name"]: answers[c["metadata"]["uid"]].get("error", "")
+              for c in (too_big, elsewhere, bad_config, good, missing)}  # fmt: skip
+    assert errors["huge"] == "claim ml/huge: request needs 20.0 GiB per GPU, more than any GPU holds", errors
+    assert errors["other-node"] == "claim ml/other-node: devices of pool node-b, not of this node (node-a)"
+    assert errors["typo"] == "claim ml/typo: computePolicy 'strict': accepted hard, elastic"
+    assert "404" in errors["never-created"]
+    assert errors["fine"] == ""
+    assert all(len(e.splitlines()) <= 1 for e in errors.values())
+    assert list(node.slices()) == [f"claim-{good['metadata']['uid']}"]
+    assert sorted(p.name for p in node.claim_specs.iterdir()) == [f"gpuslice.io-claim_{good['metadata']['uid']}.json"]
+
+
+def test_a_restart_between_prepare_and_unprepare_keeps_the_claim(node):
+    claim = allocated("long", ("gpu-0", "3Gi", "40"))
+    node.api.put_claim(claim)
+    uid = claim["metadata"]["uid"]
+    first = node.prepare(claim)[uid]
+    node.stop_plugin(signal.SIGKILL)
+    node.start_plugin()
+    assert node.prepare(claim)[uid] == first  # from the checkpoint
+    assert len(node.slices()) == 1
+    checkpoint = json.loads((node.plugin_dir / "checkpoint.json").read_text())
+    assert checkpoint["version"] == 1 and list(checkpoint["claims"]) == [uid]
+    assert oct(os.stat(node.plugin_dir / "checkpoint.json").st_mode & 0o777) == "0o600"
+    assert node.unprepare(claim)[uid] == {"error": ""}
+    assert node.slices() == {} and json.loads((node.plugin_dir / "checkpoint.json").read_text())["claims"] == {}
