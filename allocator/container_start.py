@@ -11,7 +11,10 @@ start pays for one round trip, not an interpreter.
 - createRuntime (the hook; container created, not started): the container holds
   a slice bound to its init process: reserved by the shim already, or reserved
   here from its annotations and the GPUs CDI injected.
-- poststop: the slice is released.
+- createRuntime, for a container with a DRA claim's CDI device (GPUSLICE_CLAIM):
+  the container joins the claim's slice, which the kubelet plugin reserved; the
+  claim's containers share it.
+- poststop: the slice is released (a claim's container leaves its claim's slice).
 - ldcache-root (the hook's update-ldcache): the container's root, where the hook
   itself writes the loader configuration.
 
@@ -83,11 +86,25 @@ def _container_process(cid: str, pid: int) -> None:
         raise oci.OciError(f"container {cid}: pid {pid} shares the daemon's mount namespace: not a container's")
 
 
+def claim_of(config: dict) -> str | None:
+    """The DRA claim (its UID) whose CDI device the container got, if any."""
+    for entry in oci.process_env(config):
+        name, _, value = entry.partition("=")
+        if name == constants.ENV_CLAIM and value:
+            return value
+    return None
+
+
 def create_runtime(state: oci.State, slices: SliceManager) -> None:
     cid = state.id
     if state.pid <= 0:
         raise oci.OciError(f"container {cid}: the OCI state has no pid (createRuntime runs once the container exists)")
     config = oci.read_config(state.bundle, cid)
+    claim = claim_of(config)
+    if claim is not None:  # prepared by the DRA plugin: the container joins the claim's slice
+        _container_process(cid, state.pid)
+        slices.join(cid, constants.CLAIM_SLICE_PREFIX + claim, state.pid)
+        return
     try:
         slices.get(cid)
         reserved_here = False  # the runtime shim reserved it

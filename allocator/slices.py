@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuslice import errors
+from gpuslice import constants, errors
 from gpuslice import request as requests
 from gpuslice.allocator import identity
 from gpuslice.allocator.placement import GpuCapacity, NoRoom, demand, fits, place
@@ -105,6 +105,15 @@ def _ours(annotations: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in annotations.items() if k.startswith(requests.PREFIX)}
 
 
+# A member: a container using a DRA claim's slice. Its record holds no capacity;
+# its request names the claim's slice, whose files its processes charge.
+MEMBER_OF = requests.PREFIX + "member-of"
+
+
+def is_claim(rec: SliceRecord) -> bool:
+    return rec.container_id.startswith(constants.CLAIM_SLICE_PREFIX) and MEMBER_OF not in rec.request
+
+
 class SliceManager:
     def __init__(
         self, store: SliceStore, inventory: Inventory, files_dir: Path, oversubscription: float = 1.0,
@@ -139,8 +148,15 @@ class SliceManager:
         return caps
 
     # -- files -----------------------------------------------------------------------
+    def target(self, rec: SliceRecord) -> SliceRecord:
+        """The slice whose files and limits a record's processes use: a member's
+        claim slice, else the record itself."""
+        claim = rec.request.get(MEMBER_OF)
+        return self.index.by_container.get(claim, rec) if claim else rec
+
     def _files_for(self, rec: SliceRecord) -> SliceFiles:
         with self._lock:
+            rec = self.target(rec)
             f = self.files.get(rec.id)
             if f is None:
                 f = self.files[rec.id] = SliceFiles(self.files_dir, rec.id)
@@ -264,11 +280,50 @@ class SliceManager:
             self._driver_limit(bound)
             return bound
 
+    def join(self, container_id: str, claim_slice: str, pid: int) -> SliceRecord:
+        """A container of a DRA claim, bound to the claim's slice: its processes
+        share the claim's memory and compute with the claim's other containers."""
+        try:
+            who = identity.of_pid(pid)
+        except identity.NoSuchProcess as e:
+            raise errors.InvalidArgument(f"pid {pid}: no such process to bind container {container_id} to") from e
+        with self._lock:
+            claim = self.index.by_container.get(claim_slice)
+            if claim is None or not is_claim(claim):
+                raise errors.NotFound(
+                    f"the slice of claim {claim_slice.removeprefix(constants.CLAIM_SLICE_PREFIX)} is not on this node "
+                    "(the DRA plugin prepares it before the pod's containers start)"
+                )
+            existing = self.index.by_container.get(container_id)
+            if existing is not None:
+                if existing.request.get(MEMBER_OF) == claim_slice and existing.pid == pid:
+                    return existing
+                raise Conflict(f"container {container_id} already holds slice {existing.id}")
+            member = self.store.transaction(
+                lambda store: store.bind(
+                    store.insert(container_id, {MEMBER_OF: claim_slice}, claim.policy, claim.priority, False,
+                                 f"member of {claim_slice}", []),
+                    who.pid, who.pid_ns, who.cgroup, who.start_time,
+                )
+            )  # fmt: skip
+            self.index.put(member)
+            return member
+
     def release(self, container_id: str) -> bool:
         with self._lock:
             rec = self.index.by_container.get(container_id)
             if rec is None:
                 return False
+            if is_claim(rec):  # its members go with it
+                for member in [
+                    r for r in self.index.by_container.values() if r.request.get(MEMBER_OF) == rec.container_id
+                ]:
+                    self.release(member.container_id)
+            if MEMBER_OF in rec.request:  # a member holds no files or capacity of its own
+                self.store.transaction(lambda store: store.delete(rec.id))
+                self.index.drop(container_id)
+                log.info("container %s left %s", container_id, rec.request[MEMBER_OF])
+                return True
             self.store.transaction(lambda store: store.delete(rec.id))
             self.index.drop(container_id)
             f = self.files.pop(rec.id, None)
@@ -348,17 +403,18 @@ class SliceManager:
         namespace (a container's own), else same cgroup; never the daemon's."""
         with self._lock:
             if who.pid_ns != self.own_pid_ns and (recs := self.index.by_pid_ns.get(who.pid_ns)):
-                return recs[0]
+                return self.target(recs[0])
             if who.cgroup not in ("", "/", self.own_cgroup) and (recs := self.index.by_cgroup.get(who.cgroup)):
-                return recs[0]
+                return self.target(recs[0])
         return None
 
     def sweep(self, reservation_timeout: float) -> list[str]:
         """Release slices whose container is gone and reservations never bound."""
         gone = []
         for r in self.records():
+            # a claim's slice lives until the kubelet unprepares the claim, however long unused
             if (r.state == "bound" and not identity.alive(r.pid or 0, r.pid_start or -1)) or (
-                r.state == "reserved" and now_ms() - r.created_ms > reservation_timeout * 1000
+                r.state == "reserved" and not is_claim(r) and now_ms() - r.created_ms > reservation_timeout * 1000
             ):
                 gone.append(r.container_id)
         for cid in gone:

@@ -35,7 +35,7 @@ class ClaimRef:
 
 
 def slice_id(uid: str) -> str:
-    return f"claim-{uid}"
+    return constants.CLAIM_SLICE_PREFIX + uid
 
 
 def cdi_device_id(uid: str) -> str:

@@ -39,6 +39,8 @@
 /* DRA: the kind of a claim's CDI device, and the env entry naming the claim (its UID) */
 #define GS_CDI_CLAIM_KIND "gpuslice.io/claim"
 #define GS_ENV_CLAIM "GPUSLICE_CLAIM"
+/* the daemon's container ID of a claim's slice: this prefix and the claim's UID */
+#define GS_CLAIM_SLICE_PREFIX "claim-"
 
 /* inside a container: where the interposer and the real driver libraries sit */
 #define GS_CONTAINER_WRAP_DIR "/usr/lib/gpuslice/wrap"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -196,3 +197,51 @@ def test_the_hook_follows_the_pods_container_list_and_reads_request_variables(tm
     assert r.returncode == 0, r.stderr
     [s] = d.client().list()
     assert s.container_id == "train" and (s.gpus[0].memory_limit, s.gpus[0].cores) == (2 << 30, 40)
+
+
+@needs_root
+def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_path, daemon, containers):
+    """A DRA claim's slice (reserved by the kubelet plugin) and two containers
+    whose CDI device names the claim: both join it, their processes charge one
+    ledger, and the slice outlives them until the claim is unprepared."""
+    from tests.integration.test_slice_socket import run_client
+
+    d = daemon(reservation_timeout=0.5)
+    client = d.client()
+    client.reserve("claim-0f0e", {"gpuslice.io/memory": "2Gi"}, owner="dra ml/train")
+    boxes = {name: containers() for name in ("c1", "c2")}
+    b = bundle(tmp_path, {}, env=["GPUSLICE_CLAIM=0f0e"])
+    for name, box in boxes.items():
+        r = hook("createRuntime", {"id": name, "pid": box.init_pid, "bundle": str(b)}, d.socket)
+        assert r.returncode == 0, r.stderr
+    members = {s.container_id: s for s in client.list()}
+    assert set(members) == {"claim-0f0e", "c1", "c2"} and members["c1"].state == "bound"
+    first = run_client(boxes["c1"], d.slice_socket, 1536 << 20, linger=10)
+    assert json.loads(first.stdout.readline())["charged"] is True
+    second = run_client(boxes["c2"], d.slice_socket, 1 << 30)
+    out = json.loads(second.stdout.readline())
+    second.wait(10)
+    assert out["limit"] == 2 << 30 and out["charged"] is False  # 1.5 GiB of the claim's 2 are the other's
+    first.kill()
+    first.wait(10)
+
+    time.sleep(1.5)  # three sweeps past the reservation timeout: a claim's slice is not a stale reservation
+    assert client.get("claim-0f0e").state == "reserved"
+    assert hook("poststop", {"id": "c1", "pid": boxes["c1"].init_pid, "bundle": str(b)}, d.socket).returncode == 0
+    assert {s.container_id for s in client.list()} == {"claim-0f0e", "c2"}
+    assert client.release("claim-0f0e")  # unprepared: its containers' records go with it
+    assert client.list() == []
+
+
+@needs_root
+def test_a_claim_that_is_not_prepared_fails_the_container_in_one_line(tmp_path, daemon, containers):
+    d, box = daemon(), containers()
+    b = bundle(tmp_path, {}, env=["GPUSLICE_CLAIM=absent"])
+    r = hook("createRuntime", {"id": "orphan", "pid": box.init_pid, "bundle": str(b)}, d.socket)
+    assert r.returncode == 1
+    [line] = r.stderr.strip().splitlines()
+    assert line == (
+        "gpuslice-hook: createRuntime for container orphan: the slice of claim absent is not on this node "
+        "(the DRA plugin prepares it before the pod's containers start)"
+    )
+    assert d.client().list() == []
