@@ -10,129 +10,34 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cli import sim_daemon
 from tests.conftest import gpu
-from tests.harness import CLIENTS, REPO, official_validator
-from tests.harness.api_server import ApiServer
+from tests.harness import official_validator
+from tests.harness.dra import NODE, DraNode, allocated
 
-NODE = "node-a"
 GiB = 1 << 30
-
-
-def listening(path: Path) -> bool:
-    """A socket that accepts: a file left by a killed plugin does not."""
-    with socket.socket(socket.AF_UNIX) as s:
-        try:
-            s.connect(str(path))
-        except OSError:
-            return False
-    return True
-
-
-class Node:
-    def __init__(self, daemon, tmp: Path) -> None:  # type: ignore[no-untyped-def]
-        self.d = daemon([gpu("16Gi"), gpu("16Gi")], [{"gpus": [0, 1], "pcie": "hostbridge", "nvlinks": 4}])
-        self.tmp = tmp
-        self.spec = tmp / "cdi" / "gpuslice.json"
-        self.spec.parent.mkdir()
-        r = sim_daemon.cdi_generate(self.d, self.spec)
-        assert r.returncode == 0, r.stderr
-        self.api = ApiServer()
-        self.kubeconfig = self.api.kubeconfig(tmp / "kubeconfig")
-        self.plugin_dir = tmp / "plugins" / "gpuslice.io"
-        self.registry = tmp / "plugins_registry"
-        self.claim_specs = tmp / "run-cdi"
-        self.protos = tmp / "kubelet-protos"
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def endpoint(self) -> Path:
-        return self.plugin_dir / "dra.sock"
-
-    def start_plugin(self) -> None:
-        argv = [sys.executable, "-m", "gpuslice.cli", "kubelet-plugin", "--node-name", NODE, "--kubeconfig",
-                str(self.kubeconfig), "--socket", str(self.d.socket), "--plugin-dir", str(self.plugin_dir),
-                "--registry-dir", str(self.registry), "--cdi-dir", str(self.claim_specs),
-                "--cdi-spec", str(self.spec)]  # fmt: skip
-        log = open(self.tmp / "plugin.log", "a")  # noqa: SIM115 - the child's
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 30
-        while not (listening(self.registry / "gpuslice.io-reg.sock") and listening(self.endpoint)):
-            assert self.proc.poll() is None, self.log()
-            assert time.monotonic() < deadline, self.log()
-            time.sleep(0.05)
-
-    def stop_plugin(self, sig: int = signal.SIGTERM) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        self.proc.wait(20)
-
-    def log(self) -> str:
-        return (self.tmp / "plugin.log").read_text()
-
-    def kubelet(self, *args: str) -> dict:
-        r = subprocess.run([sys.executable, str(CLIENTS / "kubelet_dra.py"), str(self.protos), *args],
-                           capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
-        assert r.returncode == 0, r.stderr + self.log()
-        return json.loads(r.stdout)
-
-    def prepare(self, *claims: dict, version: str = "v1") -> dict:
-        refs = [{k: c["metadata"][k] for k in ("uid", "namespace", "name")} for c in claims]
-        return self.kubelet("prepare", str(self.endpoint), version, json.dumps(refs))["claims"]
-
-    def unprepare(self, *claims: dict, version: str = "v1") -> dict:
-        refs = [{k: c["metadata"][k] for k in ("uid", "namespace", "name")} for c in claims]
-        return self.kubelet("unprepare", str(self.endpoint), version, json.dumps(refs))["claims"]
-
-    def slices(self) -> dict[str, object]:
-        return {s.container_id: s for s in self.d.client().list()}
 
 
 @pytest.fixture
 def node(daemon, tmp_path):
-    n = Node(daemon, tmp_path)
+    d = daemon([gpu("16Gi"), gpu("16Gi")], [{"gpus": [0, 1], "pcie": "hostbridge", "nvlinks": 4}])
+    spec = tmp_path / "cdi" / "gpuslice.json"
+    spec.parent.mkdir()
+    r = sim_daemon.cdi_generate(d, spec)
+    assert r.returncode == 0, r.stderr
+    n = DraNode(d, spec, tmp_path, tmp_path / "run-cdi")
     n.start_plugin()
     yield n
-    if n.proc and n.proc.poll() is None:
-        n.stop_plugin()
-    n.api.stop()
+    n.close()
 
 
-def allocated(name: str, *devices: tuple[str, str | None, str | None], config: list | None = None) -> dict:
-    """A ResourceClaim as kube-scheduler leaves it: one request `gpu`, one
-    result per (device, memory, cores), each with its share's ID."""
-    capacity = {k: v for k, v in (("memory", devices[0][1]), ("cores", devices[0][2])) if v}
-    results = []
-    for device, memory, cores in devices:
-        consumed = {k: v for k, v in (("memory", memory), ("cores", cores)) if v}
-        share = {"consumedCapacity": consumed, "shareID": str(uuid.uuid4())} if consumed else {}
-        results.append({"request": "gpu", "driver": "gpuslice.io", "pool": NODE, "device": device, **share})
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "ml", "uid": str(uuid.uuid4())},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpuslice.io", "count": len(devices),
-            **({"capacity": {"requests": capacity}} if capacity else {})}}]}},
-        "status": {"allocation": {
-            "devices": {"results": results, **({"config": config} if config else {})},
-            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
-        }},
-    }  # fmt: skip
-
-
-def published(node: Node) -> dict:
+def published(node: DraNode) -> dict:
     deadline = time.monotonic() + 20
     while f"{NODE}-gpuslice.io" not in node.api.slices:
         assert time.monotonic() < deadline, (node.api.invalid, node.log())
