@@ -13,7 +13,7 @@ from gpuslice.dra.resource_slice import DRIVER
 
 CONFIG_API_VERSION = "gpuslice.io/v1"
 CONFIG_KIND = "SliceConfig"
-CONFIG_KEYS = {"apiVersion", "kind", "computePolicy", "priority"}
+CONFIG_KEYS = {"apiVersion", "kind", "computePolicy", "priority", "wholeGPU"}
 _QUANTITY = re.compile(r"^([0-9]+)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?\Z", re.ASCII)
 _FACTORS = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50,
             "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}  # fmt: skip
@@ -43,6 +43,7 @@ class Claim:
     devices: tuple[Allocated, ...]
     policy: str | None = None
     priority: str | None = None
+    whole: bool = False  # the class asked for whole GPUs (wholeGPU: true): no memory limit, no share
 
 
 def quantity(text: object, what: str) -> int:
@@ -63,9 +64,9 @@ def _allocated(result: dict[str, Any]) -> Allocated:
     return Allocated(result["request"], result["pool"], result["device"], memory, cores, result.get("shareID"))
 
 
-def _config(entries: list[dict[str, Any]]) -> dict[str, str]:
+def _config(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """The opaque parameters for our driver; the claim's own win over its class's."""
-    merged: dict[str, str] = {}
+    merged: dict[str, Any] = {}
     for entry in sorted(entries, key=lambda e: e.get("source") == "FromClaim"):
         opaque = entry.get("opaque") or {}
         if opaque.get("driver") != DRIVER:
@@ -76,9 +77,11 @@ def _config(entries: list[dict[str, Any]]) -> dict[str, str]:
             raise ClaimError(
                 f"opaque config for {DRIVER}: unknown {sorted(unknown) or params.get('apiVersion')}; accepted: "
                 f"apiVersion {CONFIG_API_VERSION}, kind {CONFIG_KIND}, computePolicy (hard, elastic), "
-                "priority (high, normal, low)"
+                "priority (high, normal, low), wholeGPU (true, false)"
             )
-        merged.update({k: str(v) for k, v in params.items() if k in ("computePolicy", "priority")})
+        if not isinstance(params.get("wholeGPU", False), bool):
+            raise ClaimError(f"wholeGPU {params['wholeGPU']!r}: accepted true, false")
+        merged.update({k: v for k, v in params.items() if k in ("computePolicy", "priority", "wholeGPU")})
     return merged
 
 
@@ -102,4 +105,4 @@ def parse(claim: dict[str, Any], pool: str) -> Claim:
     if priority is not None and priority not in {p.value for p in request.Priority}:
         raise ClaimError(f"priority {priority!r}: accepted high, normal, low")
     return Claim(meta["uid"], meta.get("namespace", ""), meta.get("name", ""), tuple(_allocated(r) for r in ours),
-                 policy, priority)  # fmt: skip
+                 policy, priority, config.get("wholeGPU", False))  # fmt: skip

@@ -135,6 +135,8 @@ class Preparer:
                 "a claim's slice has one size on every GPU (one request per size)"
             )
         out = {request.DEVICE: ",".join(uuids), request.GPUS: str(len(uuids))}
+        if claim.whole:  # whole GPUs: the scheduler booked all their cores, so no claim shares them
+            return out
         memory, share = memories.pop(), cores.pop()
         if memory is not None:
             out[request.MEMORY] = str(memory)

@@ -170,3 +170,15 @@ def test_a_restart_between_prepare_and_unprepare_keeps_the_claim(node):
     assert oct(os.stat(node.plugin_dir / "checkpoint.json").st_mode & 0o777) == "0o600"
     assert node.unprepare(claim)[uid] == {"error": ""}
     assert node.slices() == {} and json.loads((node.plugin_dir / "checkpoint.json").read_text())["claims"] == {}
+
+
+def test_a_whole_gpu_class_gives_the_claim_the_whole_gpu(node):
+    whole = {"apiVersion": "gpuslice.io/v1", "kind": "SliceConfig", "wholeGPU": True}
+    config = [{"source": "FromClass", "opaque": {"driver": "gpuslice.io", "parameters": whole}}]
+    claim = allocated("legacy", ("gpu-0", None, None), config=config)
+    node.api.put_claim(claim)
+    uid = claim["metadata"]["uid"]
+    assert node.prepare(claim)[uid].get("error", "") == ""
+    s = node.slices()[f"claim-{uid}"]
+    assert s.whole and [g.memory_limit for g in s.gpus] == [16 * GiB]
+    assert node.unprepare(claim)[uid] == {"error": ""}

