@@ -400,10 +400,13 @@ class SliceManager:
     # -- containers' processes ------------------------------------------------------------
     def slice_of(self, who: identity.Identity) -> SliceRecord | None:
         """The bound slice whose container this process belongs to: same pid
-        namespace (a container's own), else same cgroup; never the daemon's."""
+        namespace (a container's own; where a pod's containers share one, the
+        one with the process's cgroup), else same cgroup; never the daemon's."""
         with self._lock:
             if who.pid_ns != self.own_pid_ns and (recs := self.index.by_pid_ns.get(who.pid_ns)):
-                return self.target(recs[0])
+                # containers of a pod that shares its pid namespace: each has its own cgroup
+                mine = next((r for r in recs if r.cgroup == who.cgroup), recs[0]) if len(recs) > 1 else recs[0]
+                return self.target(mine)
             if who.cgroup not in ("", "/", self.own_cgroup) and (recs := self.index.by_cgroup.get(who.cgroup)):
                 return self.target(recs[0])
         return None

@@ -30,8 +30,9 @@ class GpuNode:
 
 
 @contextmanager
-def gpu_node(work: Path, spec: Path, memory: str = "16Gi") -> Iterator[GpuNode]:
-    daemon = sim_daemon.start(work, sim_daemon.write_config(work, [{"memory": memory}], sweep_interval=0.5))
+def gpu_node(work: Path, spec: Path, memory: str = "16Gi", gpus: int = 1) -> Iterator[GpuNode]:
+    config = sim_daemon.write_config(work, [{"memory": memory}] * gpus, sweep_interval=0.5)
+    daemon = sim_daemon.start(work, config)
     try:
         made = sim_daemon.cdi_generate(daemon, spec)
         assert made.returncode == 0, made.stderr
