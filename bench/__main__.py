@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from bench import compute_shares, container_start, daemon_rpc, interposer_calls, scale, sim_calls
+from bench import compute_shares, container_start, daemon_rpc, dra_prepare, interposer_calls, scale, sim_calls
 
 BENCHMARKS = {
     "sim-calls": sim_calls.main,
@@ -14,6 +14,7 @@ BENCHMARKS = {
     "container-start": container_start.main,
     "compute-shares": compute_shares.main,
     "scale": scale.main,
+    "dra-prepare": dra_prepare.main,
 }
 
 
