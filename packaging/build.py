@@ -213,12 +213,49 @@ def build_rpm(out: Path) -> Path:
     return target
 
 
+IMAGE = "gpuslice/kubelet-plugin"
+IMAGE_SUITE, IMAGE_MIRROR = "bookworm", "http://deb.debian.org/debian"
+
+
+def image_packages() -> list[str]:
+    """What the image's Debian needs: the .deb's dependencies (debootstrap
+    resolves no alternatives and misses python3-cffi's python3-ply) and the
+    kubernetes client for the plugin."""
+    return sorted({d.split()[0] for d in DEB_DEPENDS} | {"python3-ply", "python3-kubernetes"})
+
+
+def build_image(out: Path) -> Path:
+    """The DRA kubelet plugin's container image, from Debian packages and our
+    .deb (debootstrap, then `podman import`), saved as an OCI archive."""
+    deb = build_deb(out)
+    tag = f"{IMAGE}:{version()}"
+    with tempfile.TemporaryDirectory(prefix="gpuslice-image-") as tmp:
+        root = Path(tmp) / "rootfs"
+        subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(image_packages())}",
+                        IMAGE_SUITE, str(root), IMAGE_MIRROR], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+        shutil.copy2(deb, root / "tmp" / deb.name)
+        subprocess.run(["chroot", str(root), "dpkg", "-i", f"/tmp/{deb.name}"], check=True, stdout=subprocess.DEVNULL)
+        (root / "tmp" / deb.name).unlink()
+        for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            for p in (root / cache).glob("*"):
+                if p.is_file():
+                    p.unlink()
+        tar = Path(tmp) / "rootfs.tar"
+        subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(tar), "."], check=True)
+        subprocess.run(["podman", "import", "--change", 'ENTRYPOINT ["gpuslice"]', "--change",
+                        'CMD ["kubelet-plugin"]', str(tar), tag], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    archive = out / f"gpuslice-kubelet-plugin_{version()}.oci.tar"
+    archive.unlink(missing_ok=True)
+    subprocess.run(["podman", "save", "--format", "oci-archive", "-o", str(archive), tag], check=True)
+    return archive
+
+
 def main() -> None:
-    if len(sys.argv) not in (2, 3) or sys.argv[1] not in ("deb", "rpm"):
-        raise SystemExit("usage: packaging/build.py deb|rpm [OUTPUT_DIR]")
+    kinds = {"deb": build_deb, "rpm": build_rpm, "image": build_image}
+    if len(sys.argv) not in (2, 3) or sys.argv[1] not in kinds:
+        raise SystemExit("usage: packaging/build.py deb|rpm|image [OUTPUT_DIR]")
     out = Path(sys.argv[2]) if len(sys.argv) == 3 else ROOT / "dist"
-    built = build_deb(out) if sys.argv[1] == "deb" else build_rpm(out)
-    print(built)
+    print(kinds[sys.argv[1]](out))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,10 @@ def listening(path: Path) -> bool:
 class DraNode:
     """A daemon with its node spec, and the plugin writing claims' specs to `claim_specs`."""
 
-    def __init__(self, d: RunningDaemon, spec: Path, tmp: Path, claim_specs: Path) -> None:
+    def __init__(self, d: RunningDaemon, spec: Path, tmp: Path, claim_specs: Path,
+                 gpuslice: list[str] | None = None) -> None:  # fmt: skip
+        # how to run `gpuslice`: this checkout's, or e.g. the plugin's container image
+        self.gpuslice = gpuslice or [sys.executable, "-m", "gpuslice.cli"]
         self.d = d
         self.tmp = tmp
         self.spec = spec
@@ -51,7 +54,7 @@ class DraNode:
         return self.plugin_dir / "dra.sock"
 
     def start_plugin(self) -> None:
-        argv = [sys.executable, "-m", "gpuslice.cli", "kubelet-plugin", "--node-name", NODE, "--kubeconfig",
+        argv = [*self.gpuslice, "kubelet-plugin", "--node-name", NODE, "--kubeconfig",
                 str(self.kubeconfig), "--socket", str(self.d.socket), "--plugin-dir", str(self.plugin_dir),
                 "--registry-dir", str(self.registry), "--cdi-dir", str(self.claim_specs),
                 "--cdi-spec", str(self.spec)]  # fmt: skip
