@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import grpc
 
-from gpuslice import errors
+from gpuslice import errors, inventory
 from gpuslice.allocator import metrics
 from gpuslice.allocator.compute import ComputeController
 from gpuslice.allocator.slices import SliceManager, SliceView
@@ -89,7 +89,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
                 index=g.index, uuid=g.uuid, name=g.name, pci_bus_id=g.pci_bus_id, memory_total=g.memory_total,
                 memory_reserved=caps[g.uuid].memory_reserved, cores_reserved=caps[g.uuid].cores_reserved,
                 slices=caps[g.uuid].slices, exclusive=caps[g.uuid].exclusive,
-                compute_capability=g.compute_capability,
+                compute_capability=g.compute_capability, health=inventory.health(g.uuid),
             )
             for g in inv.gpus
         ]  # fmt: skip

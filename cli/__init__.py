@@ -296,8 +296,10 @@ def selftest_cmd(config_path, cdi_spec, memory, seconds, gpus, no_shares, as_jso
               show_default=True, help="the kubelet's plugin registry")  # fmt: skip
 @click.option("--cdi-dir", type=click.Path(file_okay=False), default="/var/run/cdi", show_default=True)
 @click.option("--cdi-spec", type=click.Path(dir_okay=False), help="the node's gpuslice.io/gpu spec (default: CDI's)")
+@click.option("--resync", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True,
+              help="seconds between reads of the daemon's GPUs (republished when they change)")  # fmt: skip
 @click.option("-v", "--verbose", is_flag=True, help="log at debug level")
-def kubelet_plugin(node_name, kubeconfig, daemon_socket, plugin_dir, registry_dir, cdi_dir, cdi_spec, verbose):
+def kubelet_plugin(node_name, kubeconfig, daemon_socket, plugin_dir, registry_dir, cdi_dir, cdi_spec, resync, verbose):
     """The DRA driver gpuslice.io on this node: publishes its GPUs as a
     ResourceSlice and prepares the claims kube-scheduler allocated on them."""
     import logging
@@ -307,7 +309,7 @@ def kubelet_plugin(node_name, kubeconfig, daemon_socket, plugin_dir, registry_di
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="gpuslice-kubelet-plugin: %(message)s")
     opts = plugin.Options(node_name, daemon_socket, kubeconfig, Path(plugin_dir), Path(registry_dir), Path(cdi_dir),
-                          Path(cdi_spec) if cdi_spec else None)  # fmt: skip
+                          Path(cdi_spec) if cdi_spec else None, resync)  # fmt: skip
     try:
         p = plugin.Plugin(opts)
     except errors.GpusliceError as e:

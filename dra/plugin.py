@@ -81,6 +81,9 @@ class Plugin:
         self.generation += 1
         self.api.publish_slice(resource_slice.build(self.opts.node, inventory, self.generation))
         self.published = seen
+        for g in inventory.gpus:
+            if g.health:
+                log.warning("GPU %d (%s) tainted %s: %s", g.index, g.uuid, resource_slice.UNHEALTHY, g.health)
         log.info("published ResourceSlice %s, generation %d", resource_slice.slice_name(self.opts.node),
                  self.generation)  # fmt: skip
 

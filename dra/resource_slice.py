@@ -18,6 +18,7 @@ ARCHITECTURES = {"7.0": "Volta", "7.2": "Volta", "7.5": "Turing", "8.0": "Ampere
                  "8.9": "Ada Lovelace", "9.0": "Hopper", "10.0": "Blackwell", "10.3": "Blackwell",
                  "12.0": "Blackwell", "12.1": "Blackwell"}  # fmt: skip
 SAME_PCIE_ROOT = ("internal", "single", "multiple", "hostbridge")  # NVML levels under one host bridge
+UNHEALTHY = DRIVER + "/unhealthy"  # the device taint of a GPU the daemon reports unwell
 
 
 def device_name(index: int) -> str:
@@ -67,6 +68,7 @@ def _device(gpu: pb.Gpu, driver_version: str, pcie_root: int, nvlink_domain: int
         attributes["cudaComputeCapability"] = {"version": semver(gpu.compute_capability)}
         attributes["architecture"] = {"string": ARCHITECTURES.get(gpu.compute_capability, "unknown")}
     step = str(MEMORY_STEP)
+    taints = [{"key": UNHEALTHY, "effect": "NoSchedule"}] if gpu.health else []
     return {
         "name": device_name(gpu.index),
         "allowMultipleAllocations": True,
@@ -81,6 +83,8 @@ def _device(gpu: pb.Gpu, driver_version: str, pcie_root: int, nvlink_domain: int
                 "requestPolicy": {"default": "100", "validRange": {"min": "1", "max": "100", "step": "1"}},
             },
         },
+        # a failing GPU takes no new claims; those running keep it (NoSchedule, not NoExecute)
+        **({"taints": taints} if taints else {}),
     }
 
 

@@ -27,6 +27,7 @@ class Gpu:
     utilization: int
     processes: tuple[GpuProcess, ...] = field(default_factory=tuple)
     compute_capability: str = ""  # "9.0"
+    health: str = ""  # "" when healthy, else why not (one line)
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,33 @@ def _gpu(index: int) -> Gpu:
         utilization=pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
         processes=procs,
         compute_capability="{}.{}".format(*pynvml.nvmlDeviceGetCudaComputeCapability(h)),
+        health=_health(h),
     )
+
+
+def _health(handle: object) -> str:
+    """Why a GPU should take no new work: uncorrected ECC errors since the
+    driver loaded (the GPU needs a reset), or NVML losing it; "" when well."""
+    try:
+        errors_ = pynvml.nvmlDeviceGetTotalEccErrors(
+            handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+        )
+    except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
+        return ""  # no ECC on this GPU: nothing to say
+    except pynvml.NVMLError as e:
+        return f"NVML cannot read it: {e}"
+    return f"{errors_} uncorrected ECC errors" if errors_ else ""
+
+
+def health(uuid: str) -> str:
+    """A GPU's health now (see _health); NVML must be loadable."""
+    pynvml.nvmlInit()
+    try:
+        return _health(pynvml.nvmlDeviceGetHandleByUUID(uuid.encode()))
+    except pynvml.NVMLError as e:
+        return f"NVML cannot read it: {e}"
+    finally:
+        pynvml.nvmlShutdown()
 
 
 class NoDriver(errors.Unavailable):

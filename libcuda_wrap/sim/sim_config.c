@@ -193,8 +193,12 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
             if (parse_int(v, 1, 10000, &iv))
                 return fail(c, "gpus[%d].clock_mhz: must be an integer from 1 to 10000, got \"%s\"", idx, v);
             g->clock_khz = (int)iv * 1000;
+        } else if (strcmp(k, "ecc_uncorrected") == 0) {
+            if (parse_int(v, 0, 1000000000, &iv))
+                return fail(c, "gpus[%d].ecc_uncorrected: must be an integer from 0 to 1000000000, got \"%s\"", idx, v);
+            g->ecc_uncorrected = (unsigned long long)iv;
         } else {
-            return fail(c, "gpus[%d]: unknown key \"%s\" (accepted: name, uuid, pci_bus_id, memory, context_memory, sms, compute_capability, wave_time, clock_mhz, memory_limits)", idx, k);
+            return fail(c, "gpus[%d]: unknown key \"%s\" (accepted: name, uuid, pci_bus_id, memory, context_memory, sms, compute_capability, wave_time, clock_mhz, memory_limits, ecc_uncorrected)", idx, k);
         }
     }
     if (!have_memory)

@@ -384,6 +384,29 @@ NVAPI nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
     return NVML_SUCCESS;
 }
 
+/* ECC is on (as on data-centre GPUs); the volatile uncorrected count is the
+ * config's ecc_uncorrected, which makes a failing GPU; nothing else errs. */
+NVAPI nvmlDeviceGetEccMode(nvmlDevice_t d, nvmlEnableState_t *current, nvmlEnableState_t *pending)
+{
+    REQUIRE_DEV(d, idx);
+    (void)idx;
+    if (!current || !pending)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *current = *pending = NVML_FEATURE_ENABLED;
+    return NVML_SUCCESS;
+}
+
+NVAPI nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, nvmlMemoryErrorType_t type, nvmlEccCounterType_t counter,
+                                  unsigned long long *count)
+{
+    REQUIRE_DEV(d, idx);
+    if (!count || (type != NVML_MEMORY_ERROR_TYPE_CORRECTED && type != NVML_MEMORY_ERROR_TYPE_UNCORRECTED) ||
+        (counter != NVML_VOLATILE_ECC && counter != NVML_AGGREGATE_ECC))
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *count = type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED ? sim_machine()->gpu[idx].ecc_uncorrected : 0;
+    return NVML_SUCCESS;
+}
+
 /* One sample per process covering the 10 ms buckets completed since
  * last_seen (at most the last second), stamped with the end of the last
  * bucket: a caller that passes back the newest timestamp it saw gets

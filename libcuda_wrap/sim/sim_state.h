@@ -50,6 +50,7 @@ struct sim_gpu_info { /* static, from the config */
     int cc_major, cc_minor;
     int clock_khz;
     int memory_limits; /* nvmlDeviceSetMemoryLimits_v1 supported (recent drivers) */
+    unsigned long long ecc_uncorrected; /* volatile uncorrected ECC errors NVML reports (a failing GPU) */
 };
 
 struct sim_machine { /* what the config describes */

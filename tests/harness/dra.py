@@ -38,6 +38,7 @@ class DraNode:
                  gpuslice: list[str] | None = None) -> None:  # fmt: skip
         # how to run `gpuslice`: this checkout's, or e.g. the plugin's container image
         self.gpuslice = gpuslice or [sys.executable, "-m", "gpuslice.cli"]
+        self.plugin_args: list[str] = []  # more options for `gpuslice kubelet-plugin`
         self.d = d
         self.tmp = tmp
         self.spec = spec
@@ -57,7 +58,7 @@ class DraNode:
         argv = [*self.gpuslice, "kubelet-plugin", "--node-name", NODE, "--kubeconfig",
                 str(self.kubeconfig), "--socket", str(self.d.socket), "--plugin-dir", str(self.plugin_dir),
                 "--registry-dir", str(self.registry), "--cdi-dir", str(self.claim_specs),
-                "--cdi-spec", str(self.spec)]  # fmt: skip
+                "--cdi-spec", str(self.spec), *self.plugin_args]  # fmt: skip
         log = open(self.tmp / "plugin.log", "a")  # noqa: SIM115 - the child's
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30

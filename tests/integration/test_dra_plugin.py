@@ -14,6 +14,7 @@ import time
 import uuid
 
 import pytest
+import yaml
 
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cli import sim_daemon
@@ -182,3 +183,48 @@ def test_a_whole_gpu_class_gives_the_claim_the_whole_gpu(node):
     s = node.slices()[f"claim-{uid}"]
     assert s.whole and [g.memory_limit for g in s.gpus] == [16 * GiB]
     assert node.unprepare(claim)[uid] == {"error": ""}
+
+
+def gpus_of(obj: dict) -> dict[str, dict]:
+    return {d["name"]: d for d in obj["spec"]["devices"]}
+
+
+def test_a_failing_gpu_is_tainted_and_a_daemon_restart_keeps_the_claims(daemon, tmp_path):
+    """GPU 1 with uncorrected ECC errors is published tainted; then the daemon
+    restarts on a node whose GPU 0 fails too: the plugin republishes (a new
+    pool generation) and the claim prepared before is still there to unprepare."""
+    d = daemon([gpu("16Gi"), gpu("16Gi", ecc_uncorrected=3)])
+    spec = tmp_path / "gpuslice.json"
+    assert sim_daemon.cdi_generate(d, spec).returncode == 0
+    node = DraNode(d, spec, tmp_path, tmp_path / "run-cdi")
+    node.plugin_args = ["--resync", "0.2"]
+    node.start_plugin()
+    try:
+        first = published(node)
+        assert node.api.invalid == []
+        devices = gpus_of(first)
+        assert "taints" not in devices["gpu-0"]
+        assert devices["gpu-1"]["taints"] == [{"key": "gpuslice.io/unhealthy", "effect": "NoSchedule"}]
+        assert "GPU 1" in node.log() and "3 uncorrected ECC errors" in node.log()
+
+        claim = allocated("survivor", ("gpu-0", "2Gi", None))
+        node.api.put_claim(claim)
+        uid = claim["metadata"]["uid"]
+        assert node.prepare(claim)[uid].get("error", "") == ""
+        d.kill()
+        config = d.dir / "sim.yaml"
+        machine = yaml.safe_load(config.read_text())
+        machine["gpus"][0]["ecc_uncorrected"] = 1
+        config.write_text(yaml.safe_dump(machine))
+        d = daemon.restart(d)
+        deadline = time.monotonic() + 20
+        while node.api.slices[f"{NODE}-gpuslice.io"]["spec"]["pool"]["generation"] < 2:
+            assert time.monotonic() < deadline, node.log()
+            time.sleep(0.1)
+        again = gpus_of(node.api.slices[f"{NODE}-gpuslice.io"])
+        assert "taints" in again["gpu-0"] and "taints" in again["gpu-1"]
+        assert [s.container_id for s in d.client().list()] == [f"claim-{uid}"]  # the daemon's store kept it
+        assert node.unprepare(claim)[uid] == {"error": ""}
+        assert d.client().list() == []
+    finally:
+        node.close()
