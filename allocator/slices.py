@@ -259,12 +259,15 @@ class SliceManager:
                 f"{e.strerror or e}; nothing was reserved"
             ) from e
 
-    def bind(self, container_id: str, pid: int) -> SliceRecord:
+    @staticmethod
+    def _process(container_id: str, pid: int) -> identity.Identity:
         try:
-            who = identity.of_pid(pid)
+            return identity.of_pid(pid)
         except identity.NoSuchProcess as e:
             raise errors.InvalidArgument(f"pid {pid}: no such process to bind container {container_id} to") from e
 
+    def bind(self, container_id: str, pid: int) -> SliceRecord:
+        who = self._process(container_id, pid)
         with self._lock:
             rec = self.index.by_container.get(container_id)
             if rec is None:
@@ -283,10 +286,7 @@ class SliceManager:
     def join(self, container_id: str, claim_slice: str, pid: int) -> SliceRecord:
         """A container of a DRA claim, bound to the claim's slice: its processes
         share the claim's memory and compute with the claim's other containers."""
-        try:
-            who = identity.of_pid(pid)
-        except identity.NoSuchProcess as e:
-            raise errors.InvalidArgument(f"pid {pid}: no such process to bind container {container_id} to") from e
+        who = self._process(container_id, pid)
         with self._lock:
             claim = self.index.by_container.get(claim_slice)
             if claim is None or not is_claim(claim):

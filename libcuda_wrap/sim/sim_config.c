@@ -141,6 +141,7 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
     g->wave_ns = 10000;
     g->clock_khz = 1410000;
     g->memory_limits = 1;
+    g->power_limit_mw = 400000; /* A100 SXM4 */
     for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
         const char *k = scalar(yaml_document_get_node(&c->doc, p->key));
         const char *v = scalar(yaml_document_get_node(&c->doc, p->value));
@@ -193,12 +194,16 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
             if (parse_int(v, 1, 10000, &iv))
                 return fail(c, "gpus[%d].clock_mhz: must be an integer from 1 to 10000, got \"%s\"", idx, v);
             g->clock_khz = (int)iv * 1000;
+        } else if (strcmp(k, "power_limit_w") == 0) {
+            if (parse_int(v, 1, 10000, &iv))
+                return fail(c, "gpus[%d].power_limit_w: must be an integer from 1 to 10000, got \"%s\"", idx, v);
+            g->power_limit_mw = (unsigned)iv * 1000u;
         } else if (strcmp(k, "ecc_uncorrected") == 0) {
             if (parse_int(v, 0, 1000000000, &iv))
                 return fail(c, "gpus[%d].ecc_uncorrected: must be an integer from 0 to 1000000000, got \"%s\"", idx, v);
             g->ecc_uncorrected = (unsigned long long)iv;
         } else {
-            return fail(c, "gpus[%d]: unknown key \"%s\" (accepted: name, uuid, pci_bus_id, memory, context_memory, sms, compute_capability, wave_time, clock_mhz, memory_limits, ecc_uncorrected)", idx, k);
+            return fail(c, "gpus[%d]: unknown key \"%s\" (accepted: name, uuid, pci_bus_id, memory, context_memory, sms, compute_capability, wave_time, clock_mhz, memory_limits, power_limit_w, ecc_uncorrected)", idx, k);
         }
     }
     if (!have_memory)

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "gpuslice_nvml.h"
+#include "sim_nvml.h"
 #include "sim_state.h"
 
 #define NVAPI SIM_API nvmlReturn_t
@@ -98,6 +99,11 @@ static int dev_index(nvmlDevice_t d)
     if (d < devices || d >= devices + sim_machine()->gpu_count)
         return -1;
     return (int)(d - devices);
+}
+
+int sim_nvml_index(nvmlDevice_t d)
+{
+    return ready() ? dev_index(d) : -2;
 }
 
 #define REQUIRE_DEV(d, idx)                       \
@@ -375,13 +381,18 @@ NVAPI nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
     REQUIRE_DEV(d, idx);
     if (!u)
         return NVML_ERROR_INVALID_ARGUMENT;
+    u->gpu = sim_nvml_busy_percent(idx);
+    u->memory = 0; /* memory bandwidth is not modelled */
+    return NVML_SUCCESS;
+}
+
+unsigned sim_nvml_busy_percent(int idx)
+{
     sim_sweep_dead();
     /* the last second of complete 10 ms buckets */
     uint64_t to = sim_now_ns() / SIM_BUCKET_NS * SIM_BUCKET_NS;
     uint64_t window = SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS;
-    u->gpu = percent(sim_busy_between(idx, -1, to - window, to), window);
-    u->memory = 0; /* memory bandwidth is not modelled */
-    return NVML_SUCCESS;
+    return percent(sim_busy_between(idx, -1, to - window, to), window);
 }
 
 /* ECC is on (as on data-centre GPUs); the volatile uncorrected count is the

@@ -51,6 +51,7 @@ struct sim_gpu_info { /* static, from the config */
     int clock_khz;
     int memory_limits; /* nvmlDeviceSetMemoryLimits_v1 supported (recent drivers) */
     unsigned long long ecc_uncorrected; /* volatile uncorrected ECC errors NVML reports (a failing GPU) */
+    unsigned power_limit_mw;            /* the board's power limit */
 };
 
 struct sim_machine { /* what the config describes */

@@ -364,6 +364,45 @@ class Agent:
             "samples": {str(k): v for k, v in samples.items()},
         }
 
+    def monitor(self, device: int = 0) -> dict:
+        return read_monitor(device)
+
+
+MONITOR_CALLS = {  # what nvidia-smi-style monitors read, by name: the call on a handle
+    "temperature": lambda h: pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU),
+    "fan": lambda h: pynvml.nvmlDeviceGetFanSpeed(h),
+    "power": lambda h: pynvml.nvmlDeviceGetPowerUsage(h),
+    "power_limit": lambda h: pynvml.nvmlDeviceGetPowerManagementLimit(h),
+    "enforced_power_limit": lambda h: pynvml.nvmlDeviceGetEnforcedPowerLimit(h),
+    "encoder": lambda h: list(pynvml.nvmlDeviceGetEncoderUtilization(h)),
+    "decoder": lambda h: list(pynvml.nvmlDeviceGetDecoderUtilization(h)),
+    "pstate": lambda h: pynvml.nvmlDeviceGetPerformanceState(h),
+    "persistence": lambda h: pynvml.nvmlDeviceGetPersistenceMode(h),
+    "compute_mode": lambda h: pynvml.nvmlDeviceGetComputeMode(h),
+    "ecc_mode": lambda h: list(pynvml.nvmlDeviceGetEccMode(h)),
+    "ecc_uncorrected": lambda h: pynvml.nvmlDeviceGetTotalEccErrors(
+        h, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
+    ),
+    "sm_clock": lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+    "memory_clock": lambda h: pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM),
+    "max_sm_clock": lambda h: pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_SM),
+    "pcie_tx": lambda h: pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES),
+}
+
+
+def read_monitor(device: int = 0) -> dict:
+    """Every monitoring call's value, or its NVML error's text."""
+    pynvml.nvmlInit()
+    h = pynvml.nvmlDeviceGetHandleByIndex(device)
+    out: dict[str, object] = {}
+    for name, call in MONITOR_CALLS.items():
+        try:
+            out[name] = call(h)
+        except pynvml.NVMLError as e:
+            out[name] = f"error: {e}"
+    pynvml.nvmlShutdown()
+    return out
+
 
 def main() -> None:
     agent = Agent()

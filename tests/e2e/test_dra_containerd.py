@@ -21,7 +21,7 @@ import pytest
 from gpuslice import rootfs
 from tests.clients.cri import Kubelet, compile_api
 from tests.e2e.test_kubelet_cri import HOLD, Pod, containerd_bin
-from tests.harness.containerd import ContainerdNode
+from tests.harness.containerd import cri_node
 from tests.harness.dra import DraNode, allocated
 from tests.harness.gpu_node import GpuNode
 from tests.harness.gpu_node import gpu_node as sim_gpu_node
@@ -48,23 +48,10 @@ def gpu_node(tmp_path_factory) -> Iterator[GpuNode]:
 @pytest.fixture(scope="module")
 def kubelet(gpu_node, tmp_path_factory) -> Iterator[Kubelet]:
     """containerd 1.7 with the node's config plus `gpuslice install containerd` (enable_cdi)."""
-    ctd = ContainerdNode(containerd_bin("1.7"), tmp_path_factory.mktemp("containerd-1.7"), gpu_node.shim,
-                         rootfs.build(tmp_path_factory.mktemp("probe-rootfs")))  # fmt: skip
-    installed = ctd.install()
-    assert installed.returncode == 0, installed.stderr
-    client = None
-    try:
-        ctd.start()
-        ctd.import_images()
-        client = Kubelet(ctd.socket, compile_api(tmp_path_factory.mktemp("cri-api")))
+    with cri_node(containerd_bin("1.7"), tmp_path_factory.mktemp("containerd-1.7"), gpu_node.shim,
+                  rootfs.build(tmp_path_factory.mktemp("probe-rootfs")),
+                  compile_api(tmp_path_factory.mktemp("cri-api"))) as (_, client):  # fmt: skip
         yield client
-    finally:
-        if client:
-            for pod in client.pods():
-                client.stop_pod(pod.id)
-                client.remove_pod(pod.id)
-            client.close()
-        ctd.cleanup()
 
 
 @pytest.fixture

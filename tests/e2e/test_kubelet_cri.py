@@ -21,7 +21,7 @@ import pytest
 
 from gpuslice import rootfs
 from tests.clients.cri import Kubelet, compile_api
-from tests.harness.containerd import IMAGE, PAUSE, ContainerdNode
+from tests.harness.containerd import IMAGE, PAUSE, ContainerdNode, cri_node
 from tests.harness.debian import unpacked
 from tests.harness.gpu_node import GpuNode
 from tests.harness.gpu_node import gpu_node as sim_gpu_node
@@ -69,23 +69,9 @@ def probe_rootfs(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module", params=sorted(VERSIONS))
 def node(request, gpu_node, cri_api, probe_rootfs, tmp_path_factory) -> Iterator[tuple[ContainerdNode, Kubelet]]:
     """containerd of one version with the node's config plus `gpuslice install containerd`."""
-    ctd = ContainerdNode(containerd_bin(request.param), tmp_path_factory.mktemp(f"containerd-{request.param}"),
-                         gpu_node.shim, probe_rootfs)  # fmt: skip
-    installed = ctd.install()
-    assert installed.returncode == 0, installed.stderr
-    kubelet = None
-    try:
-        ctd.start()
-        ctd.import_images()
-        kubelet = Kubelet(ctd.socket, cri_api)
-        yield ctd, kubelet
-    finally:
-        if kubelet:
-            for pod in kubelet.pods():
-                kubelet.stop_pod(pod.id)
-                kubelet.remove_pod(pod.id)
-            kubelet.close()
-        ctd.cleanup()
+    with cri_node(containerd_bin(request.param), tmp_path_factory.mktemp(f"containerd-{request.param}"),
+                  gpu_node.shim, probe_rootfs, cri_api) as both:  # fmt: skip
+        yield both
 
 
 class Pod:

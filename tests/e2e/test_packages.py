@@ -23,7 +23,7 @@ from gpuslice import rootfs
 from gpuslice.cdi.registry import Registry as CdiRegistry
 from gpuslice.cli.container_demo import PODMAN
 from gpuslice.client import AllocatorClient
-from tests.harness import REPO
+from tests.harness import REPO, build_package
 
 ROOT = REPO
 INSTALLED = Path("/usr/lib/gpuslice/python/gpuslice/_native")
@@ -42,10 +42,7 @@ def packages(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("dist")
     built = {}
     for kind in ("deb", "rpm"):
-        r = subprocess.run([sys.executable, str(ROOT / "packaging/build.py"), kind, str(out)], capture_output=True,
-                           text=True, timeout=600)  # fmt: skip
-        assert r.returncode == 0, r.stderr[-3000:]
-        built[kind] = Path(r.stdout.strip().splitlines()[-1])
+        built[kind] = build_package(kind, out)
     return built
 
 

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from gpuslice.cli import sim_daemon
-from tests.harness import REPO
+from tests.harness import build_package
 from tests.harness.dra import DraNode, allocated
 
 GiB = 1 << 30
@@ -30,10 +27,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def image(tmp_path_factory) -> str:
     out = tmp_path_factory.mktemp("image")
-    r = subprocess.run([sys.executable, str(REPO / "packaging/build.py"), "image", str(out)], capture_output=True,
-                       text=True, timeout=900)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    archive = Path(r.stdout.strip().splitlines()[-1])
+    archive = build_package("image", out)
     assert archive.name.endswith(".oci.tar") and archive.stat().st_size > 0
     return "localhost/gpuslice/kubelet-plugin:" + archive.name.split("_")[1].removesuffix(".oci.tar")
 

@@ -14,7 +14,6 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.paths import native_dir
-from tests.harness import REPO
+from tests.harness import REPO, build_package
 
 PODMAN = ["podman", "--runtime", "runc"]
 # the most open files a container may have here (podman cannot give more than its own hard limit)
@@ -78,10 +77,7 @@ def rootfs() -> Path:
 @pytest.fixture(scope="module")
 def deb(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("deb")
-    r = subprocess.run([sys.executable, str(REPO / "packaging/build.py"), "deb", str(out)], capture_output=True,
-                       text=True, timeout=600)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-3000:]
-    return Path(r.stdout.strip().splitlines()[-1])
+    return build_package("deb", out)
 
 
 class Booted:

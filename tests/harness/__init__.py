@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -70,3 +71,11 @@ def wait_until_ready(proc: subprocess.Popen, log: Path, ready, name: str, second
             return
         time.sleep(0.2)
     raise RuntimeError(f"{name} did not answer in {seconds} s: {log.read_text()[-2000:]}")
+
+
+def build_package(kind: str, out: Path) -> Path:
+    """`packaging/build.py KIND OUT` (deb, rpm, image): the file it made."""
+    r = subprocess.run([sys.executable, str(REPO / "packaging/build.py"), kind, str(out)], capture_output=True,
+                       text=True, timeout=900)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    return Path(r.stdout.strip().splitlines()[-1])

@@ -10,6 +10,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.harness import wait_until_ready
@@ -140,3 +142,28 @@ class ContainerdNode:
         self.stop()
         subprocess.run(["umount", "-R", "-l", str(self.run)], capture_output=True)
         shutil.rmtree(self.run, ignore_errors=True)
+
+
+@contextmanager
+def cri_node(bin_dir: Path, work: Path, shim: Path, image_rootfs: Path, api: tuple) -> Iterator[tuple]:
+    """containerd with the node's config plus `gpuslice install containerd`,
+    started with its images, and a kubelet-like CRI client on it; every pod,
+    container and containerd itself gone afterwards."""
+    from tests.clients.cri import Kubelet
+
+    ctd = ContainerdNode(bin_dir, work, shim, image_rootfs)
+    installed = ctd.install()
+    assert installed.returncode == 0, installed.stderr
+    kubelet = None
+    try:
+        ctd.start()
+        ctd.import_images()
+        kubelet = Kubelet(ctd.socket, api)
+        yield ctd, kubelet
+    finally:
+        if kubelet:
+            for pod in kubelet.pods():
+                kubelet.stop_pod(pod.id)
+                kubelet.remove_pod(pod.id)
+            kubelet.close()
+        ctd.cleanup()

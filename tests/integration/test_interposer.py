@@ -13,6 +13,7 @@ import time
 import pytest
 
 from gpuslice.allocator.slice_files import SliceFiles
+from gpuslice.paths import native_dir
 from tests.conftest import Agent, Container, GiB, MiB, gpu, needs_root
 from tests.harness import CLIENTS, REPO, interposer_env
 from tests.integration.test_sim_memory import DEVICE_PATHS
@@ -219,3 +220,19 @@ def test_no_signal_handlers_installed(one_gib):
         one_gib.box.command([sys.executable, "-c", code]), env=one_gib.env, capture_output=True, text=True, timeout=60
     )
     assert r.stdout.strip() == "True", r.stderr
+
+
+def test_monitoring_tools_read_the_same_through_the_interposer(one_gib, started):
+    """What nvidia-smi-style monitors call, through the interposer in a slice
+    and straight from the simulator: the same answers, no call missing (a
+    passively cooled GPU has no fan: NOT_SUPPORTED, as a real one says)."""
+    inside = one_gib.agent(started).call("monitor")
+    direct = Agent({**one_gib.env, "LD_LIBRARY_PATH": str(native_dir() / "sim")})
+    started.append(direct)
+    outside = direct.call("monitor")
+    assert inside == outside
+    assert inside["fan"] == "error: Not Supported"
+    failed = {k: v for k, v in inside.items() if isinstance(v, str) and k != "fan"}
+    assert failed == {}
+    assert inside["power_limit"] == 400_000 and inside["sm_clock"] == inside["max_sm_clock"] == 1410
+    assert inside["ecc_mode"] == [1, 1] and inside["ecc_uncorrected"] == 0 and inside["compute_mode"] == 0
