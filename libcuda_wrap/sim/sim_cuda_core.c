@@ -1153,6 +1153,27 @@ CUAPI cuGetExportTable(const void **table, const void *id)
     return CUDA_ERROR_NOT_SUPPORTED; /* private runtime tables are not simulated */
 }
 
+/* ---- the profiler (cudaProfiler.h): no profiler attaches to the simulator,
+ * so starting and stopping collection only asks for a current context ---- */
+
+CUAPI cuProfilerInitialize(const char *config_file, const char *output_file, int output_mode)
+{
+    (void)config_file, (void)output_file, (void)output_mode;
+    return CUDA_ERROR_NOT_SUPPORTED; /* deprecated, and gone from current drivers */
+}
+
+CUAPI cuProfilerStart(void)
+{
+    SIM_ENTER();
+    struct sim_ctx *c;
+    return sim_ctx_or_error(&c);
+}
+
+CUAPI cuProfilerStop(void)
+{
+    return cuProfilerStart();
+}
+
 /* ---- cuGetProcAddress (table in sim_cuda_procs.c) --------------------- */
 
 CUAPI cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint64_t flags,

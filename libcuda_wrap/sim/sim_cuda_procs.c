@@ -8,6 +8,8 @@
 
 enum { DEFAULT = 0, PTDS = 1 };
 
+void *sim_unmodelled(const char *symbol); /* sim_cuda_unsupported.c */
+
 /* Only addresses are taken here; the definitions live in the other files. */
 #define SYM(name, ver, kind, sym) void sym(void);
 #include "../symbols/sim_driver_api.def"
@@ -49,11 +51,14 @@ CUresult sim_proc_lookup(const char *symbol, void **pfn, int version, cuuint64_t
         if (!best || e->version > best->version || (e->version == best->version && e->kind == PTDS))
             best = e;
     }
-    if (best)
+    void *fn = best ? (void *)best->fn : NULL;
+    if (!fn && st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND)
+        fn = sim_unmodelled(symbol); /* a cuda.h function not modelled: it answers NOT_SUPPORTED */
+    if (fn)
         st = CU_GET_PROC_ADDRESS_SUCCESS;
-    *pfn = best ? (void *)best->fn : NULL;
+    *pfn = fn;
     if (status)
         *status = st;
-    return best ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+    return fn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
 }
 

@@ -320,6 +320,20 @@ class Agent:
         err, pfn, status = cu.cuGetProcAddress(symbol.encode(), version, flags)
         return {"error": name_of(err), "pfn": int(pfn) if pfn else 0, "status": None if status is None else int(status)}
 
+    def unmodelled(self) -> dict:
+        """Calls the simulator does not model, made as programs make them."""
+        calls = {
+            "cuLinkCreate": lambda: cu.cuLinkCreate(0, None, None)[0],
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor": lambda: cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                None, 256, 0
+            )[0],
+            "cuMemRetainAllocationHandle": lambda: cu.cuMemRetainAllocationHandle(0)[0],
+        }
+        return {name: name_of(call()) for name, call in calls.items()}
+
+    def profiler(self) -> dict:
+        return {"start": name_of(cu.cuProfilerStart()[0]), "stop": name_of(cu.cuProfilerStop()[0])}
+
     # -- errors ----------------------------------------------------------------
     def error_names(self, codes: list[int]) -> dict:
         """cuGetErrorName and cuGetErrorString of each code: [result, name, text]."""

@@ -135,7 +135,9 @@ def def_entries() -> list[tuple[str, int, str, str]]:
 
 
 def official_variants() -> dict[str, set[tuple[int, str]]]:
+    # the driver API's versions: cudaTypedefs.h, and cudaProfilerTypedefs.h for cuProfiler*
     text = (needs("cudaTypedefs.h") / "cudaTypedefs.h").read_text()
+    text += (needs("cudaProfilerTypedefs.h") / "cudaProfilerTypedefs.h").read_text()
     out: dict[str, set[tuple[int, str]]] = {}
     for name, ver, suffix in re.findall(r"\*PFN_(cu\w+?)_v(\d+)(_ptsz|_ptds)?\)", text):
         out.setdefault(name, set()).add((int(ver), "PTDS" if suffix else "DEFAULT"))

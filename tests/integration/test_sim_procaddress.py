@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
+from tests.harness import REPO
 from tests.integration.test_declarations import def_entries
 
 DEFAULT, PTDS = 0, 2  # CU_GET_PROC_ADDRESS_DEFAULT / _PER_THREAD_DEFAULT_STREAM
@@ -42,6 +45,18 @@ def test_unknown_names_and_too_old_versions_are_not_found(agent):
     assert unknown["error"] == "CUDA_ERROR_NOT_FOUND" and unknown["pfn"] == 0
     old = agent.call("procaddr", symbol="cuMemAllocAsync", version=11000, flags=DEFAULT)
     assert old["error"] == "CUDA_ERROR_NOT_FOUND" and old["pfn"] == 0
+
+
+def test_what_is_not_modelled_is_not_supported_not_missing(agent):
+    """Every cuda.h function is exported; one the simulator does not model
+    answers CUDA_ERROR_NOT_SUPPORTED, by dlsym and by cuGetProcAddress."""
+    names = re.findall(r"^FWD\((\w+)\)$", (REPO / "libcuda_wrap/symbols/cuda_exports.def").read_text(), re.M)
+    exported = agent.call("dlsym", names=names)
+    assert len(names) > 600 and [n for n, found in exported.items() if not found] == []
+    got = agent.call("procaddr", symbol="cuLinkCreate", version=13000, flags=DEFAULT)
+    assert got["error"] == "CUDA_SUCCESS" and got["pfn"] == exported["cuLinkCreate_v2"]
+    assert set(agent.call("unmodelled").values()) == {"CUDA_ERROR_NOT_SUPPORTED"}
+    assert agent.call("profiler") == {"start": "CUDA_SUCCESS", "stop": "CUDA_SUCCESS"}  # modelled: no profiler
 
 
 def test_every_table_entry_resolves_to_its_exported_symbol(agent):
