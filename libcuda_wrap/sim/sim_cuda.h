@@ -60,6 +60,7 @@ struct sim_pool {
     int dev;
     uint64_t used, used_high, threshold;
     size_t max_size;
+    unsigned reuse_off; /* bit (1 << attr) per CU_MEMPOOL_ATTR_REUSE_* turned off; all on by default */
 };
 
 struct sim_func {

@@ -51,10 +51,19 @@ static char *ptx_entries(const char *text)
     return out;
 }
 
-static CUresult module_new(const void *image, struct sim_module **out)
+/* The device a module's functions run on: its context's; for a library loaded
+ * with no context current (context-independent loading), the current one's. */
+static int module_dev(const struct sim_module *m)
 {
-    struct sim_ctx *c;
-    CUresult r = sim_ctx_or_error(&c);
+    struct sim_ctx *c = m->ctx ? m->ctx : sim_current_ctx();
+    return c ? c->dev : 0;
+}
+
+/* need_ctx: modules belong to the current context; libraries need none */
+static CUresult module_new(const void *image, struct sim_module **out, int need_ctx)
+{
+    struct sim_ctx *c = NULL;
+    CUresult r = need_ctx ? sim_ctx_or_error(&c) : sim_check_init();
     if (r)
         return r;
     if (!image)
@@ -83,7 +92,7 @@ CUAPI cuModuleLoadData(CUmodule *mod, const void *image)
     if (!mod)
         return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
     struct sim_module *m;
-    CUresult r = module_new(image, &m);
+    CUresult r = module_new(image, &m, 1);
     if (r == CUDA_SUCCESS)
         *mod = (CUmodule)m;
     return r;
@@ -207,7 +216,13 @@ CUAPI cuLibraryLoadData(CUlibrary *lib, const void *code, void *jo, void **jv, u
                         unsigned nl)
 {
     (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
-    return cuModuleLoadData((CUmodule *)lib, code);
+    if (!lib)
+        return sim_check_init() ? sim_check_init() : CUDA_ERROR_INVALID_VALUE;
+    struct sim_module *m;
+    CUresult r = module_new(code, &m, 0); /* context-independent: no current context needed */
+    if (r == CUDA_SUCCESS)
+        *lib = (CUlibrary)m;
+    return r;
 }
 
 CUAPI cuLibraryUnload(CUlibrary lib)
@@ -266,7 +281,7 @@ CUAPI cuFuncGetAttribute(int *v, CUfunction_attribute attr, CUfunction h)
     case CU_FUNC_ATTRIBUTE_NUM_REGS: *v = 32; break;
     case CU_FUNC_ATTRIBUTE_PTX_VERSION:
     case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
-        *v = sim_machine()->gpu[f->module->ctx->dev].cc_major * 10 + sim_machine()->gpu[f->module->ctx->dev].cc_minor;
+        *v = sim_machine()->gpu[module_dev(f->module)].cc_major * 10 + sim_machine()->gpu[module_dev(f->module)].cc_minor;
         break;
     case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = f->max_dynamic_shared ? f->max_dynamic_shared : 49152; break;
     case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *v = -1; break;
@@ -725,7 +740,7 @@ static unsigned flatten(const struct sim_graph *g, const struct sim_node *top, s
         if (n->child && depth < SIM_MAX_GRAPH_DEPTH) {
             i = flatten(n->child, top ? top : n, out, i, depth + 1);
         } else if (n->is_kernel && func_of((CUfunction)n->k.func)) {
-            int dev = n->k.func->module->ctx->dev;
+            int dev = module_dev(n->k.func->module);
             if (out)
                 out[i] = (struct sim_exec_kernel){n, top ? top : n, dev, sim_kernel_ns(&n->k, dev)};
             i++;
@@ -823,7 +838,7 @@ static CUresult exec_kernel_set(CUgraphExec h, CUgraphNode node, const struct si
         if (e->k[i].node == (const struct sim_node *)node)
             x = &e->k[i];
     /* the function may change, but not its context (CUDA says so too) */
-    if (x && f->module->ctx->dev == x->dev && (r = validate(k, 0, x->dev)) == CUDA_SUCCESS)
+    if (x && module_dev(f->module) == x->dev && (r = validate(k, 0, x->dev)) == CUDA_SUCCESS)
         exec_set(e, x, k, x->dev);
     else if (!x || r == CUDA_SUCCESS)
         r = CUDA_ERROR_INVALID_VALUE;

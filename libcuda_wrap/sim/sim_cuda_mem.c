@@ -884,7 +884,7 @@ CUAPI cuMemPoolGetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *v
     switch (attr) {
     case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
     case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *(int *)value = 1; break;
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES: *(int *)value = !(p->reuse_off & (1u << attr)); break;
     case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: *(cuuint64_t *)value = p->threshold; break;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
     case CU_MEMPOOL_ATTR_USED_MEM_CURRENT: *(cuuint64_t *)value = p->used; break;
@@ -902,13 +902,18 @@ CUAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_attribute attr, void *v
     struct sim_pool *p = pool_of(pool);
     if (!p || !value)
         return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_mu);
     if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
         p->threshold = *(cuuint64_t *)value;
     else if (attr == CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH || attr == CU_MEMPOOL_ATTR_USED_MEM_HIGH)
         p->used_high = p->used; /* only reset to 0 is allowed; the driver resets to current */
-    else if (attr > CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES)
-        return CUDA_ERROR_INVALID_VALUE;
-    return CUDA_SUCCESS;
+    else if (attr >= CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES &&
+             attr <= CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES)
+        p->reuse_off = *(int *)value ? p->reuse_off & ~(1u << attr) : p->reuse_off | (1u << attr);
+    else
+        r = CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_unlock(&sim_mu);
+    return r;
 }
 
 /* ---- arrays ---------------------------------------------------------- */

@@ -320,6 +320,43 @@ class Agent:
         err, pfn, status = cu.cuGetProcAddress(symbol.encode(), version, flags)
         return {"error": name_of(err), "pfn": int(pfn) if pfn else 0, "status": None if status is None else int(status)}
 
+    def library_before_context(self) -> dict:
+        """cuLibraryLoadData with no context current (libraries are context-independent),
+        then its kernel launched in the primary context made afterwards."""
+        steps = {"init": cu.cuInit(0)[0]}
+        err, lib = cu.cuLibraryLoadData(PTX, None, None, 0, None, None, 0)
+        steps["load"] = err
+        err, kernel = cu.cuLibraryGetKernel(lib, b"spin")
+        steps["kernel"] = err
+        _, dev = cu.cuDeviceGet(0)
+        _, self.ctx = cu.cuDevicePrimaryCtxRetain(dev)
+        cu.cuCtxSetCurrent(self.ctx)
+        err, func = cu.cuKernelGetFunction(kernel)
+        steps["function"] = err
+        steps["launch"] = cu.cuLaunchKernel(func, 1, 1, 1, 32, 1, 1, 0, 0, 0, 0)[0]
+        steps["sync"] = cu.cuCtxSynchronize()[0]
+        steps["unload"] = cu.cuLibraryUnload(lib)[0]
+        return {k: name_of(v) for k, v in steps.items()}
+
+    def pool_reuse(self) -> dict:
+        """Each CU_MEMPOOL_ATTR_REUSE_* of a new pool: as created, after setting 0, after setting 1."""
+        props = cu.CUmemPoolProps()
+        props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        props.location.id = 0
+        _, pool = cu.cuMemPoolCreate(props)
+        out = {}
+        for attr in (cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+                     cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+                     cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES):  # fmt: skip
+            seen = [int(cu.cuMemPoolGetAttribute(pool, attr)[1])]
+            for value in (0, 1):
+                assert cu.cuMemPoolSetAttribute(pool, attr, value)[0] == cu.CUresult.CUDA_SUCCESS
+                seen.append(int(cu.cuMemPoolGetAttribute(pool, attr)[1]))
+            out[attr.name] = seen
+        cu.cuMemPoolDestroy(pool)
+        return out
+
     def unmodelled(self) -> dict:
         """Calls the simulator does not model, made as programs make them."""
         calls = {

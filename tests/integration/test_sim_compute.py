@@ -158,3 +158,10 @@ def test_calls_before_init_fail_cleanly(make_machine):
     r = make_machine().python(code)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["CUDA_ERROR_NOT_INITIALIZED", "CUDA_ERROR_NOT_INITIALIZED"]
+
+
+def test_a_library_loads_with_no_context_current(make_machine, agents):
+    """Libraries are context-independent (cuLibraryLoadData): loaded before any
+    context exists, their kernels run in the context made afterwards."""
+    steps = agents(make_machine(), init=False).call("library_before_context")
+    assert set(steps.values()) == {"CUDA_SUCCESS"}, steps

@@ -126,3 +126,8 @@ def test_fork_child_is_its_own_process_and_its_exit_frees_only_its_memory(make_m
     out = json.loads(r.stdout)
     assert out["used"] == 1 << 30
     assert out["pids"] == [out["me"]]
+
+
+def test_a_pools_reuse_attributes_can_be_turned_off_and_on(make_machine, agents):
+    seen = agents(make_machine()).call("pool_reuse")
+    assert len(seen) == 3 and all(values == [1, 0, 1] for values in seen.values()), seen  # on by default, as documented
