@@ -437,6 +437,26 @@ CUAPI cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr pt
     case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = c.base; break;
     case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = c.size; break;
     case CU_POINTER_ATTRIBUTE_MAPPED: *(int *)data = c.accessible; break;
+    /* the rest as cuda.h documents them; what is not modelled reads as a driver without it would */
+    case CU_POINTER_ATTRIBUTE_SYNC_MEMOPS: *(int *)data = 0; break; /* cuPointerSetAttribute is not modelled */
+    case CU_POINTER_ATTRIBUTE_BUFFER_ID:                           /* unique while the allocation lives */
+    case CU_POINTER_ATTRIBUTE_MEMORY_BLOCK_ID:
+        *(unsigned long long *)data = c.vmm ? (unsigned long long)(uintptr_t)c.vmm : c.base;
+        break;
+    case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data = c.kind == K_DEVICE; break;
+    case CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES: *(unsigned long long *)data = 0; break; /* none exportable */
+    case CU_POINTER_ATTRIBUTE_IS_GPU_DIRECT_RDMA_CAPABLE:
+        *(int *)data = c.kind == K_DEVICE || c.kind == K_POOL;
+        break;
+    case CU_POINTER_ATTRIBUTE_ACCESS_FLAGS:
+        *(unsigned *)data = c.accessible || host ? CU_POINTER_ATTRIBUTE_ACCESS_FLAG_READWRITE
+                                                 : CU_POINTER_ATTRIBUTE_ACCESS_FLAG_NONE;
+        break;
+    case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: *(CUmemoryPool *)data = (CUmemoryPool)c.pool; break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_SIZE: *(size_t *)data = c.size; break;
+    case CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR: *(void **)data = (void *)(uintptr_t)c.base; break;
+    case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE: *(int *)data = 0; break;
+    case CU_POINTER_ATTRIBUTE_LOCALITY_DOMAIN_ORDINAL: *(int *)data = -1; break;
     default: return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;

@@ -338,6 +338,17 @@ class Agent:
         steps["unload"] = cu.cuLibraryUnload(lib)[0]
         return {k: name_of(v) for k, v in steps.items()}
 
+    def pointer_attributes(self, path: str, size: int) -> dict:
+        """Every CUpointer_attribute of a new allocation: its value, or the error's name."""
+        err, obj = getattr(self, f"_alloc_{path}")(size)
+        assert err == cu.CUresult.CUDA_SUCCESS, err
+        ptr = obj[1] if isinstance(obj, tuple) else obj
+        out = {}
+        for attr in cu.CUpointer_attribute:
+            err, *value = cu.cuPointerGetAttribute(attr, ptr)
+            out[attr.name] = int(value[0]) if err == cu.CUresult.CUDA_SUCCESS else name_of(err)
+        return out
+
     def pool_reuse(self) -> dict:
         """Each CU_MEMPOOL_ATTR_REUSE_* of a new pool: as created, after setting 0, after setting 1."""
         props = cu.CUmemPoolProps()

@@ -131,3 +131,28 @@ def test_fork_child_is_its_own_process_and_its_exit_frees_only_its_memory(make_m
 def test_a_pools_reuse_attributes_can_be_turned_off_and_on(make_machine, agents):
     seen = agents(make_machine()).call("pool_reuse")
     assert len(seen) == 3 and all(values == [1, 0, 1] for values in seen.values()), seen  # on by default, as documented
+
+
+def test_every_pointer_attribute_answers_as_cuda_h_documents(make_machine, agents):
+    a = agents(make_machine())
+    plain, pooled = (
+        a.call("pointer_attributes", path="mem", size=MiB),
+        a.call("pointer_attributes", path="pool", size=MiB),
+    )
+    for attrs in (plain, pooled):
+        assert attrs["CU_POINTER_ATTRIBUTE_RANGE_SIZE"] == attrs["CU_POINTER_ATTRIBUTE_MAPPING_SIZE"] == MiB
+        assert attrs["CU_POINTER_ATTRIBUTE_RANGE_START_ADDR"] == attrs["CU_POINTER_ATTRIBUTE_MAPPING_BASE_ADDR"]
+        assert attrs["CU_POINTER_ATTRIBUTE_ACCESS_FLAGS"] == 3 and attrs["CU_POINTER_ATTRIBUTE_MAPPED"] == 1
+        assert attrs["CU_POINTER_ATTRIBUTE_LOCALITY_DOMAIN_ORDINAL"] == -1
+        # device memory has no host address; P2P tokens are deprecated: the only refusals
+        assert {k for k, v in attrs.items() if isinstance(v, str)} == {
+            "CU_POINTER_ATTRIBUTE_HOST_POINTER", "CU_POINTER_ATTRIBUTE_P2P_TOKENS"}  # fmt: skip
+    assert (
+        plain["CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE"] == 1
+        and plain["CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE"] == 0
+    )
+    assert (
+        pooled["CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE"] == 0
+        and pooled["CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE"] != 0
+    )
+    assert plain["CU_POINTER_ATTRIBUTE_BUFFER_ID"] != pooled["CU_POINTER_ATTRIBUTE_BUFFER_ID"]
