@@ -23,7 +23,7 @@ struct vmm_handle {
     int dev;
     int fd;
     size_t size;
-    int released;
+    int refs; /* the creation's, one per retain; each release ends one */
     int mappings;
 };
 
@@ -110,9 +110,12 @@ static void *map_lazy(size_t size, int low32)
     return p == MAP_FAILED ? NULL : p;
 }
 
+/* The driver frees a handle's memory once no reference (the creation's and
+ * one per cuMemRetainAllocationHandle, each ended by a cuMemRelease) and no
+ * mapping is left. */
 static void vmm_maybe_free(struct vmm_handle *h)
 {
-    if (h->released && h->mappings == 0) {
+    if (h->refs == 0 && h->mappings == 0) {
         sim_mem_uncharge(h->dev, h->size);
         close(h->fd);
         h->magic = MAGIC_DEAD;
@@ -590,7 +593,7 @@ CUAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmem
         sim_mem_uncharge(dev, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *h = (struct vmm_handle){.magic = MAGIC_VMM, .dev = dev, .fd = fd, .size = size};
+    *h = (struct vmm_handle){.magic = MAGIC_VMM, .dev = dev, .fd = fd, .size = size, .refs = 1};
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     return CUDA_SUCCESS;
 }
@@ -598,7 +601,7 @@ CUAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmem
 static struct vmm_handle *vmm_of(CUmemGenericAllocationHandle handle)
 {
     struct vmm_handle *h = (struct vmm_handle *)(uintptr_t)handle;
-    return h && h->magic == MAGIC_VMM && !h->released ? h : NULL;
+    return h && h->magic == MAGIC_VMM && h->refs > 0 ? h : NULL;
 }
 
 CUAPI cuMemRelease(CUmemGenericAllocationHandle handle)
@@ -607,8 +610,26 @@ CUAPI cuMemRelease(CUmemGenericAllocationHandle handle)
     pthread_mutex_lock(&sim_mu);
     struct vmm_handle *h = vmm_of(handle);
     if (h) {
-        h->released = 1; /* memory goes back once the last mapping is gone */
+        h->refs--; /* memory goes back once no reference and no mapping is left */
         vmm_maybe_free(h);
+    }
+    pthread_mutex_unlock(&sim_mu);
+    return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+/* The handle of the memory mapped at addr, with one more reference on it (a
+ * released handle whose memory is still mapped comes back to life). */
+CUAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    SIM_ENTER();
+    if (!handle)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&sim_mu);
+    struct alloc *a = find_alloc((uint64_t)(uintptr_t)addr);
+    struct vmm_handle *h = a && a->kind == K_VMM ? a->vmm : NULL;
+    if (h) {
+        h->refs++;
+        *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     }
     pthread_mutex_unlock(&sim_mu);
     return h ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;

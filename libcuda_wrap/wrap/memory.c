@@ -426,14 +426,20 @@ WRAP_API CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytes, 
 
 /* ---- virtual memory management --------------------------------------------- */
 /* Physical memory is charged at cuMemCreate and given back only when the
- * handle is released *and* no mapping of it is left, as the driver frees it. */
+ * driver frees it: no reference to the handle is left (the creation's, and one
+ * per cuMemRetainAllocationHandle, each ended by a cuMemRelease) and no
+ * mapping of it is left (cuMemMap, cuMemUnmap). A release does not say which
+ * reference it ends, so only their number counts. */
 
-struct vmm_state {
-    uint64_t bytes;
-    int gpu;
-    int released;
-    int maps;
-};
+/* The handle's table entry packs, beside its GPU (low 8 bits): its mappings,
+ * the references retained beyond the creation's, whether the creation's was
+ * released, and "saturated": more of either than the fields hold, in which
+ * case the memory stays charged until the process ends (never too little). */
+#define VMM_MAPS_SHIFT 8
+#define VMM_RETAINS_SHIFT 19
+#define VMM_FIELD_MAX 0x7ffu
+#define VMM_RELEASED (1u << 30)
+#define VMM_SATURATED (1u << 31)
 
 WRAP_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAllocationProp *prop,
                               unsigned long long flags)
@@ -447,24 +453,36 @@ WRAP_API CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, cons
     ALLOCATE(g, size, REAL(cuMemCreate)(h, size, prop, flags), *h, K_VMM_HANDLE);
 }
 
-/* mappings count per handle: kept in the table under the handle, kind K_VMM_MAP
- * entries per mapped address point back to the handle */
-static int vmm_adjust(uint64_t handle, int release, int map_delta)
+static int vmm_field_add(uint32_t *packed, int shift, int delta)
+{
+    uint32_t v = (*packed >> shift) & VMM_FIELD_MAX;
+    if ((delta > 0 && v == VMM_FIELD_MAX) || (delta < 0 && v == 0))
+        return -1;
+    *packed = (*packed & ~(VMM_FIELD_MAX << shift)) | ((uint32_t)((int)v + delta) << shift);
+    return 0;
+}
+
+/* One reference more (+1) or less (-1), one mapping more or less; the charge
+ * goes back when neither is left. -1: not a handle this process created. */
+static int vmm_adjust(uint64_t handle, int ref_delta, int map_delta)
 {
     struct gs_entry e;
     if (forget(handle, K_VMM_HANDLE, &e) != 0)
         return -1;
-    /* bytes keep the size; gpu's high bits carry the map count and released flag */
-    uint32_t maps = e.gpu >> 8, gpu = e.gpu & 0xff, released = maps >> 23;
-    maps &= 0x7fffff;
-    if (release)
-        released = 1;
-    maps = (uint32_t)((int)maps + map_delta);
-    if (released && maps == 0) {
-        uncharge((int)(int8_t)gpu, e.bytes);
+    uint32_t p = e.gpu;
+    if (map_delta && vmm_field_add(&p, VMM_MAPS_SHIFT, map_delta) != 0)
+        p |= VMM_SATURATED;
+    if (ref_delta > 0 && vmm_field_add(&p, VMM_RETAINS_SHIFT, +1) != 0)
+        p |= VMM_SATURATED;
+    if (ref_delta < 0 && vmm_field_add(&p, VMM_RETAINS_SHIFT, -1) != 0)
+        p |= VMM_RELEASED; /* no retained reference left: this ends the creation's */
+    int refs = !(p & VMM_RELEASED) + (int)((p >> VMM_RETAINS_SHIFT) & VMM_FIELD_MAX);
+    int maps = (int)((p >> VMM_MAPS_SHIFT) & VMM_FIELD_MAX);
+    if (refs == 0 && maps == 0 && !(p & VMM_SATURATED)) {
+        uncharge((int)(int8_t)(p & 0xff), e.bytes);
         return 0;
     }
-    gs_table_put(handle, e.bytes, gpu | (maps << 8) | (released << 31), K_VMM_HANDLE, 0);
+    gs_table_put(handle, e.bytes, p, K_VMM_HANDLE, 0);
     return 0;
 }
 
@@ -472,7 +490,15 @@ WRAP_API CUresult cuMemRelease(CUmemGenericAllocationHandle h)
 {
     CUresult r = REAL(cuMemRelease)(h);
     if (r == CUDA_SUCCESS && enforcing() > 0)
-        vmm_adjust(h, 1, 0);
+        vmm_adjust(h, -1, 0);
+    return r;
+}
+
+WRAP_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr)
+{
+    CUresult r = REAL(cuMemRetainAllocationHandle)(h, addr);
+    if (r == CUDA_SUCCESS && h && enforcing() > 0)
+        vmm_adjust(*h, +1, 0); /* one more release before the driver frees it */
     return r;
 }
 

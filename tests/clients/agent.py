@@ -349,6 +349,30 @@ class Agent:
             out[attr.name] = int(value[0]) if err == cu.CUresult.CUDA_SUCCESS else name_of(err)
         return out
 
+    def vmm_references(self, size: int, rounds: int) -> dict:
+        """VMM memory held by a retained reference after the creator's release
+        and the unmap, as libraries do it: what cuMemGetInfo says free at each
+        step, and whether one more allocation of the whole rest fits meanwhile."""
+        steps: list[dict] = []
+        for _ in range(rounds):
+            err, (handle, va, _) = self._alloc_vmm(size)
+            assert err == cu.CUresult.CUDA_SUCCESS, err
+            err, again = cu.cuMemRetainAllocationHandle(va)
+            assert err == cu.CUresult.CUDA_SUCCESS and int(again) == int(handle), err
+            cu.cuMemRelease(handle)  # the creation's reference
+            cu.cuMemUnmap(va, size)
+            held = cu.cuMemGetInfo()[1]
+            total = cu.cuMemGetInfo()[2]
+            # the retained reference keeps the memory: what is left must not take more
+            err, extra = self._alloc_mem(total - held + 2 * 1024 * 1024)
+            if err == cu.CUresult.CUDA_SUCCESS:
+                cu.cuMemFree(extra)
+            cu.cuMemRelease(again)  # the retained one: now the driver frees it
+            cu.cuMemAddressFree(va, size)
+            steps.append({"free_while_retained": held, "more_fit": err == cu.CUresult.CUDA_SUCCESS,
+                          "free_after": cu.cuMemGetInfo()[1]})  # fmt: skip
+        return {"steps": steps, "total": cu.cuMemGetInfo()[2]}
+
     def pool_reuse(self) -> dict:
         """Each CU_MEMPOOL_ATTR_REUSE_* of a new pool: as created, after setting 0, after setting 1."""
         props = cu.CUmemPoolProps()

@@ -236,3 +236,18 @@ def test_monitoring_tools_read_the_same_through_the_interposer(one_gib, started)
     assert failed == {}
     assert inside["power_limit"] == 400_000 and inside["sm_clock"] == inside["max_sm_clock"] == 1410
     assert inside["ecc_mode"] == [1, 1] and inside["ecc_uncorrected"] == 0 and inside["compute_mode"] == 0
+
+
+def test_a_retained_vmm_handle_keeps_its_memory_charged_until_its_last_release(one_gib, started):
+    """cuMemRetainAllocationHandle adds a reference: after the creator's release
+    and the unmap the driver still holds the memory, so the slice does too,
+    and lets no other allocation into it; the last release gives it back, to
+    the byte, round after round."""
+    a = one_gib.agent(started)
+    got = a.call("vmm_references", size=512 * MiB, rounds=4)
+    assert got["total"] == GiB
+    for step in got["steps"]:
+        assert step["free_while_retained"] == GiB - 512 * MiB  # still charged
+        assert step["more_fit"] is False  # the slice never passes its limit
+        assert step["free_after"] == GiB
+    assert one_gib.used() == 0
