@@ -182,7 +182,9 @@ typedef enum CUgraphNodeType_enum {
     CU_GRAPH_NODE_TYPE_MEMSET = 2,
     CU_GRAPH_NODE_TYPE_HOST = 3,
     CU_GRAPH_NODE_TYPE_GRAPH = 4,
-    CU_GRAPH_NODE_TYPE_EMPTY = 5
+    CU_GRAPH_NODE_TYPE_EMPTY = 5,
+    CU_GRAPH_NODE_TYPE_WAIT_EVENT = 6,
+    CU_GRAPH_NODE_TYPE_EVENT_RECORD = 7
 } CUgraphNodeType;
 typedef enum CUstreamCaptureMode_enum {
     CU_STREAM_CAPTURE_MODE_GLOBAL = 0,

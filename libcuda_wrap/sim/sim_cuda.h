@@ -98,6 +98,9 @@ static inline void sim_ready_raise(struct sim_stream *s, uint64_t t)
         ;
 }
 
+/* stream capture (sim_cuda_exec.c): cuEventRecord on a capturing stream adds an event record node */
+CUresult sim_capture_event_record(struct sim_stream *s, struct sim_event *e);
+
 /* process state (sim_cuda_core.c) */
 extern pthread_mutex_t sim_mu;
 extern int sim_initialized;

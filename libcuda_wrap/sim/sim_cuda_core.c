@@ -1070,8 +1070,8 @@ static CUresult event_record(CUevent h, CUstream hs, int ptds_default)
     struct sim_stream *s = sim_stream_resolve(hs, ptds_default, &r);
     if (!s)
         return r;
-    if (s->capture)
-        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (s->capture) /* recorded when the graph runs, as a real driver's event record node */
+        return sim_capture_event_record(s, e);
     uint64_t now = sim_now_ns(), t = sim_stream_not_before(s);
     e->time = t > now ? t : now;
     e->recorded = 1;

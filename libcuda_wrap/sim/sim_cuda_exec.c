@@ -360,6 +360,7 @@ struct sim_node {
     int is_kernel;
     struct sim_kernel_launch k;
     struct sim_graph *child; /* a child graph node: its own copy of the graph it was given */
+    struct sim_event *event; /* an event record node: recorded when the graph has run */
     struct sim_node *next;
 };
 
@@ -385,6 +386,8 @@ struct sim_exec {
     uint64_t ns_by_dev[SIM_MAX_GPUS];
     unsigned kernels;
     struct sim_exec_kernel *k;
+    unsigned n_events;
+    struct sim_event **events; /* recorded at the end of each launch (nodes run in order) */
 };
 
 static CUresult graph_add(struct sim_graph *g, const struct sim_kernel_launch *k, struct sim_node **out)
@@ -588,6 +591,7 @@ static struct sim_graph *graph_clone(const struct sim_graph *g, int depth)
             graph_free(c);
             return NULL;
         }
+        copy->event = n->event;
         if (n->child && !(copy->child = graph_clone(n->child, depth + 1))) {
             graph_free(c);
             return NULL;
@@ -690,7 +694,10 @@ CUAPI cuGraphNodeGetType(CUgraphNode h, CUgraphNodeType *type)
     struct sim_node *n = node_of(h);
     if (!n || !type)
         return CUDA_ERROR_INVALID_VALUE;
-    *type = n->is_kernel ? CU_GRAPH_NODE_TYPE_KERNEL : n->child ? CU_GRAPH_NODE_TYPE_GRAPH : CU_GRAPH_NODE_TYPE_EMPTY;
+    *type = n->is_kernel ? CU_GRAPH_NODE_TYPE_KERNEL
+            : n->child   ? CU_GRAPH_NODE_TYPE_GRAPH
+            : n->event   ? CU_GRAPH_NODE_TYPE_EVENT_RECORD
+                         : CU_GRAPH_NODE_TYPE_EMPTY;
     return CUDA_SUCCESS;
 }
 
@@ -749,6 +756,21 @@ static unsigned flatten(const struct sim_graph *g, const struct sim_node *top, s
     return i;
 }
 
+/* The event record nodes of g (child graphs included), into out; their number. */
+static unsigned flatten_events(const struct sim_graph *g, struct sim_event **out, unsigned i, int depth)
+{
+    for (const struct sim_node *n = g->nodes; n; n = n->next) {
+        if (n->child && depth < SIM_MAX_GRAPH_DEPTH)
+            i = flatten_events(n->child, out, i, depth + 1);
+        else if (n->event) {
+            if (out)
+                out[i] = n->event;
+            i++;
+        }
+    }
+    return i;
+}
+
 /* The kernels of g into e (its times summed per GPU); their number. */
 static unsigned exec_kernels(const struct sim_graph *g, struct sim_exec *e)
 {
@@ -777,6 +799,13 @@ CUAPI cuGraphInstantiateWithFlags(CUgraphExec *out, CUgraph h, unsigned long lon
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     e->kernels = exec_kernels(g, e);
+    e->n_events = flatten_events(g, NULL, 0, 0);
+    if (e->n_events && !(e->events = calloc(e->n_events, sizeof *e->events))) {
+        free(e->k);
+        free(e);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    flatten_events(g, e->events, 0, 0);
     *out = (CUgraphExec)e;
     return CUDA_SUCCESS;
 }
@@ -809,6 +838,7 @@ CUAPI cuGraphExecDestroy(CUgraphExec h)
         return CUDA_ERROR_INVALID_VALUE;
     e->magic = MAGIC_DEAD;
     free(e->k);
+    free(e->events);
     free(e);
     return CUDA_SUCCESS;
 }
@@ -964,7 +994,21 @@ static CUresult graph_launch(CUgraphExec h, CUstream hs, int ptds)
     for (int d = 0; d < SIM_MAX_GPUS; d++)
         if (e->ns_by_dev[d])
             run_on_gpu(s, d, e->ns_by_dev[d]);
+    uint64_t now = sim_now_ns(), done = sim_stream_not_before(s);
+    for (unsigned i = 0; i < e->n_events; i++) {
+        e->events[i]->time = done > now ? done : now;
+        e->events[i]->recorded = 1;
+    }
     return CUDA_SUCCESS;
+}
+
+CUresult sim_capture_event_record(struct sim_stream *s, struct sim_event *e)
+{
+    struct sim_node *n;
+    CUresult r = graph_add(s->capture, NULL, &n);
+    if (r == CUDA_SUCCESS)
+        n->event = e;
+    return r;
 }
 
 CUAPI cuGraphLaunch(CUgraphExec e, CUstream s) { return graph_launch(e, s, 0); }

@@ -222,6 +222,29 @@ class Agent:
         bad = next((e for e in [e1, *errs, e2] if e != cu.CUresult.CUDA_SUCCESS), cu.CUresult.CUDA_SUCCESS)
         return {"error": name_of(bad), "seconds": took}
 
+    def capture_event(self, grid: int) -> dict:
+        """cuEventRecord on a capturing stream, between two kernels: an event
+        record node, recorded when the graph runs, after the first kernel."""
+        _, mod = cu.cuModuleLoadData(PTX)
+        _, fn = cu.cuModuleGetFunction(mod, b"spin")
+        _, stream = cu.cuStreamCreate(1)
+        _, start = cu.cuEventCreate(0)
+        _, mid = cu.cuEventCreate(0)
+        cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        cu.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, stream, 0, 0)
+        (recorded,) = cu.cuEventRecord(mid, stream)
+        cu.cuLaunchKernel(fn, grid, 1, 1, 256, 1, 1, 0, stream, 0, 0)
+        _, graph = cu.cuStreamEndCapture(stream)
+        _, nodes, count = cu.cuGraphGetNodes(graph, 8)
+        types = [cu.cuGraphNodeGetType(n)[1].name for n in nodes[:count]]
+        before_launch = name_of(cu.cuEventQuery(mid)[0])  # captured, not run: nothing recorded yet
+        _, exec_ = cu.cuGraphInstantiate(graph, 0)
+        cu.cuEventRecord(start, stream)
+        cu.cuGraphLaunch(exec_, stream)
+        cu.cuStreamSynchronize(stream)
+        _, ms = cu.cuEventElapsedTime(start, mid)
+        return {"record": name_of(recorded), "types": types, "before_launch": before_launch, "ms": ms}
+
     # -- graphs: built, captured, instantiated, updated in place ----------------
     def _spin(self):  # type: ignore[no-untyped-def]
         if not hasattr(self, "spin"):

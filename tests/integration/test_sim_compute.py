@@ -165,3 +165,12 @@ def test_a_library_loads_with_no_context_current(make_machine, agents):
     context exists, their kernels run in the context made afterwards."""
     steps = agents(make_machine(), init=False).call("library_before_context")
     assert set(steps.values()) == {"CUDA_SUCCESS"}, steps
+
+
+def test_an_event_recorded_under_capture_becomes_an_event_record_node(make_machine, agents):
+    a = agents(make_machine([gpu("16Gi", sms=108, wave_time="1ms")]))
+    got = a.call("capture_event", grid=108 * 8 * 2)  # 256-thread blocks, 8 an SM: 2 waves, 2 ms a kernel
+    assert got["record"] == "CUDA_SUCCESS"  # a real driver records a node; it used to be error 900
+    assert got["types"] == ["CU_GRAPH_NODE_TYPE_KERNEL", "CU_GRAPH_NODE_TYPE_EVENT_RECORD", "CU_GRAPH_NODE_TYPE_KERNEL"]
+    assert got["before_launch"] == "CUDA_SUCCESS"  # never recorded: complete, as CUDA says of such events
+    assert got["ms"] >= 2.0  # recorded when the graph ran, after the kernel before it (here: at the graph's end)
