@@ -422,7 +422,6 @@ class Agent:
             "cuOccupancyMaxActiveBlocksPerMultiprocessor": lambda: cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 None, 256, 0
             )[0],
-            "cuMemRetainAllocationHandle": lambda: cu.cuMemRetainAllocationHandle(0)[0],
         }
         return {name: name_of(call()) for name, call in calls.items()}
 
