@@ -1,7 +1,8 @@
-/* The NVML wrapper: NVML's answers about memory and processes, as the slice
+/* The NVML wrapper: NVML's answers about memory, processes and utilization, as the slice
  * sees them; everything else forwards. */
 #define _GNU_SOURCE
 #include <string.h>
+#include <time.h>
 
 #include "gpuslice_nvml.h"
 #include "wrap.h"
@@ -151,4 +152,71 @@ WRAP_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, un
 WRAP_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned *c, nvmlProcessInfo_v1_t *p)
 {
     return filter((list_fn)gs_real_nvmlDeviceGetComputeRunningProcesses, d, c, p, sizeof *p);
+}
+
+/* ---- utilization: the slice's own processes, not the GPU's other tenants ---- */
+
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s, unsigned int *n,
+                                             unsigned long long last_seen);
+
+WRAP_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *samples,
+                                                      unsigned int *count, unsigned long long last_seen)
+{
+    if (slice_gpu(d) == -2)
+        return REAL(nvmlDeviceGetProcessUtilization)(d, samples, count, last_seen);
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    static __thread nvmlProcessUtilizationSample_t all[MAX_LISTED];
+    unsigned n = MAX_LISTED;
+    nvmlReturn_t r = REAL(nvmlDeviceGetProcessUtilization)(d, all, &n, last_seen);
+    if (r != NVML_SUCCESS && r != NVML_ERROR_NOT_FOUND)
+        return r;
+    unsigned kept = 0;
+    for (unsigned i = 0; r == NVML_SUCCESS && i < n; i++) {
+        if (!our_pid(all[i].pid))
+            continue;
+        if (samples && kept < *count)
+            samples[kept] = all[i];
+        kept++;
+    }
+    unsigned room = *count;
+    *count = kept;
+    if (!kept)
+        return NVML_ERROR_NOT_FOUND; /* as NVML says when no process of its own ran */
+    return !samples || kept > room ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+}
+
+/* In a slice, the GPU is as busy as the slice's own processes made it over
+ * the last second (each process's samples averaged, the processes summed);
+ * memory bandwidth is the driver's, which no process split exists for. */
+WRAP_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
+{
+    nvmlReturn_t r = REAL(nvmlDeviceGetUtilizationRates)(d, u);
+    if (r != NVML_SUCCESS || slice_gpu(d) == -2)
+        return r;
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    unsigned long long since = (unsigned long long)now.tv_sec * 1000000ull + (unsigned long long)now.tv_nsec / 1000 -
+                               1000000ull;
+    static __thread nvmlProcessUtilizationSample_t all[MAX_LISTED];
+    unsigned n = MAX_LISTED;
+    unsigned busy = 0;
+    if (REAL(nvmlDeviceGetProcessUtilization)(d, all, &n, since) == NVML_SUCCESS) {
+        for (unsigned i = 0; i < n; i++) {
+            if (!our_pid(all[i].pid))
+                continue;
+            unsigned sum = 0, samples = 0; /* this pid's samples in the window, once each */
+            int first = 1;
+            for (unsigned j = 0; j < n; j++)
+                if (all[j].pid == all[i].pid) {
+                    first &= j >= i;
+                    sum += all[j].smUtil;
+                    samples++;
+                }
+            if (first)
+                busy += sum / samples;
+        }
+    }
+    u->gpu = busy > 100 ? 100 : busy;
+    return r;
 }

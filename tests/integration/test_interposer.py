@@ -251,3 +251,23 @@ def test_a_retained_vmm_handle_keeps_its_memory_charged_until_its_last_release(o
         assert step["more_fit"] is False  # the slice never passes its limit
         assert step["free_after"] == GiB
     assert one_gib.used() == 0
+
+
+def test_in_a_slice_nvml_utilization_is_the_slices_own(one_gib, started, containers):
+    """Another tenant's kernels keep the GPU busy; an idle slice's NVML says 0 %
+    and lists no samples of the other's, and the busy one sees its own use."""
+    client = one_gib.client
+    client.reserve("busy", {"gpuslice.io/memory": "1Gi"})
+    box = containers()
+    client.bind("busy", box.init_pid)
+    busy = Agent(one_gib.env, prefix=box.command([]))
+    started.append(busy)
+    info = busy.call("init")
+    assert info["error"] == "CUDA_SUCCESS"
+    idle = one_gib.agent(started)
+    busy.call("launch_for", seconds=2.5)
+    time.sleep(1.6)
+    seen_idle, seen_busy = idle.call("nvml"), busy.call("nvml")
+    busy.call("join")
+    assert seen_idle["util"] == 0 and seen_idle["samples"] == {}, seen_idle
+    assert seen_busy["util"] >= 85 and list(seen_busy["samples"]) == [str(info["pid"])], seen_busy
