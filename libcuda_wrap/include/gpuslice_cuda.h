@@ -26,6 +26,7 @@ typedef struct CUevent_st *CUevent;
 typedef struct CUmod_st *CUmodule;
 typedef struct CUfunc_st *CUfunction;
 typedef struct CUlib_st *CUlibrary;
+typedef struct CUlinkState_st *CUlinkState;
 typedef struct CUkern_st *CUkernel;
 typedef struct CUarray_st *CUarray;
 typedef struct CUmipmappedArray_st *CUmipmappedArray;
@@ -266,6 +267,17 @@ typedef enum CUarray_format_enum {
     CU_AD_FORMAT_HALF = 0x10,
     CU_AD_FORMAT_FLOAT = 0x20
 } CUarray_format;
+
+/* the JIT linker */
+typedef int CUjit_option;
+typedef enum CUjitInputType_enum {
+    CU_JIT_INPUT_CUBIN = 0,
+    CU_JIT_INPUT_PTX = 1,
+    CU_JIT_INPUT_FATBINARY = 2,
+    CU_JIT_INPUT_OBJECT = 3,
+    CU_JIT_INPUT_LIBRARY = 4,
+    CU_JIT_INPUT_NVVM = 5
+} CUjitInputType;
 
 typedef struct CUDA_ARRAY_DESCRIPTOR_st {
     size_t Width;

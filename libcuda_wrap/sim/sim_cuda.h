@@ -71,12 +71,21 @@ struct sim_func {
     char name[];
 };
 
+#define SIM_MAX_GLOBALS 64
+struct sim_global {          /* a .global variable a PTX image declares */
+    char name[64];
+    size_t size;
+    CUdeviceptr ptr;          /* its device memory, made at the first cuModuleGetGlobal */
+};
+
 struct sim_module {
     uint32_t magic;
     struct sim_ctx *ctx;
     int opaque;       /* cubin/fatbin: any function name resolves */
     char *entries;    /* PTX: NUL-separated .entry names, ends with "" */
     struct sim_func *funcs;
+    int n_globals;
+    struct sim_global globals[SIM_MAX_GLOBALS];
 };
 
 struct sim_kernel_launch {
@@ -97,6 +106,12 @@ static inline void sim_ready_raise(struct sim_stream *s, uint64_t t)
     while (t > cur && !__atomic_compare_exchange_n(&s->ready, &cur, t, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         ;
 }
+
+/* PTX text (sim_ptx.c): the .global variables it declares, at most max; their number */
+int sim_ptx_globals(const char *ptx, struct sim_global *out, int max);
+/* memory (sim_cuda_mem.c), for module globals: cuMemAlloc_v2 and cuMemFree_v2 */
+CUresult sim_global_alloc(CUdeviceptr *dptr, size_t size);
+CUresult sim_global_free(CUdeviceptr dptr);
 
 /* stream capture (sim_cuda_exec.c): cuEventRecord on a capturing stream adds an event record node */
 CUresult sim_capture_event_record(struct sim_stream *s, struct sim_event *e);

@@ -74,6 +74,8 @@ static CUresult module_new(const void *image, struct sim_module **out, int need_
     m->magic = MAGIC_MODULE;
     m->ctx = c;
     const char *img = image;
+    if (is_ptx(img))
+        m->n_globals = sim_ptx_globals(img, m->globals, SIM_MAX_GLOBALS);
     if (is_ptx(img) && strstr(img, ".entry")) {
         m->entries = ptx_entries(img);
         if (!m->entries) {
@@ -160,6 +162,9 @@ CUAPI cuModuleUnload(CUmodule h)
         f->magic = MAGIC_DEAD;
         free(f);
     }
+    for (int i = 0; i < m->n_globals; i++)
+        if (m->globals[i].ptr)
+            sim_global_free(m->globals[i].ptr);
     free(m->entries);
     m->magic = MAGIC_DEAD;
     free(m);
@@ -204,11 +209,29 @@ CUAPI cuModuleGetFunction(CUfunction *out, CUmodule h, const char *name)
     return CUDA_SUCCESS;
 }
 
+/* A global's device memory, made when it is first asked for (a driver makes
+ * it at load: the difference shows only in when the memory is counted). */
 CUAPI cuModuleGetGlobal_v2(CUdeviceptr *dptr, size_t *bytes, CUmodule h, const char *name)
 {
-    (void)dptr, (void)bytes, (void)name;
     SIM_ENTER();
-    return module_of(h) ? CUDA_ERROR_NOT_FOUND : CUDA_ERROR_INVALID_HANDLE; /* globals are not modelled */
+    struct sim_module *m = module_of(h);
+    if (!m)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_global *g = NULL;
+    for (int i = 0; i < m->n_globals && !g; i++)
+        if (strcmp(m->globals[i].name, name) == 0)
+            g = &m->globals[i];
+    if (!g)
+        return CUDA_ERROR_NOT_FOUND;
+    if (!g->ptr && (r = sim_global_alloc(&g->ptr, g->size)) != CUDA_SUCCESS)
+        return r;
+    if (dptr)
+        *dptr = g->ptr;
+    if (bytes)
+        *bytes = g->size;
+    return CUDA_SUCCESS;
 }
 
 /* The library API (CUDA 12) maps onto modules: a CUkernel is a CUfunction. */

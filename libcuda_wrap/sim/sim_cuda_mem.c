@@ -1148,3 +1148,13 @@ CUAPI cuMipmappedArrayGetLevel(CUarray *out, CUmipmappedArray h, unsigned int le
     *out = (CUarray)m->level[level];
     return CUDA_SUCCESS;
 }
+
+CUresult sim_global_alloc(CUdeviceptr *dptr, size_t size)
+{
+    return cuMemAlloc_v2(dptr, size);
+}
+
+CUresult sim_global_free(CUdeviceptr dptr)
+{
+    return cuMemFree_v2(dptr);
+}

@@ -37,8 +37,9 @@ void *sim_unmodelled(const char *symbol)
         const char *e = exported[i].name;
         if (strcmp(e, symbol) == 0 && !found)
             found = exported[i].fn;
-        else if (strncmp(e, symbol, n) == 0 && strncmp(e + n, "_v", 2) == 0 && e[n + 2] >= '0' && e[n + 2] <= '9')
-            found = exported[i].fn; /* the .def lists variants oldest first */
+        else if (strncmp(e, symbol, n) == 0 && strncmp(e + n, "_v", 2) == 0 && e[n + 2] &&
+                 strspn(e + n + 2, "0123456789") == strlen(e + n + 2))
+            found = exported[i].fn; /* name_vN, not _ptsz/_ptds ones; the .def lists them oldest first */
     }
     return found;
 }

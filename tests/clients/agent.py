@@ -396,6 +396,32 @@ class Agent:
                           "free_after": cu.cuMemGetInfo()[1]})  # fmt: skip
         return {"steps": steps, "total": cu.cuMemGetInfo()[2]}
 
+    def jit_link(self) -> dict:
+        """cuLinkCreate -> add PTX -> complete -> cuModuleLoadData ->
+        cuModuleGetFunction / cuModuleGetGlobal -> copy into the global -> launch."""
+        ptx = (b".version 8.0\n.target sm_80\n.address_size 64\n"
+               b".visible .global .align 4 .b32 table[256];\n"
+               b".visible .entry scale()\n{\n .reg .f32 %f<2>;\n ld.global.f32 %f1, [table];\n ret;\n}\n")  # fmt: skip
+        steps = {}
+        steps["create"], state = cu.cuLinkCreate(0, [], [])
+        (steps["add"],) = cu.cuLinkAddData(state, cu.CUjitInputType.CU_JIT_INPUT_PTX, ptx, len(ptx), b"scale.ptx",
+                                           0, [], [])  # fmt: skip
+        steps["complete"], image, _size = cu.cuLinkComplete(state)
+        steps["load"], mod = cu.cuModuleLoadData(image)
+        (steps["destroy"],) = cu.cuLinkDestroy(state)  # the module keeps what it loaded
+        steps["function"], fn = cu.cuModuleGetFunction(mod, b"scale")
+        steps["global"], table, size = cu.cuModuleGetGlobal(mod, b"table")
+        data = bytes(range(256)) * 4
+        (steps["to_global"],) = cu.cuMemcpyHtoD(table, data, len(data))
+        back = bytearray(len(data))
+        (steps["from_global"],) = cu.cuMemcpyDtoH(back, table, len(data))
+        (steps["launch"],) = cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, 0, 0, 0)
+        (steps["sync"],) = cu.cuCtxSynchronize()
+        missing = name_of(cu.cuModuleGetGlobal(mod, b"absent")[0])
+        (steps["unload"],) = cu.cuModuleUnload(mod)
+        return {"steps": {k: name_of(v) for k, v in steps.items()}, "size": int(size),
+                "round_trip": bytes(back) == data, "absent": missing}  # fmt: skip
+
     def pool_reuse(self) -> dict:
         """Each CU_MEMPOOL_ATTR_REUSE_* of a new pool: as created, after setting 0, after setting 1."""
         props = cu.CUmemPoolProps()
@@ -418,7 +444,7 @@ class Agent:
     def unmodelled(self) -> dict:
         """Calls the simulator does not model, made as programs make them."""
         calls = {
-            "cuLinkCreate": lambda: cu.cuLinkCreate(0, None, None)[0],
+            "cuDeviceGetLuid": lambda: cu.cuDeviceGetLuid(0)[0],
             "cuOccupancyMaxActiveBlocksPerMultiprocessor": lambda: cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
                 None, 256, 0
             )[0],

@@ -271,3 +271,8 @@ def test_in_a_slice_nvml_utilization_is_the_slices_own(one_gib, started, contain
     busy.call("join")
     assert seen_idle["util"] == 0 and seen_idle["samples"] == {}, seen_idle
     assert seen_busy["util"] >= 85 and list(seen_busy["samples"]) == [str(info["pid"])], seen_busy
+
+
+def test_a_jit_link_round_trip_through_the_interposer(one_gib, started):
+    got = one_gib.agent(started).call("jit_link")
+    assert set(got["steps"].values()) == {"CUDA_SUCCESS"} and got["size"] == 1024 and got["round_trip"], got

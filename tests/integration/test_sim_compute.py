@@ -174,3 +174,10 @@ def test_an_event_recorded_under_capture_becomes_an_event_record_node(make_machi
     assert got["types"] == ["CU_GRAPH_NODE_TYPE_KERNEL", "CU_GRAPH_NODE_TYPE_EVENT_RECORD", "CU_GRAPH_NODE_TYPE_KERNEL"]
     assert got["before_launch"] == "CUDA_SUCCESS"  # never recorded: complete, as CUDA says of such events
     assert got["ms"] >= 2.0  # recorded when the graph ran, after the kernel before it (here: at the graph's end)
+
+
+def test_a_jit_link_round_trip_finds_kernels_and_sizes_globals(make_machine, agents):
+    got = agents(make_machine()).call("jit_link")
+    assert set(got["steps"].values()) == {"CUDA_SUCCESS"}, got
+    assert got["size"] == 1024 and got["round_trip"] is True  # table[256] of .b32, a real global
+    assert got["absent"] == "CUDA_ERROR_NOT_FOUND"

@@ -53,8 +53,8 @@ def test_what_is_not_modelled_is_not_supported_not_missing(agent):
     names = re.findall(r"^FWD\((\w+)\)$", (REPO / "libcuda_wrap/symbols/cuda_exports.def").read_text(), re.M)
     exported = agent.call("dlsym", names=names)
     assert len(names) > 600 and [n for n, found in exported.items() if not found] == []
-    got = agent.call("procaddr", symbol="cuLinkCreate", version=13000, flags=DEFAULT)
-    assert got["error"] == "CUDA_SUCCESS" and got["pfn"] == exported["cuLinkCreate_v2"]
+    got = agent.call("procaddr", symbol="cuMemPrefetchAsync", version=13000, flags=DEFAULT)
+    assert got["error"] == "CUDA_SUCCESS" and got["pfn"] == exported["cuMemPrefetchAsync_v2"]  # the newest _vN
     assert set(agent.call("unmodelled").values()) == {"CUDA_ERROR_NOT_SUPPORTED"}
     assert agent.call("profiler") == {"start": "CUDA_SUCCESS", "stop": "CUDA_SUCCESS"}  # modelled: no profiler
 

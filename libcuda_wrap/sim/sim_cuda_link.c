@@ -1,0 +1,135 @@
+/* The JIT linker (cuLink*): PTX inputs are joined into one image, which
+ * cuModuleLoadData reads like any PTX (kernels, globals); a binary input
+ * (cubin, fatbin, object, library) makes the result an opaque image, whose
+ * every kernel name resolves, as the simulator treats binaries anyway. */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sim_cuda.h"
+
+#define MAGIC_LINK 0x4c4e4b31u
+#define MAX_INPUT (64u << 20)
+static const char OPAQUE_IMAGE[] = "\x7f" "gpuslice-sim linked binary";
+
+struct sim_link {
+    uint32_t magic;
+    char *text; /* the PTX inputs, NUL-terminated */
+    size_t len;
+    int binary; /* a non-PTX input was added */
+};
+
+static struct sim_link *link_of(CUlinkState h)
+{
+    struct sim_link *l = (struct sim_link *)h;
+    return l && l->magic == MAGIC_LINK ? l : NULL;
+}
+
+CUAPI cuLinkCreate_v2(unsigned n, CUjit_option *options, void **values, CUlinkState *out)
+{
+    (void)n, (void)options, (void)values; /* JIT options tune code the simulator does not make */
+    SIM_ENTER();
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct sim_link *l = calloc(1, sizeof *l);
+    if (!l)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    l->magic = MAGIC_LINK;
+    *out = (CUlinkState)l;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuLinkCreate(unsigned n, CUjit_option *options, void **values, CUlinkState *out)
+{
+    return cuLinkCreate_v2(n, options, values, out);
+}
+
+CUAPI cuLinkAddData_v2(CUlinkState h, CUjitInputType type, void *data, size_t size, const char *name, unsigned n,
+                       CUjit_option *options, void **values)
+{
+    (void)name, (void)n, (void)options, (void)values;
+    SIM_ENTER();
+    struct sim_link *l = link_of(h);
+    if (!l || !data || size == 0 || size > MAX_INPUT)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type == CU_JIT_INPUT_NVVM)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (type != CU_JIT_INPUT_PTX) {
+        l->binary = 1;
+        return CUDA_SUCCESS;
+    }
+    size_t add = strnlen(data, size);
+    char *t = realloc(l->text, l->len + add + 2);
+    if (!t)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    memcpy(t + l->len, data, add);
+    l->len += add;
+    t[l->len++] = '\n';
+    t[l->len] = 0;
+    l->text = t;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuLinkAddData(CUlinkState h, CUjitInputType type, void *data, size_t size, const char *name, unsigned n,
+                    CUjit_option *options, void **values)
+{
+    return cuLinkAddData_v2(h, type, data, size, name, n, options, values);
+}
+
+CUAPI cuLinkAddFile_v2(CUlinkState h, CUjitInputType type, const char *path, unsigned n, CUjit_option *options,
+                       void **values)
+{
+    SIM_ENTER();
+    if (!link_of(h) || !path)
+        return CUDA_ERROR_INVALID_VALUE;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    char *buf = malloc(MAX_INPUT + 1);
+    size_t got = buf ? fread(buf, 1, MAX_INPUT + 1, f) : 0;
+    fclose(f);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    r = got == 0 || got > MAX_INPUT ? CUDA_ERROR_INVALID_VALUE
+                                    : cuLinkAddData_v2(h, type, buf, got, path, n, options, values);
+    free(buf);
+    return r;
+}
+
+CUAPI cuLinkAddFile(CUlinkState h, CUjitInputType type, const char *path, unsigned n, CUjit_option *options,
+                    void **values)
+{
+    return cuLinkAddFile_v2(h, type, path, n, options, values);
+}
+
+/* The image stays the link state's until cuLinkDestroy, as CUDA says. */
+CUAPI cuLinkComplete(CUlinkState h, void **image, size_t *size)
+{
+    SIM_ENTER();
+    struct sim_link *l = link_of(h);
+    if (!l || !image || !size)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!l->len && !l->binary)
+        return CUDA_ERROR_INVALID_IMAGE; /* nothing was added */
+    if (l->binary) {
+        *image = (void *)OPAQUE_IMAGE;
+        *size = sizeof OPAQUE_IMAGE;
+    } else {
+        *image = l->text;
+        *size = l->len + 1;
+    }
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuLinkDestroy(CUlinkState h)
+{
+    SIM_ENTER();
+    struct sim_link *l = link_of(h);
+    if (!l)
+        return CUDA_ERROR_INVALID_VALUE;
+    l->magic = 0;
+    free(l->text);
+    free(l);
+    return CUDA_SUCCESS;
+}
