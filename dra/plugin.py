@@ -79,11 +79,11 @@ class Plugin:
         if seen == self.published:
             return
         self.generation += 1
-        self.api.publish_slice(resource_slice.build(self.opts.node, inventory, self.generation))
-        self.published = seen
-        for g in inventory.gpus:
+        for g in inventory.gpus:  # said before it is published: a reader of the slice finds the reason logged
             if g.health:
                 log.warning("GPU %d (%s) tainted %s: %s", g.index, g.uuid, resource_slice.UNHEALTHY, g.health)
+        self.api.publish_slice(resource_slice.build(self.opts.node, inventory, self.generation))
+        self.published = seen
         log.info("published ResourceSlice %s, generation %d", resource_slice.slice_name(self.opts.node),
                  self.generation)  # fmt: skip
 
