@@ -124,16 +124,17 @@ def cdi(
     observed = f"{where}: {len(names)} devices" + (f", missing {missing}" if missing else "")
     checks = [Check("CDI spec", expected, observed, not missing)]
     mounts = spec.edits.mounts
-    container_view(view, mounts)
-    layout = Layout(
-        _view_env(view, spec.edits.env),
-        {g.index: _view_env(view, spec.device(str(g.index)).edits.env) for g in inv.gpus if str(g.index) in names},
-    )
     expected = "its host files exist; its driver library is the driver's"
     try:
         files = driver_files.simulated() if simulated else driver_files.nvidia(Path("/"), inv.driver_version)
     except errors.GpusliceError as e:
         return [*checks, failed("CDI spec matches the driver", expected, str(e))], None
+    container_view(view, mounts)
+    layout = Layout(
+        _view_env(view, spec.edits.env),
+        {g.index: _view_env(view, spec.device(str(g.index)).edits.env) for g in inv.gpus if str(g.index) in names},
+        files.libcuda,
+    )
     absent = [m.host_path for m in mounts if not Path(m.host_path).exists()]
     given = Path(layout.env.get("GPUSLICE_REAL_LIBCUDA", "(none)"))
     same = given.exists() and given.resolve() == files.libcuda.resolve()
@@ -141,7 +142,7 @@ def cdi(
     if absent:
         observed += f"; absent: {', '.join(absent)}"
     checks.append(Check("CDI spec matches the driver", expected, observed, same and not absent))
-    return checks, Layout(layout.env, layout.device_env, files.libcuda)
+    return checks, layout
 
 
 def runtimes(root: Path = Path("/")) -> Check:

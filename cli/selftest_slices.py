@@ -26,7 +26,7 @@ from gpuslice.cli.selftest_report import Check, failed
 from gpuslice.client import AllocatorClient
 from gpuslice.inventory import Gpu
 from gpuslice.paths import native_dir
-from gpuslice.pid_namespace import PidNamespace
+from gpuslice.pid_namespace import PidNamespace, first_child
 from gpuslice.units import format_bytes
 
 WORKER = "gpuslice-selftest-worker"
@@ -79,13 +79,10 @@ def _reply(stdout: str, stderr: str, what: str) -> dict:
 
 def worker_pid(proc: subprocess.Popen[str]) -> int:
     """The worker's host pid: nsenter's child."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        if children:
-            return int(children[0])
-        time.sleep(0.01)
-    raise WorkerError("the worker did not start")
+    pid = first_child(proc.pid)
+    if not pid:
+        raise WorkerError("the worker did not start")
+    return pid
 
 
 @contextmanager

@@ -9,16 +9,22 @@ import time
 from pathlib import Path
 
 
+def first_child(pid: int, seconds: float = 5) -> int:
+    """The first child of pid (unshare's, nsenter's: the process they forked), or 0."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if children:
+            return int(children[0])
+        time.sleep(0.01)
+    return 0
+
+
 class PidNamespace:
     def __init__(self) -> None:
         # its own mount namespace too, as every container has; gone after 10 min if leaked
         self.proc = subprocess.Popen(["unshare", "--pid", "--mount", "--fork", "--kill-child", "sleep", "600"])
-        deadline = time.monotonic() + 5
-        self.init_pid = 0
-        while not self.init_pid and time.monotonic() < deadline:
-            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
-            self.init_pid = int(children[0]) if children else 0
-            time.sleep(0.02)
+        self.init_pid = first_child(self.proc.pid)
         if not self.init_pid:
             self.proc.kill()
             raise RuntimeError("unshare did not start its child")

@@ -86,13 +86,14 @@ CUAPI cuLinkAddFile_v2(CUlinkState h, CUjitInputType type, const char *path, uns
     FILE *f = fopen(path, "rb");
     if (!f)
         return CUDA_ERROR_FILE_NOT_FOUND;
-    char *buf = malloc(MAX_INPUT + 1);
-    size_t got = buf ? fread(buf, 1, MAX_INPUT + 1, f) : 0;
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *buf = size > 0 && (size_t)size <= MAX_INPUT ? malloc((size_t)size) : NULL;
+    size_t got = buf && fseek(f, 0, SEEK_SET) == 0 ? fread(buf, 1, (size_t)size, f) : 0;
     fclose(f);
-    if (!buf)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    r = got == 0 || got > MAX_INPUT ? CUDA_ERROR_INVALID_VALUE
-                                    : cuLinkAddData_v2(h, type, buf, got, path, n, options, values);
+    r = size <= 0 || (size_t)size > MAX_INPUT ? CUDA_ERROR_INVALID_VALUE
+        : !buf                                  ? CUDA_ERROR_OUT_OF_MEMORY
+        : got != (size_t)size                   ? CUDA_ERROR_FILE_NOT_FOUND
+                                                : cuLinkAddData_v2(h, type, buf, got, path, n, options, values);
     free(buf);
     return r;
 }

@@ -396,7 +396,7 @@ class Agent:
                           "free_after": cu.cuMemGetInfo()[1]})  # fmt: skip
         return {"steps": steps, "total": cu.cuMemGetInfo()[2]}
 
-    def jit_link(self) -> dict:
+    def jit_link(self, path: str = "") -> dict:
         """cuLinkCreate -> add PTX -> complete -> cuModuleLoadData ->
         cuModuleGetFunction / cuModuleGetGlobal -> copy into the global -> launch."""
         ptx = (b".version 8.0\n.target sm_80\n.address_size 64\n"
@@ -404,8 +404,13 @@ class Agent:
                b".visible .entry scale()\n{\n .reg .f32 %f<2>;\n ld.global.f32 %f1, [table];\n ret;\n}\n")  # fmt: skip
         steps = {}
         steps["create"], state = cu.cuLinkCreate(0, [], [])
-        (steps["add"],) = cu.cuLinkAddData(state, cu.CUjitInputType.CU_JIT_INPUT_PTX, ptx, len(ptx), b"scale.ptx",
-                                           0, [], [])  # fmt: skip
+        if path:  # the same PTX from a file, as cuLinkAddFile reads it
+            with open(path, "wb") as f:
+                f.write(ptx)
+            (steps["add"],) = cu.cuLinkAddFile(state, cu.CUjitInputType.CU_JIT_INPUT_PTX, path.encode(), 0, [], [])
+        else:
+            (steps["add"],) = cu.cuLinkAddData(state, cu.CUjitInputType.CU_JIT_INPUT_PTX, ptx, len(ptx),
+                                               b"scale.ptx", 0, [], [])  # fmt: skip
         steps["complete"], image, _size = cu.cuLinkComplete(state)
         steps["load"], mod = cu.cuModuleLoadData(image)
         (steps["destroy"],) = cu.cuLinkDestroy(state)  # the module keeps what it loaded

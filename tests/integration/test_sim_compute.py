@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from tests.conftest import gpu
 
 
@@ -176,8 +178,9 @@ def test_an_event_recorded_under_capture_becomes_an_event_record_node(make_machi
     assert got["ms"] >= 2.0  # recorded when the graph ran, after the kernel before it (here: at the graph's end)
 
 
-def test_a_jit_link_round_trip_finds_kernels_and_sizes_globals(make_machine, agents):
-    got = agents(make_machine()).call("jit_link")
+@pytest.mark.parametrize("from_file", [False, True], ids=["data", "file"])
+def test_a_jit_link_round_trip_finds_kernels_and_sizes_globals(make_machine, agents, tmp_path, from_file):
+    got = agents(make_machine()).call("jit_link", path=str(tmp_path / "scale.ptx") if from_file else "")
     assert set(got["steps"].values()) == {"CUDA_SUCCESS"}, got
     assert got["size"] == 1024 and got["round_trip"] is True  # table[256] of .b32, a real global
     assert got["absent"] == "CUDA_ERROR_NOT_FOUND"
