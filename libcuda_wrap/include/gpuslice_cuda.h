@@ -383,12 +383,23 @@ typedef enum CUmemPool_attribute_enum {
 /* launches */
 typedef enum CUlaunchAttributeID_enum {
     CU_LAUNCH_ATTRIBUTE_IGNORE = 0,
-    CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2
+    CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2,
+    CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4
 } CUlaunchAttributeID;
 typedef union CUlaunchAttributeValue_union {
     char pad[64];
     int cooperative;
+    struct {
+        unsigned int x, y, z;
+    } clusterDim;
 } CUlaunchAttributeValue;
+
+/* occupancy */
+typedef enum CUoccupancy_flags_enum {
+    CU_OCCUPANCY_DEFAULT = 0,
+    CU_OCCUPANCY_DISABLE_CACHING_OVERRIDE = 1
+} CUoccupancy_flags;
+typedef size_t (*CUoccupancyB2DSize)(int blockSize);
 typedef struct CUlaunchAttribute_st {
     CUlaunchAttributeID id;
     char pad[8 - sizeof(CUlaunchAttributeID)];
@@ -543,7 +554,13 @@ typedef enum CUfunction_attribute_enum {
     CU_FUNC_ATTRIBUTE_BINARY_VERSION = 6,
     CU_FUNC_ATTRIBUTE_CACHE_MODE_CA = 7,
     CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8,
-    CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9
+    CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 9,
+    CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET = 10,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH = 11,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT = 12,
+    CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH = 13,
+    CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED = 14,
+    CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 15
 } CUfunction_attribute;
 
 /* types the interposer only passes through or reads a size from */

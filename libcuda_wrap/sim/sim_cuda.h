@@ -35,6 +35,9 @@ struct sim_stream {
     int priority;
     uint64_t ready; /* modelled time at which queued work completes */
     struct sim_graph *capture;
+    uint64_t capture_id;            /* unique per capture sequence */
+    CUgraphNode capture_dep;        /* what cuStreamGetCaptureInfo hands out: */
+    CUgraphEdgeData capture_edge;   /* the node the next captured one follows */
     struct sim_stream *next;
 };
 
@@ -63,11 +66,24 @@ struct sim_pool {
     unsigned reuse_off; /* bit (1 << attr) per CU_MEMPOOL_ATTR_REUSE_* turned off; all on by default */
 };
 
+#define SIM_MAX_PARAMS 256
+struct sim_kernel_info { /* what a kernel's PTX says of it (sim_ptx.c); defaults for an opaque image */
+    int regs;            /* per thread */
+    int max_threads;     /* .maxntid/.reqntid: their product; 0 if neither */
+    size_t shared;       /* static .shared bytes */
+    size_t local;        /* .local bytes per thread */
+    int n_params;        /* -1: unknown (a binary image) */
+    uint32_t param_offset[SIM_MAX_PARAMS], param_size[SIM_MAX_PARAMS];
+};
+
 struct sim_func {
     uint32_t magic;
     struct sim_module *module;
     struct sim_func *next;
     int max_dynamic_shared;
+    int non_portable_cluster; /* CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED */
+    int carveout;             /* CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, -1: default */
+    struct sim_kernel_info info;
     char name[];
 };
 
@@ -83,6 +99,9 @@ struct sim_module {
     struct sim_ctx *ctx;
     int opaque;       /* cubin/fatbin: any function name resolves */
     char *entries;    /* PTX: NUL-separated .entry names, ends with "" */
+    char *ptx;        /* PTX: the text, read again for each function's attributes */
+    size_t const_bytes; /* PTX: its .const variables */
+    int target;       /* PTX: .target sm_NN as NN; 0 if none */
     struct sim_func *funcs;
     int n_globals;
     struct sim_global globals[SIM_MAX_GLOBALS];
@@ -109,6 +128,24 @@ static inline void sim_ready_raise(struct sim_stream *s, uint64_t t)
 
 /* PTX text (sim_ptx.c): the .global variables it declares, at most max; their number */
 int sim_ptx_globals(const char *ptx, struct sim_global *out, int max);
+size_t sim_ptx_const_bytes(const char *ptx);
+int sim_ptx_target(const char *ptx);
+/* The kernel `name`'s parameters, directives and resources; 0 if it has no .entry */
+int sim_ptx_kernel(const char *ptx, const char *name, struct sim_kernel_info *k);
+
+/* occupancy (sim_cuda_occupancy.c): blocks of f that fit on one SM of dev */
+int sim_blocks_per_sm(const struct sim_func *f, int dev, unsigned threads, size_t dynamic_shared);
+int sim_func_max_threads(const struct sim_func *f);
+int sim_device_max_blocks_per_sm(int dev);
+/* functions (sim_cuda_exec.c): the device a function runs on; its dynamic shared memory limit */
+int sim_func_dev(const struct sim_func *f);
+size_t sim_func_max_dynamic_shared(const struct sim_func *f);
+/* a module image from a file, NUL-terminated (sim_cuda_link.c) */
+CUresult sim_read_image(const char *path, char **out, size_t *len);
+#define SIM_SHARED_PER_SM 167936u     /* CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */
+#define SIM_SHARED_RESERVED 1024u     /* per block, by the driver */
+#define SIM_SHARED_DEFAULT 49152u     /* per block without opting in */
+#define SIM_REGS_PER_SM 65536u
 /* memory (sim_cuda_mem.c), for module globals: cuMemAlloc_v2 and cuMemFree_v2 */
 CUresult sim_global_alloc(CUdeviceptr *dptr, size_t size);
 CUresult sim_global_free(CUdeviceptr dptr);

@@ -296,11 +296,6 @@ CUAPI cuDeviceComputeCapability(int *major, int *minor, CUdevice dev)
     return CUDA_SUCCESS;
 }
 
-static int blocks_per_sm_max(int cc_major)
-{
-    return cc_major >= 8 ? 32 : 16;
-}
-
 CUAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
 {
     REQUIRE_DEV(dev);
@@ -316,11 +311,11 @@ CUAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: v = 2147483647; break;
     case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: v = 65535; break;
     case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: v = 65535; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: v = 49152; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: v = SIM_SHARED_DEFAULT; break;
     case CU_DEVICE_ATTRIBUTE_TOTAL_CONSTANT_MEMORY: v = 65536; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
     case CU_DEVICE_ATTRIBUTE_MAX_PITCH: v = 2147483647; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: v = 65536; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_BLOCK: v = SIM_REGS_PER_SM; break;
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = g->clock_khz; break;
     case CU_DEVICE_ATTRIBUTE_TEXTURE_ALIGNMENT: v = 512; break;
     case CU_DEVICE_ATTRIBUTE_GPU_OVERLAP: v = 1; break;
@@ -344,17 +339,17 @@ CUAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = g->cc_major; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = g->cc_minor; break;
     case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: v = 167936; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: v = 65536; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: v = SIM_SHARED_PER_SM; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: v = SIM_REGS_PER_SM; break;
     case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_MULTI_GPU_BOARD: v = 0; break;
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH: v = 1; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: v = 166912; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: v = SIM_SHARED_PER_SM - SIM_SHARED_RESERVED; break;
     case CU_DEVICE_ATTRIBUTE_HOST_REGISTER_SUPPORTED: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = 1; break;
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED: v = 0; break;
-    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: v = blocks_per_sm_max(g->cc_major); break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: v = sim_device_max_blocks_per_sm(dev); break;
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 1; break;
     default:
         if (attrib <= 0 || attrib > 160)

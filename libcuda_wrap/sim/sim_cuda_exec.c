@@ -5,6 +5,7 @@
  * grid the program launches.  Launches from every process queue on one
  * timeline per GPU (time slicing, as without MPS). */
 #define _GNU_SOURCE
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,11 +75,17 @@ static CUresult module_new(const void *image, struct sim_module **out, int need_
     m->magic = MAGIC_MODULE;
     m->ctx = c;
     const char *img = image;
-    if (is_ptx(img))
+    if (is_ptx(img)) {
         m->n_globals = sim_ptx_globals(img, m->globals, SIM_MAX_GLOBALS);
+        m->const_bytes = sim_ptx_const_bytes(img);
+        m->target = sim_ptx_target(img);
+    }
     if (is_ptx(img) && strstr(img, ".entry")) {
         m->entries = ptx_entries(img);
-        if (!m->entries) {
+        m->ptx = strdup(img);
+        if (!m->entries || !m->ptx) {
+            free(m->entries);
+            free(m->ptx);
             free(m);
             return CUDA_ERROR_OUT_OF_MEMORY;
         }
@@ -116,30 +123,10 @@ CUAPI cuModuleLoad(CUmodule *mod, const char *fname)
     SIM_ENTER();
     if (!mod || !fname)
         return CUDA_ERROR_INVALID_VALUE;
-    FILE *f = fopen(fname, "rb");
-    if (!f)
-        return CUDA_ERROR_FILE_NOT_FOUND;
-    char *buf = NULL;
-    size_t len = 0, cap = 0, n;
-    char chunk[4096];
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        if (len + n + 1 > cap) {
-            cap = (len + n + 1) * 2;
-            char *nb = realloc(buf, cap);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                return CUDA_ERROR_OUT_OF_MEMORY;
-            }
-            buf = nb;
-        }
-        memcpy(buf + len, chunk, n);
-        len += n;
-    }
-    fclose(f);
-    if (!buf)
-        return CUDA_ERROR_INVALID_IMAGE;
-    buf[len] = 0;
+    char *buf;
+    size_t len;
+    if ((r = sim_read_image(fname, &buf, &len)))
+        return r;
     r = cuModuleLoadData(mod, buf);
     free(buf);
     return r;
@@ -166,6 +153,7 @@ CUAPI cuModuleUnload(CUmodule h)
         if (m->globals[i].ptr)
             sim_global_free(m->globals[i].ptr);
     free(m->entries);
+    free(m->ptx);
     m->magic = MAGIC_DEAD;
     free(m);
     return CUDA_SUCCESS;
@@ -181,6 +169,35 @@ static int has_entry(const struct sim_module *m, const char *name)
     return 0;
 }
 
+/* A kernel's attributes: from its PTX; for a binary image, a kernel of 32
+ * registers and no static shared or local memory whose parameters are unknown. */
+static void kernel_info(const struct sim_module *m, const char *name, struct sim_kernel_info *k)
+{
+    if (m->ptx && sim_ptx_kernel(m->ptx, name, k))
+        return;
+    *k = (struct sim_kernel_info){.regs = 32, .n_params = -1};
+}
+
+/* The module's function `name`, made at its first lookup; NULL if out of memory. */
+static struct sim_func *func_get(struct sim_module *m, const char *name)
+{
+    pthread_mutex_lock(&sim_mu);
+    struct sim_func *f = m->funcs;
+    while (f && strcmp(f->name, name) != 0)
+        f = f->next;
+    if (!f && (f = calloc(1, sizeof *f + strlen(name) + 1))) {
+        f->magic = MAGIC_FUNC;
+        f->module = m;
+        f->carveout = -1;
+        strcpy(f->name, name);
+        kernel_info(m, name, &f->info);
+        f->next = m->funcs;
+        m->funcs = f;
+    }
+    pthread_mutex_unlock(&sim_mu);
+    return f;
+}
+
 CUAPI cuModuleGetFunction(CUfunction *out, CUmodule h, const char *name)
 {
     SIM_ENTER();
@@ -191,21 +208,45 @@ CUAPI cuModuleGetFunction(CUfunction *out, CUmodule h, const char *name)
         return CUDA_ERROR_INVALID_VALUE;
     if (!has_entry(m, name))
         return CUDA_ERROR_NOT_FOUND;
-    pthread_mutex_lock(&sim_mu);
-    struct sim_func *f = m->funcs;
-    while (f && strcmp(f->name, name) != 0)
-        f = f->next;
-    if (!f && (f = calloc(1, sizeof *f + strlen(name) + 1))) {
-        f->magic = MAGIC_FUNC;
-        f->module = m;
-        strcpy(f->name, name);
-        f->next = m->funcs;
-        m->funcs = f;
-    }
-    pthread_mutex_unlock(&sim_mu);
+    struct sim_func *f = func_get(m, name);
     if (!f)
         return CUDA_ERROR_OUT_OF_MEMORY;
     *out = (CUfunction)f;
+    return CUDA_SUCCESS;
+}
+
+/* A PTX module's kernels, in the order its text declares them; a binary's are unknown. */
+CUAPI cuModuleGetFunctionCount(unsigned *count, CUmodule h)
+{
+    SIM_ENTER();
+    struct sim_module *m = module_of(h);
+    if (!m)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!count)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (m->opaque)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    unsigned n = 0;
+    for (const char *e = m->entries; *e; e += strlen(e) + 1)
+        n++;
+    *count = n;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuModuleEnumerateFunctions(CUfunction *out, unsigned n, CUmodule h)
+{
+    SIM_ENTER();
+    struct sim_module *m = module_of(h);
+    if (!m)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!out)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (m->opaque)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    unsigned i = 0;
+    for (const char *e = m->entries; *e && i < n; e += strlen(e) + 1, i++)
+        if (!(out[i] = (CUfunction)func_get(m, e)))
+            return CUDA_ERROR_OUT_OF_MEMORY;
     return CUDA_SUCCESS;
 }
 
@@ -248,6 +289,21 @@ CUAPI cuLibraryLoadData(CUlibrary *lib, const void *code, void *jo, void **jv, u
     return r;
 }
 
+CUAPI cuLibraryLoadFromFile(CUlibrary *lib, const char *path, void *jo, void **jv, unsigned nj, void *lo,
+                            void **lv, unsigned nl)
+{
+    SIM_ENTER();
+    if (!lib || !path)
+        return CUDA_ERROR_INVALID_VALUE;
+    char *buf;
+    size_t len;
+    if ((r = sim_read_image(path, &buf, &len)))
+        return r;
+    r = cuLibraryLoadData(lib, buf, jo, jv, nj, lo, lv, nl);
+    free(buf);
+    return r;
+}
+
 CUAPI cuLibraryUnload(CUlibrary lib)
 {
     return cuModuleUnload((CUmodule)lib);
@@ -258,16 +314,19 @@ CUAPI cuLibraryGetKernel(CUkernel *k, CUlibrary lib, const char *name)
     return cuModuleGetFunction((CUfunction *)k, (CUmodule)lib, name);
 }
 
-CUAPI cuKernelGetFunction(CUfunction *f, CUkernel k)
+CUAPI cuLibraryGetKernelCount(unsigned *count, CUlibrary lib)
 {
-    SIM_ENTER();
-    if (!f)
-        return CUDA_ERROR_INVALID_VALUE;
-    struct sim_func *fn = (struct sim_func *)k;
-    if (!fn || fn->magic != MAGIC_FUNC)
-        return CUDA_ERROR_INVALID_HANDLE;
-    *f = (CUfunction)fn;
-    return CUDA_SUCCESS;
+    return cuModuleGetFunctionCount(count, (CUmodule)lib);
+}
+
+CUAPI cuLibraryEnumerateKernels(CUkernel *out, unsigned n, CUlibrary lib)
+{
+    return cuModuleEnumerateFunctions((CUfunction *)out, n, (CUmodule)lib);
+}
+
+CUAPI cuLibraryGetGlobal(CUdeviceptr *dptr, size_t *bytes, CUlibrary lib, const char *name)
+{
+    return cuModuleGetGlobal_v2(dptr, bytes, (CUmodule)lib, name);
 }
 
 CUAPI cuLibraryGetModule(CUmodule *mod, CUlibrary lib)
@@ -287,6 +346,72 @@ static struct sim_func *func_of(CUfunction h)
     return f && f->magic == MAGIC_FUNC ? f : NULL;
 }
 
+CUAPI cuKernelGetFunction(CUfunction *f, CUkernel k)
+{
+    SIM_ENTER();
+    if (!f)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!func_of((CUfunction)k))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *f = (CUfunction)k;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuFuncGetModule(CUmodule *mod, CUfunction h)
+{
+    SIM_ENTER();
+    struct sim_func *f = func_of(h);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!mod)
+        return CUDA_ERROR_INVALID_VALUE;
+    *mod = (CUmodule)f->module;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuKernelGetLibrary(CUlibrary *lib, CUkernel k)
+{
+    return cuFuncGetModule((CUmodule *)lib, (CUfunction)k);
+}
+
+int sim_func_dev(const struct sim_func *f)
+{
+    return module_dev(f->module);
+}
+
+size_t sim_func_max_dynamic_shared(const struct sim_func *f)
+{
+    if (f->max_dynamic_shared)
+        return (size_t)f->max_dynamic_shared;
+    return f->info.shared < SIM_SHARED_DEFAULT ? SIM_SHARED_DEFAULT - f->info.shared : 0;
+}
+
+static CUresult func_attribute(int *v, CUfunction_attribute attr, const struct sim_func *f, int dev)
+{
+    const struct sim_gpu_info *g = &sim_machine()->gpu[dev];
+    int cc = g->cc_major * 10 + g->cc_minor;
+    switch (attr) {
+    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = sim_func_max_threads(f); break;
+    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: *v = (int)f->info.shared; break;
+    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES: *v = (int)f->module->const_bytes; break;
+    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES: *v = (int)f->info.local; break;
+    case CU_FUNC_ATTRIBUTE_NUM_REGS: *v = f->info.regs; break;
+    case CU_FUNC_ATTRIBUTE_PTX_VERSION: *v = f->module->target ? f->module->target : cc; break;
+    case CU_FUNC_ATTRIBUTE_BINARY_VERSION: *v = cc; break; /* PTX is compiled for the device it loads on */
+    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: *v = 0; break;
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = (int)sim_func_max_dynamic_shared(f); break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *v = f->carveout; break;
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SIZE_MUST_BE_SET:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_WIDTH:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_HEIGHT:
+    case CU_FUNC_ATTRIBUTE_REQUIRED_CLUSTER_DEPTH:
+    case CU_FUNC_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE: *v = 0; break;
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED: *v = f->non_portable_cluster; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
 CUAPI cuFuncGetAttribute(int *v, CUfunction_attribute attr, CUfunction h)
 {
     SIM_ENTER();
@@ -295,22 +420,18 @@ CUAPI cuFuncGetAttribute(int *v, CUfunction_attribute attr, CUfunction h)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
-    switch (attr) {
-    case CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *v = 1024; break;
-    case CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES:
-    case CU_FUNC_ATTRIBUTE_CONST_SIZE_BYTES:
-    case CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES:
-    case CU_FUNC_ATTRIBUTE_CACHE_MODE_CA: *v = 0; break;
-    case CU_FUNC_ATTRIBUTE_NUM_REGS: *v = 32; break;
-    case CU_FUNC_ATTRIBUTE_PTX_VERSION:
-    case CU_FUNC_ATTRIBUTE_BINARY_VERSION:
-        *v = sim_machine()->gpu[module_dev(f->module)].cc_major * 10 + sim_machine()->gpu[module_dev(f->module)].cc_minor;
-        break;
-    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES: *v = f->max_dynamic_shared ? f->max_dynamic_shared : 49152; break;
-    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT: *v = -1; break;
-    default: return CUDA_ERROR_INVALID_VALUE;
-    }
-    return CUDA_SUCCESS;
+    return func_attribute(v, attr, f, module_dev(f->module));
+}
+
+CUAPI cuKernelGetAttribute(int *v, CUfunction_attribute attr, CUkernel k, CUdevice dev)
+{
+    SIM_ENTER();
+    struct sim_func *f = func_of((CUfunction)k);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!v || dev < 0 || dev >= sim_machine()->gpu_count)
+        return dev < 0 || dev >= sim_machine()->gpu_count ? CUDA_ERROR_INVALID_DEVICE : CUDA_ERROR_INVALID_VALUE;
+    return func_attribute(v, attr, f, dev);
 }
 
 CUAPI cuFuncSetAttribute(CUfunction h, CUfunction_attribute attr, int v)
@@ -319,14 +440,35 @@ CUAPI cuFuncSetAttribute(CUfunction h, CUfunction_attribute attr, int v)
     struct sim_func *f = func_of(h);
     if (!f)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (attr == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) {
-        if (v < 0 || v > 166912)
+    switch (attr) {
+    case CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+        if (v < 0 || (size_t)v + f->info.shared > SIM_SHARED_PER_SM - SIM_SHARED_RESERVED)
             return CUDA_ERROR_INVALID_VALUE;
         f->max_dynamic_shared = v;
-    } else if (attr != CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT) {
-        return CUDA_ERROR_INVALID_VALUE;
+        break;
+    case CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT:
+        if (v < -1 || v > 100)
+            return CUDA_ERROR_INVALID_VALUE;
+        f->carveout = v;
+        break;
+    case CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED:
+        if (v != 0 && v != 1)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (sim_machine()->gpu[module_dev(f->module)].cc_major < 9)
+            return CUDA_ERROR_NOT_SUPPORTED;
+        f->non_portable_cluster = v;
+        break;
+    default: return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
+}
+
+CUAPI cuKernelSetAttribute(CUfunction_attribute attr, int v, CUkernel k, CUdevice dev)
+{
+    SIM_ENTER();
+    if (dev < 0 || dev >= sim_machine()->gpu_count)
+        return CUDA_ERROR_INVALID_DEVICE;
+    return cuFuncSetAttribute((CUfunction)k, attr, v);
 }
 
 CUAPI cuFuncSetCacheConfig(CUfunction h, int config)
@@ -337,20 +479,54 @@ CUAPI cuFuncSetCacheConfig(CUfunction h, int config)
     return func_of(h) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
-/* ---- launches -------------------------------------------------------- */
-
-static int blocks_per_sm(const struct sim_gpu_info *g, unsigned threads)
+CUAPI cuFuncGetName(const char **name, CUfunction h)
 {
-    int by_threads = (int)(2048 / (threads ? threads : 1));
-    int cap = g->cc_major >= 8 ? 32 : 16;
-    return by_threads < 1 ? 1 : by_threads > cap ? cap : by_threads;
+    SIM_ENTER();
+    struct sim_func *f = func_of(h);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!name)
+        return CUDA_ERROR_INVALID_VALUE;
+    *name = f->name;
+    return CUDA_SUCCESS;
 }
+
+CUAPI cuKernelGetName(const char **name, CUkernel k)
+{
+    return cuFuncGetName(name, (CUfunction)k);
+}
+
+/* A parameter's offset and size in the kernel's parameter buffer, as its PTX declares it. */
+CUAPI cuFuncGetParamInfo(CUfunction h, size_t index, size_t *offset, size_t *size)
+{
+    SIM_ENTER();
+    struct sim_func *f = func_of(h);
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (f->info.n_params < 0)
+        return CUDA_ERROR_NOT_SUPPORTED; /* a binary image: the simulator does not read it */
+    if (index >= (size_t)f->info.n_params)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (offset)
+        *offset = f->info.param_offset[index];
+    if (size)
+        *size = f->info.param_size[index];
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuKernelGetParamInfo(CUkernel k, size_t index, size_t *offset, size_t *size)
+{
+    return cuFuncGetParamInfo((CUfunction)k, index, offset, size);
+}
+
+/* ---- launches -------------------------------------------------------- */
 
 uint64_t sim_kernel_ns(const struct sim_kernel_launch *k, int dev)
 {
     const struct sim_gpu_info *g = &sim_machine()->gpu[dev];
     uint64_t blocks = (uint64_t)k->grid[0] * k->grid[1] * k->grid[2];
-    uint64_t per_wave = (uint64_t)g->sms * (uint64_t)blocks_per_sm(g, k->block[0] * k->block[1] * k->block[2]);
+    int fit = sim_blocks_per_sm(k->func, dev, k->block[0] * k->block[1] * k->block[2], k->shmem);
+    uint64_t per_wave = (uint64_t)g->sms * (uint64_t)(fit > 0 ? fit : 1);
     uint64_t waves = (blocks + per_wave - 1) / per_wave;
     return waves * g->wave_ns;
 }
@@ -363,14 +539,16 @@ static CUresult validate(const struct sim_kernel_launch *k, int cooperative, int
     if (!g[0] || !g[1] || !g[2] || !b[0] || !b[1] || !b[2] || g[0] > 2147483647u || g[1] > 65535 || g[2] > 65535 ||
         b[0] > 1024 || b[1] > 1024 || b[2] > 64)
         return CUDA_ERROR_INVALID_VALUE;
-    if ((uint64_t)b[0] * b[1] * b[2] > 1024)
+    uint64_t threads = (uint64_t)b[0] * b[1] * b[2];
+    if (threads > 1024)
         return CUDA_ERROR_INVALID_VALUE;
-    int max_shmem = k->func->max_dynamic_shared ? k->func->max_dynamic_shared : 49152;
-    if (k->shmem > (unsigned)max_shmem)
+    if (k->shmem > sim_func_max_dynamic_shared(k->func))
         return CUDA_ERROR_INVALID_VALUE;
+    if (threads > (uint64_t)sim_func_max_threads(k->func)) /* its registers or launch bounds */
+        return CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES;
     if (cooperative) {
         const struct sim_gpu_info *gi = &sim_machine()->gpu[dev];
-        uint64_t fits = (uint64_t)gi->sms * (uint64_t)blocks_per_sm(gi, b[0] * b[1] * b[2]);
+        uint64_t fits = (uint64_t)gi->sms * (uint64_t)sim_blocks_per_sm(k->func, dev, (unsigned)threads, k->shmem);
         if ((uint64_t)g[0] * g[1] * g[2] > fits)
             return CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE;
     }
@@ -1039,6 +1217,8 @@ CUAPI cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return graph_launch(e, s, 
 
 /* ---- stream capture -------------------------------------------------- */
 
+static uint64_t capture_ids;
+
 static CUresult begin_capture(CUstream hs, int mode, int ptds)
 {
     SIM_ENTER();
@@ -1052,6 +1232,7 @@ static CUresult begin_capture(CUstream hs, int mode, int ptds)
     if (s->capture)
         return CUDA_ERROR_ILLEGAL_STATE;
     s->capture = graph_new();
+    s->capture_id = __atomic_add_fetch(&capture_ids, 1, __ATOMIC_RELAXED);
     return s->capture ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
 }
 
@@ -1071,6 +1252,7 @@ static CUresult begin_capture_to_graph(CUstream hs, CUgraph hg, int mode, int pt
     if (s->capture)
         return CUDA_ERROR_ILLEGAL_STATE;
     s->capture = g;
+    s->capture_id = __atomic_add_fetch(&capture_ids, 1, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 
@@ -1125,6 +1307,74 @@ static CUresult is_capturing(CUstream hs, CUstreamCaptureStatus *st, int ptds)
 
 CUAPI cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st) { return is_capturing(s, st, 0); }
 CUAPI cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st) { return is_capturing(s, st, 1); }
+
+/* The capture's id and graph, and what the next captured node will follow:
+ * the graph's last node (nodes run in order in this model), or none yet. */
+static CUresult capture_info(CUstream hs, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *graph,
+                             const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *n, int ptds)
+{
+    SIM_ENTER();
+    struct sim_stream *s = sim_stream_resolve(hs, ptds, &r);
+    if (!s)
+        return r;
+    if (!st || (edges && !deps))
+        return CUDA_ERROR_INVALID_VALUE;
+    *st = s->capture ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    if (!s->capture)
+        return CUDA_SUCCESS; /* the other outputs are set only while capturing */
+    pthread_mutex_lock(&sim_mu);
+    struct sim_graph *g = s->capture;
+    struct sim_node *last = g->tail == &g->nodes ? NULL
+                            : (struct sim_node *)((char *)g->tail - offsetof(struct sim_node, next));
+    pthread_mutex_unlock(&sim_mu);
+    s->capture_dep = (CUgraphNode)last;
+    s->capture_edge = (CUgraphEdgeData){0};
+    if (id)
+        *id = s->capture_id;
+    if (graph)
+        *graph = (CUgraph)g;
+    if (deps)
+        *deps = last ? &s->capture_dep : NULL;
+    if (edges)
+        *edges = last ? &s->capture_edge : NULL;
+    if (n)
+        *n = last ? 1 : 0;
+    return CUDA_SUCCESS;
+}
+
+CUAPI cuStreamGetCaptureInfo(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id)
+{
+    return capture_info(s, st, id, NULL, NULL, NULL, NULL, 0);
+}
+
+CUAPI cuStreamGetCaptureInfo_ptsz(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id)
+{
+    return capture_info(s, st, id, NULL, NULL, NULL, NULL, 1);
+}
+
+CUAPI cuStreamGetCaptureInfo_v2(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                const CUgraphNode **deps, size_t *n)
+{
+    return capture_info(s, st, id, g, deps, NULL, n, 0);
+}
+
+CUAPI cuStreamGetCaptureInfo_v2_ptsz(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                     const CUgraphNode **deps, size_t *n)
+{
+    return capture_info(s, st, id, g, deps, NULL, n, 1);
+}
+
+CUAPI cuStreamGetCaptureInfo_v3(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *n)
+{
+    return capture_info(s, st, id, g, deps, edges, n, 0);
+}
+
+CUAPI cuStreamGetCaptureInfo_v3_ptsz(CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+                                     const CUgraphNode **deps, const CUgraphEdgeData **edges, size_t *n)
+{
+    return capture_info(s, st, id, g, deps, edges, n, 1);
+}
 
 /* ---- simulator only: the calling process's exact GPU time ------------- */
 

@@ -77,23 +77,41 @@ CUAPI cuLinkAddData(CUlinkState h, CUjitInputType type, void *data, size_t size,
     return cuLinkAddData_v2(h, type, data, size, name, n, options, values);
 }
 
+/* A file's bytes, NUL-terminated (PTX is text), at most MAX_INPUT of them. */
+CUresult sim_read_image(const char *path, char **out, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return CUDA_ERROR_FILE_NOT_FOUND;
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *buf = size > 0 && (size_t)size <= MAX_INPUT ? malloc((size_t)size + 1) : NULL;
+    size_t got = buf && fseek(f, 0, SEEK_SET) == 0 ? fread(buf, 1, (size_t)size, f) : 0;
+    fclose(f);
+    CUresult r = size <= 0 || (size_t)size > MAX_INPUT ? CUDA_ERROR_INVALID_IMAGE
+                 : !buf                                  ? CUDA_ERROR_OUT_OF_MEMORY
+                 : got != (size_t)size                   ? CUDA_ERROR_FILE_NOT_FOUND
+                                                         : CUDA_SUCCESS;
+    if (r) {
+        free(buf);
+        return r;
+    }
+    buf[got] = 0;
+    *out = buf;
+    *len = got;
+    return CUDA_SUCCESS;
+}
+
 CUAPI cuLinkAddFile_v2(CUlinkState h, CUjitInputType type, const char *path, unsigned n, CUjit_option *options,
                        void **values)
 {
     SIM_ENTER();
     if (!link_of(h) || !path)
         return CUDA_ERROR_INVALID_VALUE;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return CUDA_ERROR_FILE_NOT_FOUND;
-    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    char *buf = size > 0 && (size_t)size <= MAX_INPUT ? malloc((size_t)size) : NULL;
-    size_t got = buf && fseek(f, 0, SEEK_SET) == 0 ? fread(buf, 1, (size_t)size, f) : 0;
-    fclose(f);
-    r = size <= 0 || (size_t)size > MAX_INPUT ? CUDA_ERROR_INVALID_VALUE
-        : !buf                                  ? CUDA_ERROR_OUT_OF_MEMORY
-        : got != (size_t)size                   ? CUDA_ERROR_FILE_NOT_FOUND
-                                                : cuLinkAddData_v2(h, type, buf, got, path, n, options, values);
+    char *buf;
+    size_t len;
+    if ((r = sim_read_image(path, &buf, &len)))
+        return r == CUDA_ERROR_INVALID_IMAGE ? CUDA_ERROR_INVALID_VALUE : r;
+    r = cuLinkAddData_v2(h, type, buf, len, path, n, options, values);
     free(buf);
     return r;
 }

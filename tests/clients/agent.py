@@ -450,11 +450,88 @@ class Agent:
         """Calls the simulator does not model, made as programs make them."""
         calls = {
             "cuDeviceGetLuid": lambda: cu.cuDeviceGetLuid(0)[0],
-            "cuOccupancyMaxActiveBlocksPerMultiprocessor": lambda: cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(
-                None, 256, 0
+            "cuGraphConditionalHandleCreate": lambda: cu.cuGraphConditionalHandleCreate(
+                cu.cuGraphCreate(0)[1], self.ctx, 1, 0
             )[0],
         }
         return {name: name_of(call()) for name, call in calls.items()}
+
+    def kernel_model(self, ptx: str, path: str) -> dict:
+        """What a program learns of its kernels before launching them: names,
+        parameters, attributes and occupancy, through a library loaded from a file."""
+        with open(path, "w") as f:
+            f.write(ptx)
+        err, lib = cu.cuLibraryLoadFromFile(path.encode(), [], [], 0, [], [], 0)
+        if err:
+            return {"error": name_of(err)}
+        _, count = cu.cuLibraryGetKernelCount(lib)
+        _, kernels = cu.cuLibraryEnumerateKernels(count, lib)
+        attrs = {a.name: a for a in cu.CUfunction_attribute if a.value <= 15}
+        out: dict = {"count": int(count), "kernels": {}}
+        for k in kernels:
+            _, name = cu.cuKernelGetName(k)
+            _, fn = cu.cuKernelGetFunction(k)
+            params, i = [], 0
+            while True:
+                err, offset, size = cu.cuKernelGetParamInfo(k, i)
+                if err:
+                    params.append(name_of(err))
+                    break
+                params.append([int(offset), int(size)])
+                i += 1
+            info = {"params": params, "func_name": cu.cuFuncGetName(fn)[1].decode(),
+                    "attrs": {n: int(cu.cuFuncGetAttribute(a, fn)[1]) for n, a in attrs.items()},
+                    "kernel_attrs": {n: int(cu.cuKernelGetAttribute(a, k, 0)[1]) for n, a in attrs.items()},
+                    "blocks": {b: int(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(fn, b, 0)[1])
+                               for b in (32, 128, 256, 512, 1024)},
+                    "potential": [int(v) for v in cu.cuOccupancyMaxPotentialBlockSize(fn, None, 0, 0)[1:]],
+                    "potential_128": [int(v) for v in cu.cuOccupancyMaxPotentialBlockSize(fn, None, 0, 128)[1:]],
+                    "dyn_smem": {n: int(cu.cuOccupancyAvailableDynamicSMemPerBlock(fn, n, 256)[1]) for n in (1, 2, 4)},
+                    "launch_512": name_of(cu.cuLaunchKernel(fn, 1, 1, 1, 512, 1, 1, 0, self.stream, None, 0)[0]),
+                    }  # fmt: skip
+            config = cu.CUlaunchConfig()
+            config.gridDimX, config.gridDimY, config.gridDimZ = 8, 1, 1
+            config.blockDimX, config.blockDimY, config.blockDimZ = 128, 1, 1
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = 2, 1, 1
+            config.attrs, config.numAttrs = [attr], 1
+            cluster = cu.cuOccupancyMaxPotentialClusterSize(fn, config)
+            clusters = cu.cuOccupancyMaxActiveClusters(fn, config)
+            info["cluster_size"] = [name_of(cluster[0]), int(cluster[1] or 0)]
+            info["active_clusters"] = [name_of(clusters[0]), int(clusters[1] or 0)]
+            out["kernels"][name.decode()] = info
+        err, _, size = cu.cuLibraryGetGlobal(lib, b"table")
+        out["global"] = [name_of(err), int(size)]
+        out["missing_file"] = name_of(cu.cuLibraryLoadFromFile(b"/nonexistent.ptx", [], [], 0, [], [], 0)[0])
+        cu.cuLibraryUnload(lib)
+        return out
+
+    def capture_info(self) -> dict:
+        """cuStreamGetCaptureInfo before, during (empty, then after each kernel) and after a capture."""
+        _, mod = cu.cuModuleLoadData(PTX)
+        _, fn = cu.cuModuleGetFunction(mod, b"spin")
+        _, stream = cu.cuStreamCreate(0)
+
+        def info() -> dict:
+            err, status, cid, graph, deps, _, n = cu.cuStreamGetCaptureInfo(stream)
+            return {"error": name_of(err), "status": status.name, "id": int(cid), "graph": int(graph or 0),
+                    "deps": [int(d) for d in (deps or [])][: int(n)], "n": int(n)}  # fmt: skip
+
+        seen = [info()]
+        cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+        seen.append(info())
+        for _ in range(2):
+            cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, None, 0)
+            seen.append(info())
+        _, graph = cu.cuStreamEndCapture(stream)
+        _, nodes, n = cu.cuGraphGetNodes(graph, 8)
+        seen.append(info())
+        cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL)
+        second = info()
+        cu.cuStreamEndCapture(stream)
+        nodes = [int(x) for x in nodes[: int(n)]]
+        return {"seen": seen, "graph": int(graph), "nodes": nodes, "second_id": second["id"]}
 
     def profiler(self) -> dict:
         return {"start": name_of(cu.cuProfilerStart()[0]), "stop": name_of(cu.cuProfilerStop()[0])}
