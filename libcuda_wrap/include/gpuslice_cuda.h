@@ -334,6 +334,7 @@ typedef enum CUmemAccess_flags_enum {
     CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3
 } CUmemAccess_flags;
 typedef int CUmemAllocationHandleType;
+enum { CU_MEM_HANDLE_TYPE_NONE = 0, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1 };
 
 typedef struct CUmemLocation_st {
     CUmemLocationType type;
@@ -457,6 +458,12 @@ typedef struct CUgraphNodeParams_st {
     union {
         long long reserved1[29];
         CUDA_KERNEL_NODE_PARAMS_v3 kernel;
+        struct {
+            CUgraph graph; /* CUDA_CHILD_GRAPH_NODE_PARAMS: its first field */
+        } graph;
+        struct {
+            CUevent event; /* CUDA_EVENT_RECORD_NODE_PARAMS: its first field */
+        } eventRecord;
     };
     long long reserved2;
 } CUgraphNodeParams;

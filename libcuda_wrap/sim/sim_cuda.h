@@ -137,7 +137,10 @@ int sim_ptx_kernel(const char *ptx, const char *name, struct sim_kernel_info *k)
 int sim_blocks_per_sm(const struct sim_func *f, int dev, unsigned threads, size_t dynamic_shared);
 int sim_func_max_threads(const struct sim_func *f);
 int sim_device_max_blocks_per_sm(int dev);
-/* functions (sim_cuda_exec.c): the device a function runs on; its dynamic shared memory limit */
+/* functions (sim_cuda_module.c): a handle's function or NULL; the device a
+ * module's or a function's kernels run on; a function's dynamic shared memory limit */
+struct sim_func *sim_func_of(CUfunction h);
+int sim_module_dev(const struct sim_module *m);
 int sim_func_dev(const struct sim_func *f);
 size_t sim_func_max_dynamic_shared(const struct sim_func *f);
 /* a module image from a file, NUL-terminated (sim_cuda_link.c) */
@@ -146,14 +149,14 @@ CUresult sim_read_image(const char *path, char **out, size_t *len);
 #define SIM_SHARED_RESERVED 1024u     /* per block, by the driver */
 #define SIM_SHARED_DEFAULT 49152u     /* per block without opting in */
 #define SIM_REGS_PER_SM 65536u
-/* memory (sim_cuda_mem.c), for module globals: cuMemAlloc_v2 and cuMemFree_v2 */
+/* memory (sim_cuda_memory.c), for module globals: cuMemAlloc_v2 and cuMemFree_v2 */
 CUresult sim_global_alloc(CUdeviceptr *dptr, size_t size);
 CUresult sim_global_free(CUdeviceptr dptr);
 
-/* stream capture (sim_cuda_exec.c): cuEventRecord on a capturing stream adds an event record node */
+/* stream capture (sim_cuda_graph_exec.c): cuEventRecord on a capturing stream adds an event record node */
 CUresult sim_capture_event_record(struct sim_stream *s, struct sim_event *e);
 
-/* process state (sim_cuda_core.c) */
+/* process state (sim_cuda_device.c, sim_cuda_context.c) */
 extern pthread_mutex_t sim_mu;
 extern int sim_initialized;
 CUresult sim_check_init(void);
@@ -162,6 +165,19 @@ CUresult sim_check_init(void);
     CUresult r = sim_check_init();      \
     if (r)                              \
     return r
+int sim_valid_dev(CUdevice d);
+#define REQUIRE_INIT()                  \
+    do {                                \
+        CUresult r_ = sim_check_init(); \
+        if (r_)                         \
+            return r_;                  \
+    } while (0)
+#define REQUIRE_DEV(d)                        \
+    do {                                      \
+        REQUIRE_INIT();                       \
+        if (!sim_valid_dev(d))                \
+            return CUDA_ERROR_INVALID_DEVICE; \
+    } while (0)
 struct sim_ctx *sim_current_ctx(void);
 CUresult sim_ctx_or_error(struct sim_ctx **out);
 int sim_valid_ctx(struct sim_ctx *c);
@@ -169,15 +185,18 @@ int sim_valid_ctx(struct sim_ctx *c);
 struct sim_stream *sim_stream_resolve(CUstream h, int ptds, CUresult *err);
 uint64_t sim_stream_not_before(struct sim_stream *s); /* legacy-stream semantics */
 void sim_stream_sync_legacy(struct sim_ctx *c);
-void sim_ctx_free_memory(struct sim_ctx *c); /* sim_cuda_mem.c */
+void sim_ctx_free_memory(struct sim_ctx *c); /* sim_cuda_memory.c */
+void sim_stream_after_fork(void);            /* sim_cuda_stream.c */
+uint64_t sim_ptds_ready(const struct sim_ctx *c); /* when c's per-thread streams of this thread are done */
+int sim_stream_is_live(const struct sim_stream *s); /* sim_cuda_context.c; caller holds sim_mu */
 
-/* memory (sim_cuda_mem.c) */
+/* memory (sim_cuda_memory.c) */
 int sim_addr_is_device(uint64_t addr, size_t n);
 
 CUresult sim_proc_lookup(const char *symbol, void **pfn, int version, cuuint64_t flags,
                          CUdriverProcAddressQueryResult *status);
 
-/* kernels (sim_cuda_exec.c) */
+/* kernels (sim_cuda_launch.c) */
 uint64_t sim_kernel_ns(const struct sim_kernel_launch *k, int dev);
 
 #endif

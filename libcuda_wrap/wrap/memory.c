@@ -478,9 +478,10 @@ static int vmm_adjust(uint64_t handle, int ref_delta, int map_delta)
         p |= VMM_RELEASED; /* no retained reference left: this ends the creation's */
     int refs = !(p & VMM_RELEASED) + (int)((p >> VMM_RETAINS_SHIFT) & VMM_FIELD_MAX);
     int maps = (int)((p >> VMM_MAPS_SHIFT) & VMM_FIELD_MAX);
-    if (refs == 0 && maps == 0 && !(p & VMM_SATURATED)) {
-        uncharge((int)(int8_t)(p & 0xff), e.bytes);
-        return 0;
+    if (refs == 0 && maps == 0) { /* the driver frees it, and may hand its value out again */
+        if (!(p & VMM_SATURATED))
+            uncharge((int)(int8_t)(p & 0xff), e.bytes);
+        return 0; /* saturated or exported: the charge stays until the process ends */
     }
     gs_table_put(handle, e.bytes, p, K_VMM_HANDLE, 0);
     return 0;
@@ -500,6 +501,36 @@ WRAP_API CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, v
     if (r == CUDA_SUCCESS && h && enforcing() > 0)
         vmm_adjust(*h, +1, 0); /* one more release before the driver frees it */
     return r;
+}
+
+/* An exported handle can be kept alive by an importer this process cannot
+ * count (another process's references): its charge stays until this process
+ * ends (never too little). */
+WRAP_API CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h,
+                                               CUmemAllocationHandleType type, unsigned long long flags)
+{
+    CUresult r = REAL(cuMemExportToShareableHandle)(out, h, type, flags);
+    struct gs_entry e;
+    if (r == CUDA_SUCCESS && enforcing() > 0 && forget(h, K_VMM_HANDLE, &e) == 0)
+        gs_table_put(h, e.bytes, e.gpu | VMM_SATURATED, K_VMM_HANDLE, 0);
+    return r;
+}
+
+/* This process's own export imported back is one more reference to a handle
+ * it counts. Memory another process exported is refused in a slice: holding
+ * its handle keeps it alive, and its size is not known until it is mapped. */
+WRAP_API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os_handle,
+                                                 CUmemAllocationHandleType type)
+{
+    if (enforcing() < 0)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = REAL(cuMemImportFromShareableHandle)(h, os_handle, type);
+    if (r != CUDA_SUCCESS || !h || enforcing() == 0 || vmm_adjust(*h, +1, 0) == 0)
+        return r;
+    REAL(cuMemRelease)(*h);
+    gs_log(1, "cuMemImportFromShareableHandle is refused: memory another process exported cannot be accounted "
+              "in a slice (NCCL: set NCCL_CUMEM_ENABLE=0 for its accounted IPC path)");
+    return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 WRAP_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,

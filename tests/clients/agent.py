@@ -396,6 +396,74 @@ class Agent:
                           "free_after": cu.cuMemGetInfo()[1]})  # fmt: skip
         return {"steps": steps, "total": cu.cuMemGetInfo()[2]}
 
+    def _exportable(self, size: int, exportable: bool = True):
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = 0
+        if exportable:
+            prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        return cu.cuMemCreate(size, prop, 0)
+
+    def vmm_share(self, size: int) -> dict:
+        """A handle exported as a file descriptor and imported back by this
+        process: free memory at each step as the references end."""
+        posix = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        free = lambda: int(cu.cuMemGetInfo()[1])  # noqa: E731
+        out = {"start": free()}
+        err, handle = self._exportable(size)
+        out["create"] = name_of(err)
+        err, fd = cu.cuMemExportToShareableHandle(handle, posix, 0)
+        out["export"] = name_of(err)
+        err, again = cu.cuMemImportFromShareableHandle(int(fd), posix)
+        out["import"], out["same_handle"] = name_of(err), int(again or 0) == int(handle)
+        cu.cuMemRelease(handle)
+        out["after_one_release"] = free()
+        if err == cu.CUresult.CUDA_SUCCESS:
+            cu.cuMemRelease(again)
+        out["after_both"] = free()
+        _, plain = self._exportable(size, exportable=False)
+        out["export_unrequested"] = name_of(cu.cuMemExportToShareableHandle(plain, posix, 0)[0])
+        cu.cuMemRelease(plain)
+        return out
+
+    def fd_inbox(self, path: str) -> dict:
+        """A datagram socket at `path` that another process sends a descriptor to."""
+        import socket
+
+        self.inbox = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.inbox.bind(path)
+        return {}
+
+    def vmm_export(self, size: int, send_to: str) -> dict:
+        """Create, export, send the descriptor to another process's inbox, release."""
+        import socket
+
+        posix = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        err, handle = self._exportable(size)
+        if err:
+            return {"error": name_of(err)}
+        err, fd = cu.cuMemExportToShareableHandle(handle, posix, 0)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as out:
+            out.connect(send_to)
+            socket.send_fds(out, [b"fd"], [int(fd)])
+        os.close(int(fd))
+        cu.cuMemRelease(handle)
+        return {"error": name_of(err), "free": int(cu.cuMemGetInfo()[1])}
+
+    def vmm_import(self) -> dict:
+        """Import the descriptor another process sent to this one's inbox."""
+        import socket
+
+        posix = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        _, fds, _, _ = socket.recv_fds(self.inbox, 16, 1)
+        err, handle = cu.cuMemImportFromShareableHandle(fds[0], posix)
+        os.close(fds[0])
+        free = int(cu.cuMemGetInfo()[1])
+        if err == cu.CUresult.CUDA_SUCCESS:
+            cu.cuMemRelease(handle)
+        return {"error": name_of(err), "free_while_held": free, "free_after": int(cu.cuMemGetInfo()[1])}
+
     def jit_link(self, path: str = "") -> dict:
         """cuLinkCreate -> add PTX -> complete -> cuModuleLoadData ->
         cuModuleGetFunction / cuModuleGetGlobal -> copy into the global -> launch."""
@@ -505,6 +573,65 @@ class Agent:
         out["global"] = [name_of(err), int(size)]
         out["missing_file"] = name_of(cu.cuLibraryLoadFromFile(b"/nonexistent.ptx", [], [], 0, [], [], 0)[0])
         cu.cuLibraryUnload(lib)
+        return out
+
+    def add_nodes(self) -> dict:
+        """cuGraphAddNode (the generic form): a kernel, an empty node, a child graph and an
+        event record; a kind the simulator lacks; then the graph instantiated and launched."""
+        _, mod = cu.cuModuleLoadData(PTX)
+        _, fn = cu.cuModuleGetFunction(mod, b"spin")
+        _, graph = cu.cuGraphCreate(0)
+        _, child = cu.cuGraphCreate(0)
+        _, event = cu.cuEventCreate(0)
+        params, nodes, errors = [], [], {}
+        kernel = cu.CUgraphNodeParams()
+        kernel.type = cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_KERNEL
+        kernel.kernel.func = fn
+        kernel.kernel.gridDimX = kernel.kernel.gridDimY = kernel.kernel.gridDimZ = 1
+        kernel.kernel.blockDimX, kernel.kernel.blockDimY, kernel.kernel.blockDimZ = 32, 1, 1
+        params.append(kernel)
+        empty = cu.CUgraphNodeParams()
+        empty.type = cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_EMPTY
+        params.append(empty)
+        sub = cu.CUgraphNodeParams()
+        sub.type = cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_GRAPH
+        sub.graph.graph = child
+        params.append(sub)
+        record = cu.CUgraphNodeParams()
+        record.type = cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_EVENT_RECORD
+        record.eventRecord.event = event
+        params.append(record)
+        for p in params:
+            err, node = cu.cuGraphAddNode(graph, nodes[-1:], None, len(nodes[-1:]), p)
+            errors[p.type.name] = name_of(err)
+            nodes.append(node)
+        host = cu.CUgraphNodeParams()
+        host.type = cu.CUgraphNodeType.CU_GRAPH_NODE_TYPE_HOST
+        unmodelled = name_of(cu.cuGraphAddNode(graph, None, None, 0, host)[0])
+        types = [cu.cuGraphNodeGetType(n)[1].name for n in nodes]
+        _, execg = cu.cuGraphInstantiate(graph, 0)
+        launched = name_of(cu.cuGraphLaunch(execg, self.stream)[0])
+        cu.cuStreamSynchronize(self.stream)
+        return {"errors": errors, "types": types, "unmodelled": unmodelled, "launch": launched,
+                "event_after": name_of(cu.cuEventQuery(event)[0])}  # fmt: skip
+
+    def primary_reset(self) -> dict:
+        """The primary context through a reset, as cudaDeviceReset and the next
+        runtime call drive it: its handle, what is current, what works."""
+        cu.cuInit(0)
+        _, dev = cu.cuDeviceGet(0)
+        _, before = cu.cuDevicePrimaryCtxRetain(dev)
+        cu.cuCtxSetCurrent(before)
+        free0 = int(cu.cuMemGetInfo()[1])
+        cu.cuMemAlloc(64 << 20)
+        out = {"reset": name_of(cu.cuDevicePrimaryCtxReset(dev)[0])}
+        out["current_after_reset"] = int(cu.cuCtxGetCurrent()[1]) == int(before)
+        out["active_after_reset"] = int(cu.cuDevicePrimaryCtxGetState(dev)[2])
+        out["alloc_while_inactive"] = name_of(cu.cuMemAlloc(1 << 20)[0])
+        _, after = cu.cuDevicePrimaryCtxRetain(dev)
+        out["same_handle"] = int(after) == int(before)
+        out["alloc_after_retain"] = name_of(cu.cuMemAlloc(1 << 20)[0])
+        out["freed_by_reset"] = int(cu.cuMemGetInfo()[1]) == free0 - (1 << 20)
         return out
 
     def capture_info(self) -> dict:

@@ -54,7 +54,7 @@ CUDA_STRUCTS = {
     "CUgraphEdgeData": ["from_port", "to_port", "type", "reserved"],
     "CUgraphExecUpdateResultInfo": ["result", "errorNode", "errorFromNode"],
     "CUDA_KERNEL_NODE_PARAMS_v3": ["func", "gridDimX", "blockDimZ", "sharedMemBytes", "kernelParams", "kern", "ctx"],
-    "CUgraphNodeParams": ["type", "reserved0", "kernel", "reserved2"],
+    "CUgraphNodeParams": ["type", "reserved0", "kernel", "graph", "eventRecord", "reserved2"],
     "CUctxCreateParams": ["execAffinityParams", "numExecAffinityParams", "cigParams"],
     "CUipcMemHandle": ["reserved"],
     "CUDA_EXTERNAL_MEMORY_HANDLE_DESC": ["type", "handle", "size", "flags", "reserved"],

@@ -253,6 +253,28 @@ def test_a_retained_vmm_handle_keeps_its_memory_charged_until_its_last_release(o
     assert one_gib.used() == 0
 
 
+def test_shared_vmm_memory_stays_charged_and_foreign_imports_are_refused(one_gib, started, tmp_path):
+    """An exported handle can be kept alive by an importer the interposer cannot
+    count, so its charge stays until the exporting process ends; importing it
+    back is one more reference. Memory another process exported is refused in
+    a slice: holding its handle would keep memory alive that no ledger charges."""
+    owner, other = one_gib.agent(started), one_gib.agent(started)
+    got = owner.call("vmm_share", size=256 * MiB)
+    assert (got["create"], got["export"], got["import"]) == ("CUDA_SUCCESS",) * 3 and got["same_handle"]
+    assert got["after_one_release"] == got["after_both"] == GiB - 256 * MiB  # pinned: it was exported
+    other.call("fd_inbox", path=str(tmp_path / "inbox"))
+    exported = owner.call("vmm_export", size=256 * MiB, send_to=str(tmp_path / "inbox"))
+    assert exported["free"] == GiB - 512 * MiB
+    imported = other.call("vmm_import")
+    assert imported["error"] == "CUDA_ERROR_NOT_SUPPORTED"
+    assert imported["free_while_held"] == GiB - 512 * MiB  # the refused import holds nothing
+    owner.close()
+    deadline = time.monotonic() + 1.0
+    while one_gib.used() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert one_gib.used() == 0  # the exporter's end gives its pinned charges back
+
+
 def test_in_a_slice_nvml_utilization_is_the_slices_own(one_gib, started, containers):
     """Another tenant's kernels keep the GPU busy; an idle slice's NVML says 0 %
     and lists no samples of the other's, and the busy one sees its own use."""

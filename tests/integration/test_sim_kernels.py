@@ -99,3 +99,24 @@ def test_capture_info_names_the_capture_and_the_node_to_follow(make_machine, age
     assert one["deps"] == got["nodes"][:1] and two["deps"] == got["nodes"][1:2]  # the last node captured
     assert after["status"] == "CU_STREAM_CAPTURE_STATUS_NONE"
     assert got["second_id"] not in (0, empty["id"])  # each capture its own id
+
+
+def test_graph_add_node_makes_the_kinds_the_simulator_has(make_machine, agents):
+    got = agents(make_machine()).call("add_nodes")
+    kinds = ["CU_GRAPH_NODE_TYPE_KERNEL", "CU_GRAPH_NODE_TYPE_EMPTY", "CU_GRAPH_NODE_TYPE_GRAPH",
+             "CU_GRAPH_NODE_TYPE_EVENT_RECORD"]  # fmt: skip
+    assert got["errors"] == dict.fromkeys(kinds, "CUDA_SUCCESS") and got["types"] == kinds
+    assert got["unmodelled"] == "CUDA_ERROR_NOT_SUPPORTED"  # a host node: not modelled
+    assert got["launch"] == "CUDA_SUCCESS" and got["event_after"] == "CUDA_SUCCESS"
+
+
+def test_the_primary_context_keeps_its_handle_through_a_reset(make_machine, agents):
+    """As the driver does (cudaDeviceReset, then the runtime's next call): the
+    reset frees what the context held and leaves the thread's current slot
+    naming it; calls fail as destroyed until it is retained again, which
+    brings back the same handle."""
+    got = agents(make_machine(), init=False).call("primary_reset")
+    assert got["reset"] == "CUDA_SUCCESS" and got["current_after_reset"] and got["active_after_reset"] == 0
+    assert got["alloc_while_inactive"] == "CUDA_ERROR_CONTEXT_IS_DESTROYED"
+    assert got["same_handle"] and got["alloc_after_retain"] == "CUDA_SUCCESS"
+    assert got["freed_by_reset"]  # the 64 MiB before the reset went with it

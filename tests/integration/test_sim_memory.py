@@ -156,3 +156,24 @@ def test_every_pointer_attribute_answers_as_cuda_h_documents(make_machine, agent
         and pooled["CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE"] != 0
     )
     assert plain["CU_POINTER_ATTRIBUTE_BUFFER_ID"] != pooled["CU_POINTER_ATTRIBUTE_BUFFER_ID"]
+
+
+def test_vmm_handles_shared_as_file_descriptors(make_machine, agents, tmp_path):
+    """A handle created exportable is exported as a file descriptor; imported
+    back by its own process it is the same handle with one more reference (the
+    memory stays until both are released); another process's import is a
+    handle of its own, charged to it while held."""
+    m = make_machine([gpu("4Gi")])
+    owner, other = agents(m), agents(m)
+    size = 512 * MiB
+    got = owner.call("vmm_share", size=size)
+    assert (got["create"], got["export"], got["import"]) == ("CUDA_SUCCESS",) * 3 and got["same_handle"]
+    assert got["after_one_release"] == got["start"] - size  # the import's reference holds it
+    assert got["after_both"] == got["start"]
+    assert got["export_unrequested"] == "CUDA_ERROR_INVALID_VALUE"  # not created exportable
+    other.call("fd_inbox", path=str(tmp_path / "inbox"))
+    exported = owner.call("vmm_export", size=size, send_to=str(tmp_path / "inbox"))
+    assert exported["error"] == "CUDA_SUCCESS"
+    imported = other.call("vmm_import")
+    assert imported["error"] == "CUDA_SUCCESS"
+    assert imported["free_while_held"] == 4 * GiB - size and imported["free_after"] == 4 * GiB
