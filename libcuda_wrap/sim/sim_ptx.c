@@ -145,16 +145,18 @@ static size_t directive(const char *p, const char *end, const char **word)
     return (size_t)(p - w);
 }
 
-/* One parameter, "[.param] [.align N] .TYPE [.ptr ...] name[N]": its size and alignment. */
+/* One parameter, "[.param] [.align N] .TYPE [.ptr .SPACE .align M] name[N]": its size and alignment. */
 static int param(const char *p, const char *end, uint32_t *size, uint32_t *align)
 {
     size_t elem = 0, al = 0, n;
     const char *w;
     while ((n = directive(p, end, &w)) > 0) {
         p = w + n;
-        if (n == 5 && strncmp(w, "align", 5) == 0)
-            al = strtoul(p, (char **)&p, 10);
-        else if (type_size(w, n))
+        if (n == 5 && strncmp(w, "align", 5) == 0) {
+            unsigned long a = strtoul(p, (char **)&p, 10);
+            if (!elem) /* after the type, in ".ptr ... .align N", it is the pointee's */
+                al = a;
+        } else if (type_size(w, n))
             elem = type_size(w, n);
     }
     if (!elem)

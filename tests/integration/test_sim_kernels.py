@@ -25,7 +25,7 @@ PTX = """.version 8.0
  ld.shared.u32 %r1, [tile];
  ret;
 }
-.visible .entry light()
+.visible .entry light(.param .u32 count, .param .u64 .ptr .global .align 16 data)
 {
  ret;
 }
@@ -44,7 +44,8 @@ def test_a_library_from_a_file_lists_its_kernels_with_names_and_parameters(model
     assert heavy["func_name"] == "heavy"
     # u64 at 0; u32 at 8; a 24-byte struct aligned to 8 at 16; f32 at 40; then no more
     assert heavy["params"] == [[0, 8], [8, 4], [16, 24], [40, 4], "CUDA_ERROR_INVALID_VALUE"]
-    assert light["params"] == ["CUDA_ERROR_INVALID_VALUE"]
+    # a pointer's .align is its pointee's: the u64 itself aligns to 8
+    assert light["params"] == [[0, 4], [8, 8], "CUDA_ERROR_INVALID_VALUE"]
     assert model["global"] == ["CUDA_SUCCESS", 256]
     assert model["missing_file"] == "CUDA_ERROR_FILE_NOT_FOUND"
 
