@@ -130,6 +130,8 @@ static inline void sim_ready_raise(struct sim_stream *s, uint64_t t)
 int sim_ptx_globals(const char *ptx, struct sim_global *out, int max);
 size_t sim_ptx_const_bytes(const char *ptx);
 int sim_ptx_target(const char *ptx);
+/* the names of its kernels (.entry), NUL-separated, ending with ""; NULL if out of memory */
+char *sim_ptx_entries(const char *text);
 /* The kernel `name`'s parameters, directives and resources; 0 if it has no .entry */
 int sim_ptx_kernel(const char *ptx, const char *name, struct sim_kernel_info *k);
 

@@ -14,37 +14,6 @@ static int is_ptx(const char *img)
     return img[0] != 0x7f && ((const unsigned char *)img)[0] != 0x50;
 }
 
-/* NUL-separated list of ".entry NAME" names in PTX text, "" terminated. */
-static char *ptx_entries(const char *text)
-{
-    size_t cap = 64, len = 0;
-    char *out = malloc(cap);
-    if (!out)
-        return NULL;
-    for (const char *p = strstr(text, ".entry"); p; p = strstr(p + 6, ".entry")) {
-        const char *q = p + 6;
-        while (*q == ' ' || *q == '\t')
-            q++;
-        size_t n = strcspn(q, " \t\r\n(");
-        if (n == 0)
-            continue;
-        if (len + n + 2 > cap) {
-            cap = (len + n + 2) * 2;
-            char *nout = realloc(out, cap);
-            if (!nout) {
-                free(out);
-                return NULL;
-            }
-            out = nout;
-        }
-        memcpy(out + len, q, n);
-        len += n;
-        out[len++] = 0;
-    }
-    out[len] = 0;
-    return out;
-}
-
 /* The device a module's functions run on: its context's; for a library loaded
  * with no context current (context-independent loading), the current one's. */
 int sim_module_dev(const struct sim_module *m)
@@ -74,7 +43,7 @@ static CUresult module_new(const void *image, struct sim_module **out, int need_
         m->target = sim_ptx_target(img);
     }
     if (is_ptx(img) && strstr(img, ".entry")) {
-        m->entries = ptx_entries(img);
+        m->entries = sim_ptx_entries(img);
         m->ptx = strdup(img);
         if (!m->entries || !m->ptx) {
             free(m->entries);

@@ -58,8 +58,8 @@ int sim_device_max_blocks_per_sm(int dev)
 
 static struct sim_func *func_arg(CUfunction h, int *dev, CUresult *r)
 {
-    struct sim_func *f = (struct sim_func *)h;
-    if (!f || f->magic != MAGIC_FUNC) {
+    struct sim_func *f = sim_func_of(h);
+    if (!f) {
         *r = CUDA_ERROR_INVALID_HANDLE;
         return NULL;
     }
@@ -156,64 +156,55 @@ CUAPI cuOccupancyAvailableDynamicSMemPerBlock(size_t *out, CUfunction h, int num
     return CUDA_SUCCESS;
 }
 
-/* Thread block clusters (compute capability 9 and later). The cluster's
- * size: the launch's CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; 0 if it has none. */
-static CUresult cluster_args(CUfunction h, const CUlaunchConfig *c, struct sim_func **f, int *dev, unsigned *size)
+/* Thread block clusters (compute capability 9 and later): the launch's
+ * cluster size (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, 0 if it has none), the
+ * most the function allows, and how many of its blocks one GPC holds. */
+struct cluster_fit {
+    unsigned size, limit, per_gpc;
+    int dev;
+};
+
+static CUresult cluster_fit(int *out, CUfunction h, const CUlaunchConfig *c, struct cluster_fit *fit)
 {
-    CUresult r = CUDA_SUCCESS;
-    if (!(*f = func_arg(h, dev, &r)))
+    CUresult r = sim_check_init();
+    struct sim_func *f;
+    if (r || !(f = func_arg(h, &fit->dev, &r)))
         return r;
-    if (!c || (c->numAttrs && !c->attrs))
+    if (!out || !c || (c->numAttrs && !c->attrs))
         return CUDA_ERROR_INVALID_VALUE;
-    if (sim_machine()->gpu[*dev].cc_major < 9)
+    if (sim_machine()->gpu[fit->dev].cc_major < 9)
         return CUDA_ERROR_NOT_SUPPORTED;
-    *size = 0;
+    fit->size = 0;
     for (unsigned i = 0; i < c->numAttrs; i++)
         if (c->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION) {
             const unsigned *d = &c->attrs[i].value.clusterDim.x;
-            *size = d[0] * (d[1] ? d[1] : 1) * (d[2] ? d[2] : 1);
+            fit->size = d[0] * (d[1] ? d[1] : 1) * (d[2] ? d[2] : 1);
         }
+    fit->limit = f->non_portable_cluster ? MAX_CLUSTER : PORTABLE_CLUSTER;
+    unsigned threads = c->blockDimX * c->blockDimY * c->blockDimZ;
+    fit->per_gpc = (unsigned)sim_blocks_per_sm(f, fit->dev, threads, c->sharedMemBytes) * SMS_PER_GPC;
     return CUDA_SUCCESS;
-}
-
-static unsigned cluster_limit(const struct sim_func *f)
-{
-    return f->non_portable_cluster ? MAX_CLUSTER : PORTABLE_CLUSTER;
 }
 
 CUAPI cuOccupancyMaxPotentialClusterSize(int *out, CUfunction h, const CUlaunchConfig *c)
 {
-    SIM_ENTER();
-    struct sim_func *f;
-    int dev;
-    unsigned size;
-    if ((r = cluster_args(h, c, &f, &dev, &size)))
-        return r;
-    if (!out)
-        return CUDA_ERROR_INVALID_VALUE;
-    unsigned threads = c->blockDimX * c->blockDimY * c->blockDimZ;
-    unsigned fit = (unsigned)sim_blocks_per_sm(f, dev, threads, c->sharedMemBytes) * SMS_PER_GPC;
-    unsigned limit = cluster_limit(f);
-    *out = (int)(fit < limit ? fit : limit);
-    return CUDA_SUCCESS;
+    struct cluster_fit fit;
+    CUresult r = cluster_fit(out, h, c, &fit);
+    if (r == CUDA_SUCCESS)
+        *out = (int)(fit.per_gpc < fit.limit ? fit.per_gpc : fit.limit);
+    return r;
 }
 
 /* Clusters of the launch's size resident at once: each GPC holds as many as its SMs' blocks allow. */
 CUAPI cuOccupancyMaxActiveClusters(int *out, CUfunction h, const CUlaunchConfig *c)
 {
-    SIM_ENTER();
-    struct sim_func *f;
-    int dev;
-    unsigned size;
-    if ((r = cluster_args(h, c, &f, &dev, &size)))
+    struct cluster_fit fit;
+    CUresult r = cluster_fit(out, h, c, &fit);
+    if (r)
         return r;
-    if (!out)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (!size || size > cluster_limit(f))
+    if (!fit.size || fit.size > fit.limit)
         return CUDA_ERROR_INVALID_CLUSTER_SIZE;
-    unsigned threads = c->blockDimX * c->blockDimY * c->blockDimZ;
-    unsigned per_gpc = (unsigned)sim_blocks_per_sm(f, dev, threads, c->sharedMemBytes) * SMS_PER_GPC;
-    unsigned gpcs = (unsigned)sim_machine()->gpu[dev].sms / SMS_PER_GPC;
-    *out = (int)(per_gpc / size * (gpcs ? gpcs : 1));
+    unsigned gpcs = (unsigned)sim_machine()->gpu[fit.dev].sms / SMS_PER_GPC;
+    *out = (int)(fit.per_gpc / fit.size * (gpcs ? gpcs : 1));
     return CUDA_SUCCESS;
 }

@@ -90,12 +90,15 @@ static int only_directives(const char *start, const char *q)
     return 1;
 }
 
-/* The variables declared in state space `space` (".global", ...) in [ptx, stop). */
-static int vars(const char *ptx, const char *stop, const char *space, struct sim_global *out, int max)
+/* The variables declared in state space `space` (".global", ...) in [ptx, stop):
+ * the first max into out, and the bytes of all of them into *total if given. */
+static int vars(const char *ptx, const char *stop, const char *space, struct sim_global *out, int max,
+                size_t *total)
 {
     size_t k = strlen(space);
     int n = 0;
-    for (const char *p = memmem(ptx, (size_t)(stop - ptx), space, k); p && n < max;
+    struct sim_global g;
+    for (const char *p = memmem(ptx, (size_t)(stop - ptx), space, k); p;
          p = memmem(p + k, (size_t)(stop - p - (ptrdiff_t)k), space, k)) {
         if ((p > ptx && !isspace((unsigned char)p[-1])) || isalnum((unsigned char)p[k]))
             continue; /* ld.global, st.shared, cvta.global, .sharedmem ... */
@@ -105,24 +108,27 @@ static int vars(const char *ptx, const char *stop, const char *space, struct sim
         const char *end = memchr(p, ';', (size_t)(stop - p));
         if (!end)
             break;
-        if (only_directives(start, p) && parse(start, end, &out[n]))
-            n++;
+        if (!only_directives(start, p) || !parse(start, end, &g))
+            continue;
+        if (total)
+            *total += g.size;
+        if (n < max)
+            out[n++] = g;
+        else if (!total)
+            break;
     }
     return n;
 }
 
 int sim_ptx_globals(const char *ptx, struct sim_global *out, int max)
 {
-    return vars(ptx, ptx + strlen(ptx), ".global", out, max);
+    return vars(ptx, ptx + strlen(ptx), ".global", out, max, NULL);
 }
 
 static size_t bytes_in(const char *ptx, const char *stop, const char *space)
 {
-    struct sim_global found[SIM_MAX_GLOBALS];
     size_t total = 0;
-    int n = vars(ptx, stop, space, found, SIM_MAX_GLOBALS);
-    for (int i = 0; i < n; i++)
-        total += found[i].size;
+    vars(ptx, stop, space, NULL, 0, &total);
     return total;
 }
 
@@ -228,14 +234,49 @@ static int registers(const char *body, const char *end, int maxnreg)
     return regs < 2 ? 2 : regs > cap ? cap : (int)regs;
 }
 
+/* The kernel name after the ".entry" at p, and its length (0 if none). */
+static const char *entry_name(const char *p, size_t *len)
+{
+    const char *q = p + 6;
+    while (*q == ' ' || *q == '\t')
+        q++;
+    *len = strcspn(q, " \t\r\n(");
+    return q;
+}
+
+char *sim_ptx_entries(const char *text)
+{
+    size_t cap = 64, len = 0, n;
+    char *out = malloc(cap);
+    if (!out)
+        return NULL;
+    for (const char *p = strstr(text, ".entry"); p; p = strstr(p + 6, ".entry")) {
+        const char *q = entry_name(p, &n);
+        if (n == 0)
+            continue;
+        if (len + n + 2 > cap) {
+            cap = (len + n + 2) * 2;
+            char *grown = realloc(out, cap);
+            if (!grown) {
+                free(out);
+                return NULL;
+            }
+            out = grown;
+        }
+        memcpy(out + len, q, n);
+        len += n;
+        out[len++] = 0;
+    }
+    out[len] = 0;
+    return out;
+}
+
 int sim_ptx_kernel(const char *ptx, const char *name, struct sim_kernel_info *k)
 {
-    size_t len = strlen(name);
+    size_t len = strlen(name), n;
     for (const char *p = strstr(ptx, ".entry"); p; p = strstr(p + 6, ".entry")) {
-        const char *q = p + 6;
-        while (*q == ' ' || *q == '\t')
-            q++;
-        if (strncmp(q, name, len) != 0 || (!isspace((unsigned char)q[len]) && q[len] != '('))
+        const char *q = entry_name(p, &n);
+        if (n != len || strncmp(q, name, len) != 0)
             continue;
         const char *open = strchr(q, '('), *brace = strchr(q, '{');
         if (!brace)

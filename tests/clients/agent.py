@@ -111,12 +111,17 @@ class Agent:
             cu.cuMemPoolDestroy(pool)
         return err, (pool, ptr)
 
-    def _alloc_vmm(self, size: int):
+    def _vmm_prop(self, exportable: bool = False):
         prop = cu.CUmemAllocationProp()
         prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         prop.location.id = 0
-        err, handle = cu.cuMemCreate(size, prop, 0)
+        if exportable:
+            prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        return prop
+
+    def _alloc_vmm(self, size: int):
+        err, handle = cu.cuMemCreate(size, self._vmm_prop(), 0)
         if err:
             return err, None
         _, va = cu.cuMemAddressReserve(size, 0, 0, 0)
@@ -397,13 +402,7 @@ class Agent:
         return {"steps": steps, "total": cu.cuMemGetInfo()[2]}
 
     def _exportable(self, size: int, exportable: bool = True):
-        prop = cu.CUmemAllocationProp()
-        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = 0
-        if exportable:
-            prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        return cu.cuMemCreate(size, prop, 0)
+        return cu.cuMemCreate(size, self._vmm_prop(exportable), 0)
 
     def vmm_share(self, size: int) -> dict:
         """A handle exported as a file descriptor and imported back by this
