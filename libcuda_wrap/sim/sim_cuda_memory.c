@@ -59,7 +59,7 @@ int sim_alloc_insert(const struct alloc *a)
     return 0;
 }
 
-void sim_alloc_remove(struct alloc *a)
+static void alloc_remove(struct alloc *a)
 {
     size_t i = (size_t)(a - sim_allocs);
     memmove(&sim_allocs[i], &sim_allocs[i + 1], (sim_n_allocs - i - 1) * sizeof *sim_allocs);
@@ -82,11 +82,8 @@ void *sim_map_lazy(size_t size, int low32)
     return p == MAP_FAILED ? NULL : p;
 }
 
-/* The driver frees a handle's memory once no reference (the creation's and
- * one per cuMemRetainAllocationHandle, each ended by a cuMemRelease) and no
- * mapping is left. */
-/* Free one allocation; caller holds sim_mu and passes a copy. */
-void sim_alloc_release(struct alloc a)
+/* Its memory and its charge given back; the table's entry is gone already. */
+static void alloc_release(struct alloc a)
 {
     switch (a.kind) {
     case K_DEVICE:
@@ -110,15 +107,19 @@ void sim_alloc_release(struct alloc a)
     }
 }
 
+void sim_alloc_drop(struct alloc *a)
+{
+    struct alloc copy = *a; /* the entry's slot is reused by the removal */
+    alloc_remove(a);
+    alloc_release(copy);
+}
+
 void sim_ctx_free_memory(struct sim_ctx *c)
 {
     pthread_mutex_lock(&sim_mu);
     for (size_t i = sim_n_allocs; i-- > 0;) {
-        if (sim_allocs[i].ctx == c && sim_allocs[i].kind != K_VMM) {
-            struct alloc a = sim_allocs[i];
-            sim_alloc_remove(&sim_allocs[i]);
-            sim_alloc_release(a);
-        }
+        if (sim_allocs[i].ctx == c && sim_allocs[i].kind != K_VMM)
+            sim_alloc_drop(&sim_allocs[i]);
     }
     pthread_mutex_unlock(&sim_mu);
 }
@@ -208,9 +209,7 @@ CUresult sim_free_kind(CUdeviceptr dptr, int want_pool_ok)
         pthread_mutex_unlock(&sim_mu);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    struct alloc copy = *a;
-    sim_alloc_remove(a);
-    sim_alloc_release(copy);
+    sim_alloc_drop(a);
     pthread_mutex_unlock(&sim_mu);
     return CUDA_SUCCESS;
 }
@@ -302,9 +301,7 @@ CUAPI cuMemFreeHost(void *p)
         pthread_mutex_unlock(&sim_mu);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    struct alloc copy = *a;
-    sim_alloc_remove(a);
-    sim_alloc_release(copy);
+    sim_alloc_drop(a);
     pthread_mutex_unlock(&sim_mu);
     return CUDA_SUCCESS;
 }
@@ -355,7 +352,7 @@ CUAPI cuMemHostUnregister(void *p)
     struct alloc *a = sim_alloc_find((uint64_t)(uintptr_t)p);
     int ok = a && a->base == (uint64_t)(uintptr_t)p && a->kind == K_REGISTERED;
     if (ok)
-        sim_alloc_remove(a);
+        sim_alloc_drop(a);
     pthread_mutex_unlock(&sim_mu);
     return ok ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 }

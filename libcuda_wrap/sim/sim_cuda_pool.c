@@ -85,11 +85,8 @@ CUAPI cuMemPoolDestroy(CUmemoryPool pool)
     pthread_mutex_lock(&sim_mu);
     /* outstanding allocations are freed with the pool */
     for (size_t i = sim_n_allocs; i-- > 0;)
-        if (sim_allocs[i].pool == p) {
-            struct alloc a = sim_allocs[i];
-            sim_alloc_remove(&sim_allocs[i]);
-            sim_alloc_release(a);
-        }
+        if (sim_allocs[i].pool == p)
+            sim_alloc_drop(&sim_allocs[i]);
     if (current_pool[p->dev] == p)
         current_pool[p->dev] = NULL;
     pthread_mutex_unlock(&sim_mu);

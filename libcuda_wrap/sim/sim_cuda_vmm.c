@@ -37,7 +37,10 @@ CUAPI cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, 
 
 static struct vmm_handle *live; /* guarded by sim_mu */
 
-/* Frees a handle no reference or mapping holds; caller holds sim_mu. */
+/* Frees a handle no reference or mapping holds; caller holds sim_mu.  The
+ * driver frees a handle's memory once no reference (the creation's and one
+ * per cuMemRetainAllocationHandle, each ended by a cuMemRelease) and no
+ * mapping is left. */
 void sim_vmm_maybe_free(struct vmm_handle *h)
 {
     if (h->refs || h->mappings)
@@ -226,11 +229,8 @@ CUAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
     pthread_mutex_lock(&sim_mu);
     struct alloc *a = sim_alloc_find(ptr);
     int ok = a && a->kind == K_VMM && a->base == ptr && a->size == size;
-    if (ok) {
-        struct alloc copy = *a;
-        sim_alloc_remove(a);
-        sim_alloc_release(copy);
-    }
+    if (ok)
+        sim_alloc_drop(a);
     pthread_mutex_unlock(&sim_mu);
     return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }

@@ -38,8 +38,7 @@ extern size_t sim_n_allocs;
 size_t sim_alloc_index(uint64_t addr);          /* the first allocation with base > addr */
 struct alloc *sim_alloc_find(uint64_t addr);     /* the allocation holding addr, or NULL */
 int sim_alloc_insert(const struct alloc *a);     /* 0 if out of memory */
-void sim_alloc_remove(struct alloc *a);
-void sim_alloc_release(struct alloc a);          /* its memory and its charge given back */
+void sim_alloc_drop(struct alloc *a);            /* out of the table, its memory and charge given back */
 void *sim_map_lazy(size_t size, int low32);      /* address space that costs nothing until written */
 void sim_vmm_maybe_free(struct vmm_handle *h);   /* frees a handle no reference or mapping holds */
 CUresult sim_device_alloc(CUdeviceptr *dptr, size_t size, enum alloc_kind kind, int dev, struct sim_pool *pool,
