@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import statistics
 import subprocess
 import time
 import uuid
@@ -171,17 +170,19 @@ def _kill_gives_back(client: AllocatorClient, box: Box, gpu: Gpu, size: int) -> 
                  held == size and left == 0 and took <= KILL_GIVES_BACK_S)  # fmt: skip
 
 
-def _launch_overhead(box: Box, layout: Layout, tag: str, rounds: int = 5, launches: int = 16000) -> Check:
+def _launch_overhead(box: Box, layout: Layout, tag: str, rounds: int = 7, launches: int = 16000) -> Check:
     """Interposed and direct runs interleaved; the spread of the direct runs is the noise.
-    Each run reports its median batch, so a busy node's preemptions do not count as launch cost."""
+    Each run reports its median batch, so preemptions inside a run do not count as launch cost;
+    the fastest run of each side is compared, since a whole run slows down when its core is
+    shared (on a busy node runs come out either fast or about a third slower, on both sides)."""
     direct_env = {**box.env, "GPUSLICE_SELFTEST_LIBCUDA": str(layout.driver_libcuda)}
     gated, direct = [], []
     for _ in range(rounds):
         gated.append(box.run("launches", str(launches))["ns_per_launch"])
         direct.append(box.run("launches", str(launches), env=direct_env)["ns_per_launch"])
-    added = statistics.median(gated) - statistics.median(direct)
+    added = min(gated) - min(direct)
     noise = max(direct) - min(direct)
-    observed = f"{added:+.1f} ns on {statistics.median(direct):.0f} ns (noise {noise:.1f} ns)"
+    observed = f"{added:+.1f} ns on {min(direct):.0f} ns (noise {noise:.1f} ns)"
     return Check(f"{tag} launch gate per launch", f"<= {LAUNCH_BUDGET_NS:g} ns added", observed,
                  added <= LAUNCH_BUDGET_NS + noise)  # fmt: skip
 
