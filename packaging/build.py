@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import os
 import platform
 import shutil
 import subprocess
@@ -214,7 +215,12 @@ def build_rpm(out: Path) -> Path:
 
 
 IMAGE = "gpuslice/kubelet-plugin"
-IMAGE_SUITE, IMAGE_MIRROR = "bookworm", "http://deb.debian.org/debian"
+IMAGE_SUITE = "bookworm"
+
+
+def image_mirror() -> str:
+    """Debian's own mirror, or the one GPUSLICE_DEBIAN_MIRROR names (a local one)."""
+    return os.environ.get("GPUSLICE_DEBIAN_MIRROR", "").strip() or "http://deb.debian.org/debian"
 
 
 def image_packages() -> list[str]:
@@ -232,7 +238,7 @@ def build_image(out: Path) -> Path:
     with tempfile.TemporaryDirectory(prefix="gpuslice-image-") as tmp:
         root = Path(tmp) / "rootfs"
         subprocess.run(["debootstrap", "--variant=minbase", f"--include={','.join(image_packages())}",
-                        IMAGE_SUITE, str(root), IMAGE_MIRROR], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+                        IMAGE_SUITE, str(root), image_mirror()], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
         shutil.copy2(deb, root / "tmp" / deb.name)
         subprocess.run(["chroot", str(root), "dpkg", "-i", f"/tmp/{deb.name}"], check=True, stdout=subprocess.DEVNULL)
         (root / "tmp" / deb.name).unlink()

@@ -1,4 +1,4 @@
-"""A kubelet-like CRI client: the official runtime.v1 proto (../shared/reference),
+"""A kubelet-like CRI client: the official runtime.v1 proto (reference "cri"),
 compiled at test time with grpcio-tools, driving a container runtime's CRI
 socket the way the kubelet does: RunPodSandbox with a runtime handler, then
 CreateContainer, StartContainer, StopContainer, StopPodSandbox, RemovePodSandbox."""
@@ -15,14 +15,14 @@ from typing import Any
 
 import grpc
 
-from tests.harness import shared_reference
+from tests.harness.references import reference
 
 NODE = 2  # runtime.v1.NamespaceMode.NODE: the host's network, so no CNI is needed
 
 
 def compile_api(out: Path) -> tuple[ModuleType, ModuleType]:
     """runtime.v1's api_pb2 and api_pb2_grpc, generated into `out`."""
-    proto_dir = shared_reference("kubernetes/cri-api/runtime/v1")
+    proto_dir = reference("cri")
     out.mkdir(parents=True, exist_ok=True)
     subprocess.run(
         [sys.executable, "-m", "grpc_tools.protoc", f"-I{proto_dir}", f"--python_out={out}",

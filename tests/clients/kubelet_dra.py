@@ -1,6 +1,7 @@
-"""A stand-in kubelet for DRA, over the kubelet's own protos (../shared/reference,
-compiled at test time). It runs as its own process: those protos declare the
-same message names as gpuslice's copies, and one process cannot load both.
+"""A stand-in kubelet for DRA, over the kubelet's own protos: descriptor sets
+that tests/harness/kubelet_api.py compiles from the official files, loaded here
+into a descriptor pool of their own. It runs as its own process, so nothing of
+gpuslice's (its declarations of the same messages) is near it.
 
   kubelet_dra.py OUT register REGISTRY_SOCKET
       GetInfo, check it as the kubelet does, NotifyRegistrationStatus; print
@@ -8,65 +9,68 @@ same message names as gpuslice's copies, and one process cannot load both.
   kubelet_dra.py OUT prepare|unprepare ENDPOINT VERSION CLAIMS_JSON
       NodePrepareResources / NodeUnprepareResources for [{uid, namespace, name}]
 
-OUT holds the compiled protos (made on first use). One JSON line out."""
+OUT holds the descriptor sets ({reg,v1,v1beta1}.pb). One JSON line out."""
 
 from __future__ import annotations
 
-import importlib
 import json
-import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.descriptor import FileDescriptor
 from google.protobuf.json_format import MessageToDict
 
-REFERENCE = Path(__file__).resolve().parents[3] / "shared" / "reference" / "kubernetes" / "kubelet"
-PROTOS = {"reg": "pluginregistration/v1", "v1": "dra/v1", "v1beta1": "dra/v1beta1"}
+
+class Api:
+    """One official proto file's messages and methods, from its descriptor set."""
+
+    def __init__(self, out: Path, which: str) -> None:
+        files = descriptor_pb2.FileDescriptorSet.FromString((out / f"{which}.pb").read_bytes()).file
+        pool = descriptor_pool.DescriptorPool()
+        for f in files:  # dependencies first, as protoc writes them
+            pool.Add(f)
+        self.file: FileDescriptor = pool.FindFileByName(files[-1].name)
+
+    def message(self, name: str, /, **fields: Any) -> Any:
+        return message_factory.GetMessageClass(self.file.message_types_by_name[name])(**fields)
+
+    def call(self, channel: grpc.Channel, service: str, method: str, request: Any, timeout: float) -> Any:
+        m = self.file.services_by_name[service].methods_by_name[method]
+        reply = message_factory.GetMessageClass(m.output_type)
+        stub = channel.unary_unary(f"/{m.containing_service.full_name}/{m.name}",
+                                   request_serializer=lambda r: r.SerializeToString(),
+                                   response_deserializer=reply.FromString)  # fmt: skip
+        return stub(request, timeout=timeout)
 
 
-def compiled(out: Path, which: str):  # type: ignore[no-untyped-def]
-    """The version's api_pb2 and api_pb2_grpc, as a package of their own."""
-    pkg = out / f"kubelet_{which}"
-    if not (pkg / "api_pb2_grpc.py").exists():
-        pkg.mkdir(parents=True, exist_ok=True)
-        src = REFERENCE / PROTOS[which]
-        subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{src}", f"--python_out={pkg}",
-                        f"--grpc_python_out={pkg}", str(src / "api.proto")], check=True)  # fmt: skip
-        grpc_code = (pkg / "api_pb2_grpc.py").read_text()
-        (pkg / "api_pb2_grpc.py").write_text(grpc_code.replace("import api_pb2 as", "from . import api_pb2 as"))
-        (pkg / "__init__.py").write_text("")
-    if str(out) not in sys.path:
-        sys.path.insert(0, str(out))
-    return importlib.import_module(f"kubelet_{which}.api_pb2"), importlib.import_module(f"kubelet_{which}.api_pb2_grpc")
+def as_dict(message: Any) -> dict:
+    return MessageToDict(message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
 
 
 def register(out: Path, socket: str) -> dict:
-    pb, rpc = compiled(out, "reg")
+    reg = Api(out, "reg")
     with grpc.insecure_channel(f"unix://{socket}") as ch:
-        stub = rpc.RegistrationStub(ch)
-        info = stub.GetInfo(pb.InfoRequest(), timeout=10)
+        info = reg.call(ch, "Registration", "GetInfo", reg.message("InfoRequest"), 10)
         # what the kubelet checks: the type, and a DRAPlugin service it speaks
         versions = list(info.supported_versions)
         chosen = next((v for v in ("v1.DRAPlugin", "v1beta1.DRAPlugin") if v in versions), "")
         ok = info.type == "DRAPlugin" and bool(chosen)
         error = "" if ok else f"type {info.type!r}, services {versions}: none the kubelet speaks"
-        stub.NotifyRegistrationStatus(pb.RegistrationStatus(plugin_registered=ok, error=error), timeout=10)
+        status = reg.message("RegistrationStatus", plugin_registered=ok, error=error)
+        reg.call(ch, "Registration", "NotifyRegistrationStatus", status, 10)
     return {"info": MessageToDict(info, preserving_proto_field_name=True), "chosen": chosen, "error": error}
 
 
 def call(out: Path, verb: str, endpoint: str, version: str, claims: list[dict]) -> dict:
-    pb, rpc = compiled(out, version)
+    dra = Api(out, version)
+    method, request = {"prepare": ("NodePrepareResources", "NodePrepareResourcesRequest"),
+                       "unprepare": ("NodeUnprepareResources", "NodeUnprepareResourcesRequest")}[verb]  # fmt: skip
+    req = dra.message(request, claims=[dra.message("Claim", **c) for c in claims])
     with grpc.insecure_channel(f"unix://{endpoint}") as ch:
-        stub = rpc.DRAPluginStub(ch)
-        if verb == "prepare":
-            reply = stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=[pb.Claim(**c) for c in claims]),
-                                              timeout=30)  # fmt: skip
-        else:
-            reply = stub.NodeUnprepareResources(
-                pb.NodeUnprepareResourcesRequest(claims=[pb.Claim(**c) for c in claims]), timeout=30
-            )
-    return MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        return as_dict(dra.call(ch, "DRAPlugin", method, req, 30))
 
 
 def main() -> None:

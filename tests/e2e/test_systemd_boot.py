@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.paths import native_dir
-from tests.harness import REPO, build_package
+from tests.harness import REPO, build_package, debian
 
 PODMAN = ["podman", "--runtime", "runc"]
 # the most open files a container may have here (podman cannot give more than its own hard limit)
@@ -67,7 +67,7 @@ def rootfs() -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
     r = subprocess.run(["debootstrap", "--variant=minbase", f"--include={packages}", "bookworm", str(partial),
-                        "http://deb.debian.org/debian"], capture_output=True, text=True, timeout=900)  # fmt: skip
+                        debian.mirror()], capture_output=True, text=True, timeout=900)  # fmt: skip
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     (partial / ".gpuslice-packages").write_text(packages)
     partial.rename(ROOTFS_CACHE)

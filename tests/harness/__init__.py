@@ -4,46 +4,19 @@ the simulator, attached to a daemon started by gpuslice.cli.sim_daemon."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import jsonschema
-import pytest
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT7
-
 from gpuslice.cli.sim_daemon import RunningDaemon
 from gpuslice.paths import native_dir
 from gpuslice.pid_namespace import PidNamespace
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_REFERENCE = REPO.parent / "shared" / "reference"  # official schemas and protos, read at test time
 CLIENTS = REPO / "tests" / "clients"
 __all__ = ["PidNamespace"]  # tests and benchmarks take it from here
-
-
-def shared_reference(part: str) -> Path:
-    path = SHARED_REFERENCE / part
-    if not path.is_dir():
-        pytest.skip(f"{path} not found: the official schemas come from ../shared beside the checkout")
-    return path
-
-
-def official_validator(part: str, schema: str) -> jsonschema.Draft7Validator:
-    """A validator for one of ../shared/reference's official JSON schemas (CDI, OCI
-    runtime-spec), with the schema's sibling files as the targets of its $refs."""
-    root = shared_reference(part)
-    resources = [
-        (p.name, Resource.from_contents(json.loads(p.read_text()), default_specification=DRAFT7))
-        for p in root.glob("*.json")
-    ]
-    return jsonschema.Draft7Validator(
-        json.loads((root / schema).read_text()), registry=Registry().with_resources(resources)
-    )
 
 
 def interposer_env(d: RunningDaemon) -> dict[str, str]:

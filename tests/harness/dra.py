@@ -17,6 +17,7 @@ from pathlib import Path
 from gpuslice.cli.sim_daemon import RunningDaemon
 from tests.harness import CLIENTS, REPO
 from tests.harness.api_server import ApiServer
+from tests.harness.kubelet_api import write_descriptor_sets
 
 NODE = "node-a"
 
@@ -76,6 +77,8 @@ class DraNode:
         return (self.tmp / "plugin.log").read_text()
 
     def kubelet(self, *args: str) -> dict:
+        if not (self.protos / "v1.pb").exists():
+            write_descriptor_sets(self.protos)
         r = subprocess.run([sys.executable, str(CLIENTS / "kubelet_dra.py"), str(self.protos), *args],
                            capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
         assert r.returncode == 0, r.stderr + self.log()

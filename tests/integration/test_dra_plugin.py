@@ -19,8 +19,8 @@ import yaml
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cli import sim_daemon
 from tests.conftest import gpu
-from tests.harness import official_validator
 from tests.harness.dra import NODE, DraNode, allocated
+from tests.harness.references import schema_validator
 
 GiB = 1 << 30
 
@@ -99,7 +99,7 @@ def test_a_claim_becomes_a_slice_of_exactly_what_was_allocated_and_goes_away(nod
 
     spec_file = node.claim_specs / f"gpuslice.io-claim_{uid}.json"
     data = json.loads(spec_file.read_text())
-    official_validator("cdi", "schema.json").validate(data)
+    schema_validator("cdi", "schema.json").validate(data)
     claim_device = cdi_spec.load(spec_file).device(uid)
     assert f"GPUSLICE_CLAIM={uid}" in claim_device.edits.env
     assert f"GPUSLICE_DEVICE_1={uuid1}" in claim_device.edits.env and not any(

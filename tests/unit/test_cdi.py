@@ -20,7 +20,7 @@ from gpuslice.cdi.registry import Registry
 from gpuslice.cdi.spec import ContainerEdits, Device, DeviceNode, Mount, Spec, SpecError, minimum_version
 from gpuslice.inventory import Gpu, Inventory
 from gpuslice.paths import native_dir
-from tests.harness import official_validator
+from tests.harness.references import reference, schema_validator
 
 GOLDEN = Path(__file__).parent / "golden" / "cdi"
 DRIVER = "580.95.05"
@@ -73,7 +73,7 @@ def test_node_spec_from_a_driver_root_is_the_golden_one_and_officially_valid(dri
     opts = gen.Options("nvidia", driver_root, "/usr/bin/gpuslice-hook")
     spec = gen.generate(inventory(), opts).to_dict()
     cdi_spec.validate(spec)
-    official_validator("cdi", "schema.json").validate(spec)
+    schema_validator("cdi", "schema.json").validate(spec)
     golden("node-spec.nvidia.json", normalized(spec, ROOT=driver_root, NATIVE=native_dir()))
 
 
@@ -121,7 +121,7 @@ def test_yaml_and_json_round_trip_to_the_same_spec(tmp_path):
         assert oct((tmp_path / name).stat().st_mode & 0o777) == "0o644"
         assert cdi_spec.load(tmp_path / name) == spec
     assert yaml.safe_load((tmp_path / "copy.yaml").read_text())["kind"] == "example.com/card"
-    official_validator("cdi", "schema.json").validate(json.loads((tmp_path / "copy.json").read_text()))
+    schema_validator("cdi", "schema.json").validate(json.loads((tmp_path / "copy.json").read_text()))
 
 
 def test_applying_devices_gives_the_golden_config_and_again_the_same(tmp_path):
@@ -132,7 +132,7 @@ def test_applying_devices_gives_the_golden_config_and_again_the_same(tmp_path):
     devices = reg.resolve(["card0", "card1"], kind="example.com/card")
     cdi_apply.inject(config, devices)
     golden("config.applied.json", config)
-    official_validator("oci-runtime-spec", "config-schema.json").validate(config)
+    schema_validator("oci-runtime-spec", "config-schema.json").validate(config)
     once = json.dumps(config, sort_keys=True)
     cdi_apply.inject(config, devices)
     assert json.dumps(config, sort_keys=True) == once
@@ -208,3 +208,20 @@ def test_the_path_unit_watches_the_files_whose_changes_make_the_spec_read_again(
     replacement.write_bytes(b"v2")
     replacement.rename(lib)  # an upgrade: a new inode in place
     assert driver_files.watched_state(tmp_path) not in (before, installed)
+
+
+@pytest.mark.parametrize("kind", ["good", "bad"])
+def test_the_official_test_specs_are_judged_as_the_cdi_project_judges_them(kind):
+    """The CDI package's own test data: its schema and our loader accept each
+    good spec and refuse each bad one (one of them is an empty file)."""
+    specs = sorted((reference("cdi") / "testdata" / kind).glob("*.json"))
+    assert len(specs) >= 2, specs
+    official = schema_validator("cdi", "schema.json")
+    for path in specs:
+        if kind == "good":
+            official.validate(json.loads(path.read_text()))
+            assert cdi_spec.load(path).kind
+        else:
+            assert not path.read_text().strip() or not official.is_valid(json.loads(path.read_text())), path
+            with pytest.raises(SpecError):
+                cdi_spec.load(path)
