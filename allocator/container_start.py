@@ -103,7 +103,7 @@ def create_runtime(state: oci.State, slices: SliceManager) -> None:
     claim = claim_of(config)
     if claim is not None:  # prepared by the DRA plugin: the container joins the claim's slice
         _container_process(cid, state.pid)
-        slices.join(cid, constants.CLAIM_SLICE_PREFIX + claim, state.pid)
+        slices.join(cid, claim, state.pid)
         return
     try:
         slices.get(cid)
@@ -113,10 +113,10 @@ def create_runtime(state: oci.State, slices: SliceManager) -> None:
         ours = requested(config, state)
         if not ours:
             return  # the container asks for no GPU
-        ours = _with_injected(ours, config)
-        request.parse(ours.values, ours.sources)  # bad values fail here, with the parser's one line
+        asked = request.read(_with_injected(ours, config))  # bad values fail here, with the parser's one line
+        assert asked is not None
         _container_process(cid, state.pid)
-        slices.reserve(cid, ours.values, owner="hook")
+        slices.reserve(cid, asked, owner="hook")
         reserved_here = True
     try:
         slices.bind(cid, state.pid)
@@ -148,11 +148,10 @@ def prepare(bundle: Path, container_id: str, slices: SliceManager, spec_path: st
     if not bundle.is_absolute():
         raise oci.OciError(f"bundle {bundle}: not an absolute path")
     config = oci.read_config(bundle, container_id)
-    ours = requested(config)
-    if not ours:
+    asked = request.read(requested(config))  # the one line for bad values, before anything is reserved
+    if asked is None:
         return False
-    request.parse(ours.values, ours.sources)  # the one line for bad values, before anything is reserved
-    placed = slices.reserve(container_id, ours.values, owner="runtime-shim")
+    placed = slices.reserve(container_id, asked, owner="runtime-shim")
     try:
         cdi_apply.inject(config, _devices(spec_path, [a.gpu_uuid for a in placed.allocations]))
         path = bundle / oci.CONFIG_NAME

@@ -60,9 +60,8 @@ class Daemon:
 
     def _reattach(self) -> None:
         """Processes that attached before a restart are watched again."""
-        for f in list(self.manager.files.values()):
-            for slot, pid in f.slot_pids().items():
-                self.watcher.watch(pid, f, slot)
+        for files, slot, pid in self.manager.attached():
+            self.watcher.watch(pid, files, slot)
 
     def _sweeper(self, sockets: list[UnixSocketServer]) -> None:
         while not self._stop.wait(self.cfg.sweep_interval):

@@ -76,7 +76,7 @@ def _leftover(req: SliceRequest, gpu: GpuCapacity, oversubscription: float) -> i
     return int(gpu.memory_total * oversubscription) - gpu.memory_reserved - demand(req, gpu)[0]
 
 
-def _describe(gpus: Sequence[GpuCapacity], oversubscription: float) -> str:
+def describe(gpus: Sequence[GpuCapacity], oversubscription: float) -> str:
     return "; ".join(
         f"GPU {g.index} ({g.uuid}): "
         + (
@@ -114,7 +114,7 @@ def place(
         memory, cores = demand(req, candidates[0])
         what = "a whole GPU" if req.whole_gpus else f"{format_bytes(memory)} and {cores} cores"
         raise NoRoom(
-            f"no room for {req.gpus} x {what}: {_describe(candidates, oversubscription)}",
+            f"no room for {req.gpus} x {what}: {describe(candidates, oversubscription)}",
         )
     if req.gpus == 1:
         best = min(fitting, key=lambda g: (_leftover(req, g, oversubscription), g.index))

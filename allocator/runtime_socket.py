@@ -95,10 +95,10 @@ class RuntimeSocketServer(UnixSocketServer):
             value = handler(req)
             return f"ok {value}" if value else "ok"
         except SAID_ALREADY as e:
-            code = e.code.name
+            code = errors.code_of(e).name
             return "error " + errors.one_line(str(e))
         except errors.GpusliceError as e:
-            code = e.code.name
+            code = errors.code_of(e).name
             return f"error {req.context if req else 'runtime socket'}: " + errors.one_line(str(e))
         except Exception as e:
             code = errors.Code.INTERNAL.name

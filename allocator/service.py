@@ -9,24 +9,28 @@ from collections.abc import Callable
 
 import grpc
 
-from gpuslice import errors, inventory
+from gpuslice import errors, inventory, request
 from gpuslice.allocator import metrics
 from gpuslice.allocator.compute import ComputeController
-from gpuslice.allocator.slices import SliceManager, SliceView
+from gpuslice.allocator.slices import ShareRequest, SliceManager, SliceView
 from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
+from gpuslice.request import ComputePolicy, Priority
 
 log = logging.getLogger(__name__)
 
 
-def slice_message(view: SliceView, compute: ComputeController | None = None) -> pb.Slice:
+def slice_message(view: SliceView, compute: ComputeController | None = None,
+                  member_of: str = "") -> pb.Slice:  # fmt: skip
     r = view.record
     gpus = []
-    for i, a in enumerate(r.allocations):
-        target, used = compute.view(r.id, i) if compute else (0.0, 0.0)
+    in_files = {u: i for i, u in enumerate(dict.fromkeys(a.gpu_uuid for a in r.allocations))}  # shares add up
+    for a in r.allocations:
+        target, used = compute.view(r.id, in_files[a.gpu_uuid]) if compute else (0.0, 0.0)
         gpus.append(
             pb.SliceGpu(index=a.gpu_index, uuid=a.gpu_uuid, memory_limit=a.memory, cores=a.cores,
-                        compute_target=target, compute_used=used)
+                        compute_target=target, compute_used=used, share_id=a.share,
+                        policy=a.policy or r.policy, priority=a.priority or r.priority)
         )  # fmt: skip
     return pb.Slice(
         id=r.id,
@@ -43,7 +47,24 @@ def slice_message(view: SliceView, compute: ComputeController | None = None) -> 
         memory_used=view.memory_used,
         processes=view.processes,
         enforcement=view.enforcement,
+        kind=r.kind.value,
+        member_of=member_of,
     )
+
+
+def share_request(share: pb.Share) -> ShareRequest:
+    """A claim's share from the wire: its values checked, one line for a bad one."""
+    try:
+        policy = ComputePolicy(share.policy or ComputePolicy.ELASTIC.value)
+        priority = Priority(share.priority or Priority.NORMAL.value)
+    except ValueError:
+        raise errors.InvalidArgument(
+            f"share of GPU {share.gpu_index}: policy {share.policy!r} / priority {share.priority!r}; accepted "
+            "policy hard or elastic, priority high, normal or low"
+        ) from None
+    if share.cores > 100:
+        raise errors.InvalidArgument(f"share of GPU {share.gpu_index}: cores {share.cores}; accepted 0 to 100")
+    return ShareRequest(share.gpu_index, share.memory or None, share.cores or None, policy, priority, share.share_id)
 
 
 def status_of(e: Exception) -> grpc.StatusCode:
@@ -100,16 +121,26 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         ]
         return pb.InventoryReply(gpus=gpus, links=links, driver_version=inv.driver_version)
 
+    def _message(self, view: SliceView, compute: ComputeController | None = None) -> pb.Slice:
+        member_of = self.m.target(view.record).container_id if view.record.member_of else ""
+        return slice_message(view, compute, member_of)
+
     @_rpc("Reserve")
-    def Reserve(self, request, context):
+    def Reserve(self, req, context):
+        asked = request.read(request.Asked(dict(req.annotations), {}))
+        if asked is None:
+            raise errors.InvalidArgument(f"no {request.PREFIX}* annotation: the container asks for no GPU")
         # the record the change returned: no second read of the store
-        return slice_message(
-            self.m.view(self.m.reserve(request.container_id, dict(request.annotations), request.owner))
-        )
+        return self._message(self.m.view(self.m.reserve(req.container_id, asked, req.owner)))
+
+    @_rpc("ReserveClaim")
+    def ReserveClaim(self, req, context):
+        shares = [share_request(s) for s in req.shares]
+        return self._message(self.m.view(self.m.reserve_claim(req.uid, shares, req.owner)))
 
     @_rpc("Bind")
     def Bind(self, request, context):
-        return slice_message(self.m.view(self.m.bind(request.container_id, request.pid)))
+        return self._message(self.m.view(self.m.bind(request.container_id, request.pid)))
 
     @_rpc("Release")
     def Release(self, request, context):
@@ -117,12 +148,12 @@ class AllocatorService(pb_grpc.AllocatorServicer):
 
     @_rpc("Get")
     def Get(self, request, context):
-        return slice_message(self.m.get(request.container_id), self.compute)
+        return self._message(self.m.get(request.container_id), self.compute)
 
     @_rpc("List")
     def List(self, request, context):
-        return pb.ListReply(slices=[slice_message(v, self.compute) for v in self.m.views()])
+        return pb.ListReply(slices=[self._message(v, self.compute) for v in self.m.views()])
 
     @_rpc("Resize")
     def Resize(self, request, context):
-        return slice_message(self.m.view(self.m.resize(request.container_id, dict(request.annotations))))
+        return self._message(self.m.view(self.m.resize(request.container_id, dict(request.annotations))))

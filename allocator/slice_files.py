@@ -139,6 +139,10 @@ class SliceFiles:
         lim.generation += 1
         lim.magic = constant("GPUSLICE_LIMITS_MAGIC")
 
+    def gpu_count(self) -> int:
+        """The GPUs the slice's limits cover (shares on one GPU are one)."""
+        return int(self.limits.gpu_count)
+
     # -- usage -----------------------------------------------------------------
     def used(self) -> list[int]:
         return [int(self.usage.used[g]) for g in range(int(self.limits.gpu_count))]

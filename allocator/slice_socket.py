@@ -14,7 +14,7 @@ from pathlib import Path
 
 from gpuslice.allocator import identity
 from gpuslice.allocator.slice_files import constant, ffi_and_lib
-from gpuslice.allocator.slices import SliceManager
+from gpuslice.allocator.slices import NoSlice, SliceFull, SliceManager
 from gpuslice.allocator.unix_socket import Deadline, UnixSocketServer
 from gpuslice.allocator.watcher import ProcessWatcher
 
@@ -62,19 +62,17 @@ class SliceSocketServer(UnixSocketServer):
             who = identity.of_pidfd(peer.pidfd)
         except identity.NoSuchProcess:
             return None  # it is gone: nobody to answer
-        pid = who.pid
-        rec = self.manager.slice_of(who)
-        if rec is None:
-            return self._reply(conn, "GPUSLICE_NO_SLICE", "this process belongs to no container with a GPU slice")
-        files = self.manager.files.get(rec.id)
-        slot = files.claim_slot(pid) if files else None
-        if files is None or slot is None:
-            return self._reply(conn, "GPUSLICE_SLICE_FULL", f"slice {rec.id} has no free process slot")
-        if not self.watcher.watch_pidfd(peer.pidfd, pid, files, slot):
-            return None  # it exited meanwhile: its slot is free again
-        fds = files.open_fds()
         try:
-            self._reply(conn, "GPUSLICE_OK", slot=slot, gpus=len(rec.allocations), fds=fds)
+            got = self.manager.attach(who)
+        except NoSlice as e:
+            return self._reply(conn, "GPUSLICE_NO_SLICE", str(e))
+        except SliceFull as e:
+            return self._reply(conn, "GPUSLICE_SLICE_FULL", str(e))
+        if not self.watcher.watch_pidfd(peer.pidfd, who.pid, got.files, got.slot):
+            return None  # it exited meanwhile: its slot is free again
+        fds = got.files.open_fds()
+        try:
+            self._reply(conn, "GPUSLICE_OK", slot=got.slot, gpus=got.files.gpu_count(), fds=fds)
         finally:
             for fd in fds:
                 os.close(fd)

@@ -10,6 +10,7 @@ memory after, under one lock."""
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import logging
 import os
 import threading
@@ -19,9 +20,9 @@ from pathlib import Path
 from gpuslice import constants, errors
 from gpuslice import request as requests
 from gpuslice.allocator import identity
-from gpuslice.allocator.placement import GpuCapacity, NoRoom, demand, fits, place
+from gpuslice.allocator.placement import CannotFit, GpuCapacity, NoRoom, demand, describe, fits, place
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
-from gpuslice.allocator.store import Allocation, SliceRecord, SliceStore, now_ms
+from gpuslice.allocator.store import Allocation, OwnerKind, SliceRecord, SliceStore, now_ms
 from gpuslice.inventory import Inventory
 from gpuslice.units import format_bytes
 
@@ -30,6 +31,42 @@ log = logging.getLogger(__name__)
 
 class Conflict(errors.FailedPrecondition):
     """The request contradicts what the store holds (e.g. another pid, other limits)."""
+
+
+class NoSlice(errors.NotFound):
+    """The process belongs to no container with a slice."""
+
+
+class SliceFull(errors.ResourceExhausted):
+    """The slice has no free process slot."""
+
+
+@dataclass(frozen=True)
+class ShareRequest:
+    """One share of a claim as the scheduler placed it: a GPU by index, and
+    what of it (memory None: the whole memory, or in proportion to cores;
+    cores None: no guaranteed share; both None: the whole GPU)."""
+
+    gpu_index: int
+    memory: int | None = None
+    cores: int | None = None
+    policy: requests.ComputePolicy = requests.ComputePolicy.ELASTIC
+    priority: requests.Priority = requests.Priority.NORMAL
+    share: str = ""  # tells shares on one GPU apart (the DRA share ID)
+
+    def request(self) -> requests.SliceRequest:
+        memory = None if self.memory is None else requests.MemoryLimit(bytes=self.memory)
+        return requests.SliceRequest(1, memory, self.cores, self.policy, self.priority)
+
+
+@dataclass(frozen=True)
+class Attachment:
+    """A process attached to a slice: the slice whose files it charges (a
+    member's claim slice), and its slot there."""
+
+    slice: SliceRecord
+    files: SliceFiles
+    slot: int
 
 
 @dataclass(frozen=True)
@@ -61,6 +98,8 @@ class Index:
     """The committed records, looked up without SQL."""
 
     by_container: dict[str, SliceRecord] = field(default_factory=dict)
+    by_id: dict[str, SliceRecord] = field(default_factory=dict)
+    members: dict[str, set[str]] = field(default_factory=dict)  # claim slice id -> its members' container ids
     tally: dict[str, GpuTally] = field(default_factory=dict)
     # bound slices, oldest first (containers of a pod may share a namespace)
     by_pid_ns: dict[int, list[SliceRecord]] = field(default_factory=dict)
@@ -69,6 +108,9 @@ class Index:
     def put(self, rec: SliceRecord) -> None:
         self.drop(rec.container_id)
         self.by_container[rec.container_id] = rec
+        self.by_id[rec.id] = rec
+        if rec.member_of:
+            self.members.setdefault(rec.member_of, set()).add(rec.container_id)
         for a in rec.allocations:
             self.tally.setdefault(a.gpu_uuid, GpuTally()).add(a, rec.whole, 1)
         if rec.state == "bound":
@@ -81,6 +123,9 @@ class Index:
         rec = self.by_container.pop(container_id, None)
         if rec is None:
             return None
+        del self.by_id[rec.id]
+        if rec.member_of:
+            _remove(self.members, rec.member_of, container_id)
         for a in rec.allocations:
             self.tally[a.gpu_uuid].add(a, rec.whole, -1)
         if rec.state == "bound":
@@ -93,25 +138,34 @@ def _insert(recs: list[SliceRecord], rec: SliceRecord) -> None:
     bisect.insort(recs, rec, key=lambda r: (r.created_ms, r.id))
 
 
-def _remove(by: dict, key: object, rec: SliceRecord) -> None:
-    recs = by.get(key)
-    if recs and rec in recs:
-        recs.remove(rec)
-        if not recs:
+def _remove(by: dict, key: object, item: object) -> None:
+    items = by.get(key)
+    if items and item in items:
+        items.remove(item)
+        if not items:
             del by[key]
 
 
-def _ours(annotations: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in annotations.items() if k.startswith(requests.PREFIX)}
+def claim_key(uid: str) -> str:
+    """The key a claim's slice is listed and released by."""
+    return constants.CLAIM_SLICE_PREFIX + uid
 
 
-# A member: a container using a DRA claim's slice. Its record holds no capacity;
-# its request names the claim's slice, whose files its processes charge.
-MEMBER_OF = requests.PREFIX + "member-of"
-
-
-def is_claim(rec: SliceRecord) -> bool:
-    return rec.container_id.startswith(constants.CLAIM_SLICE_PREFIX) and MEMBER_OF not in rec.request
+def _per_gpu(rec: SliceRecord) -> list[GpuLimit]:
+    """The slice's limits, one per GPU: shares on one GPU add up (hard if any
+    of them is, at the highest of their priorities)."""
+    order = list(requests.Priority)  # high, normal, low
+    merged: dict[str, GpuLimit] = {}
+    for a in rec.allocations:
+        hard = (a.policy or rec.policy) == requests.ComputePolicy.HARD.value
+        priority = a.priority or rec.priority
+        if (m := merged.get(a.gpu_uuid)) is None:
+            merged[a.gpu_uuid] = GpuLimit(a.gpu_uuid, a.memory, a.cores, hard, 0, priority)
+        else:
+            best = min(m.priority, priority, key=lambda p: order.index(requests.Priority(p)))
+            merged[a.gpu_uuid] = GpuLimit(a.gpu_uuid, m.memory_limit + a.memory, min(100, m.cores + a.cores),
+                                          m.hard or hard, 0, best)  # fmt: skip
+    return list(merged.values())
 
 
 class SliceManager:
@@ -151,8 +205,7 @@ class SliceManager:
     def target(self, rec: SliceRecord) -> SliceRecord:
         """The slice whose files and limits a record's processes use: a member's
         claim slice, else the record itself."""
-        claim = rec.request.get(MEMBER_OF)
-        return self.index.by_container.get(claim, rec) if claim else rec
+        return self.index.by_id.get(rec.member_of, rec) if rec.member_of else rec
 
     def _files_for(self, rec: SliceRecord) -> SliceFiles:
         with self._lock:
@@ -160,13 +213,7 @@ class SliceManager:
             f = self.files.get(rec.id)
             if f is None:
                 f = self.files[rec.id] = SliceFiles(self.files_dir, rec.id)
-            hard = rec.policy == requests.ComputePolicy.HARD.value
-            f.write_limits(
-                [
-                    GpuLimit(a.gpu_uuid, a.memory, a.cores, hard, self.context_reserve, rec.priority)
-                    for a in rec.allocations
-                ]
-            )
+            f.write_limits([dataclasses.replace(g, context_reserve=self.context_reserve) for g in _per_gpu(rec)])
             return f
 
     def _driver_limit(self, rec: SliceRecord) -> None:
@@ -218,18 +265,16 @@ class SliceManager:
             )  # fmt: skip
 
     # -- operations ----------------------------------------------------------------------
-    def reserve(self, container_id: str, annotations: dict[str, str], owner: str = "") -> SliceRecord:
+    def reserve(self, container_id: str, asked: requests.Parsed, owner: str = "") -> SliceRecord:
+        """A container's slice, placed here; `asked` is its request, parsed once
+        by the caller (requests.read)."""
         if not container_id:
             raise errors.InvalidArgument("container_id: must not be empty")
-        ours = _ours(annotations)
-        req = requests.parse(ours)
-        if req is None:
-            raise errors.InvalidArgument(f"no {requests.PREFIX}* annotation: the container asks for no GPU")
-
+        req, ours = asked.request, asked.annotations
         with self._lock:
             existing = self.index.by_container.get(container_id)
             if existing:
-                if existing.request != ours:
+                if existing.kind is not OwnerKind.CONTAINER or existing.request != ours:
                     raise Conflict(
                         f"container {container_id} already holds slice {existing.id} with other annotations "
                         f"{existing.request}"
@@ -247,6 +292,69 @@ class SliceManager:
             self.index.put(rec)
             self._files_or_nothing(rec)
         return rec
+
+    def reserve_claim(self, uid: str, shares: list[ShareRequest], owner: str = "") -> SliceRecord:
+        """A DRA claim's slice, on exactly the GPUs and of exactly the sizes the
+        scheduler allocated: each share its own memory, cores, policy and
+        priority. Idempotent for the same shares; all or nothing."""
+        if not uid:
+            raise errors.InvalidArgument("claim uid: must not be empty")
+        if not shares:
+            raise errors.InvalidArgument(f"claim {uid}: no share to reserve")
+        key = claim_key(uid)
+        with self._lock:
+            allocs = self._claim_allocations(uid, shares, exclude=key)  # the same shares again: its own room
+            existing = self.index.by_container.get(key)
+            if existing:
+                if existing.kind is not OwnerKind.CLAIM or existing.allocations != tuple(allocs):
+                    raise Conflict(f"claim {uid} already holds slice {existing.id} of other shares")
+                if existing.id not in self.files:
+                    self._files_or_nothing(existing)
+                return existing
+            policies = {a.policy for a in allocs}
+            priorities = {a.priority for a in allocs}
+            # the slice's own policy and priority where its shares agree; each share keeps its own
+            policy = policies.pop() if len(policies) == 1 else requests.ComputePolicy.ELASTIC.value
+            priority = priorities.pop() if len(priorities) == 1 else requests.Priority.NORMAL.value
+            whole = all(s.request().whole_gpus for s in shares)
+            rec = self.store.transaction(
+                lambda store: store.insert(key, {}, policy, priority, whole, owner, allocs, OwnerKind.CLAIM)
+            )
+            self.index.put(rec)
+            self._files_or_nothing(rec)
+        return rec
+
+    def _claim_allocations(self, uid: str, shares: list[ShareRequest], exclude: str) -> list[Allocation]:
+        """The shares as allocations, after checking that each GPU exists and
+        that what the claim takes of it fits beside what others hold."""
+        caps = {c.index: c for c in self.capacities(exclude)}
+        by_gpu: dict[int, list[ShareRequest]] = {}
+        for s in shares:
+            if s.gpu_index not in caps:
+                have = ", ".join(str(i) for i in sorted(caps))
+                raise CannotFit(f"claim {uid}: no GPU {s.gpu_index} on this node; it has {have}")
+            by_gpu.setdefault(s.gpu_index, []).append(s)
+        allocs = []
+        for index, on_gpu in sorted(by_gpu.items()):
+            cap = caps[index]
+            if len({s.share for s in on_gpu}) != len(on_gpu):
+                raise errors.InvalidArgument(f"claim {uid}: two shares of GPU {index} with one share ID")
+            wanted = [demand(s.request(), cap) for s in on_gpu]
+            whole = any(s.request().whole_gpus for s in on_gpu)
+            memory, cores = sum(m for m, _ in wanted), sum(c for _, c in wanted)
+            total = requests.SliceRequest() if whole else requests.SliceRequest(1, requests.MemoryLimit(memory), cores)
+            empty = GpuCapacity(cap.index, cap.uuid, cap.memory_total)
+            if (whole and len(on_gpu) > 1) or not fits(total, empty, self.oversubscription):
+                raise CannotFit(f"request needs {format_bytes(memory)} and {cores} cores of GPU {index}, "
+                                "more than it holds")  # fmt: skip
+            if not fits(total, cap, self.oversubscription):
+                what = "a whole GPU" if whole else f"{format_bytes(memory)} and {cores} cores"
+                raise NoRoom(f"no room for {what}: {describe([cap], self.oversubscription)}")
+            allocs += [
+                Allocation(index, cap.uuid, m, c, s.share, s.policy.value, s.priority.value)
+                for s, (m, c) in zip(on_gpu, wanted, strict=True)
+            ]
+        return sorted(allocs, key=lambda a: (a.gpu_index, a.share))
 
     def _files_or_nothing(self, rec: SliceRecord) -> None:
         """The slice's files, or no slice at all (the row goes too)."""
@@ -283,26 +391,26 @@ class SliceManager:
             self._driver_limit(bound)
             return bound
 
-    def join(self, container_id: str, claim_slice: str, pid: int) -> SliceRecord:
+    def join(self, container_id: str, claim_uid: str, pid: int) -> SliceRecord:
         """A container of a DRA claim, bound to the claim's slice: its processes
         share the claim's memory and compute with the claim's other containers."""
         who = self._process(container_id, pid)
         with self._lock:
-            claim = self.index.by_container.get(claim_slice)
-            if claim is None or not is_claim(claim):
+            claim = self.index.by_container.get(claim_key(claim_uid))
+            if claim is None or claim.kind is not OwnerKind.CLAIM:
                 raise errors.NotFound(
-                    f"the slice of claim {claim_slice.removeprefix(constants.CLAIM_SLICE_PREFIX)} is not on this node "
+                    f"the slice of claim {claim_uid} is not on this node "
                     "(the DRA plugin prepares it before the pod's containers start)"
                 )
             existing = self.index.by_container.get(container_id)
             if existing is not None:
-                if existing.request.get(MEMBER_OF) == claim_slice and existing.pid == pid:
+                if existing.member_of == claim.id and existing.pid == pid:
                     return existing
                 raise Conflict(f"container {container_id} already holds slice {existing.id}")
             member = self.store.transaction(
                 lambda store: store.bind(
-                    store.insert(container_id, {MEMBER_OF: claim_slice}, claim.policy, claim.priority, False,
-                                 f"member of {claim_slice}", []),
+                    store.insert(container_id, {}, claim.policy, claim.priority, False,
+                                 f"member of {claim.container_id}", [], OwnerKind.MEMBER, claim.id),
                     who.pid, who.pid_ns, who.cgroup, who.start_time,
                 )
             )  # fmt: skip
@@ -314,17 +422,15 @@ class SliceManager:
             rec = self.index.by_container.get(container_id)
             if rec is None:
                 return False
-            if is_claim(rec):  # its members go with it
-                for member in [
-                    r for r in self.index.by_container.values() if r.request.get(MEMBER_OF) == rec.container_id
-                ]:
-                    self.release(member.container_id)
-            if MEMBER_OF in rec.request:  # a member holds no files or capacity of its own
+            if rec.kind is OwnerKind.MEMBER:  # a member holds no files or capacity of its own
                 self.store.transaction(lambda store: store.delete(rec.id))
                 self.index.drop(container_id)
-                log.info("container %s left %s", container_id, rec.request[MEMBER_OF])
+                log.info("container %s left slice %s", container_id, rec.member_of)
                 return True
+            # a claim's members go with it (the store deletes their rows with its own)
             self.store.transaction(lambda store: store.delete(rec.id))
+            for member in sorted(self.index.members.get(rec.id, ())):
+                self.index.drop(member)
             self.index.drop(container_id)
             f = self.files.pop(rec.id, None)
             if f:
@@ -336,9 +442,9 @@ class SliceManager:
         return True
 
     def resize(self, container_id: str, annotations: dict[str, str]) -> SliceRecord:
-        changes = _ours(annotations)
         allowed = {requests.MEMORY, requests.CORES}
-        if not changes or set(changes) - allowed:
+        changes = {k: v for k, v in annotations.items() if k in allowed}
+        if not changes or set(annotations) - allowed:
             raise errors.InvalidArgument(
                 f"resize takes {requests.MEMORY} and/or {requests.CORES}, got {sorted(annotations)}"
             )
@@ -347,6 +453,10 @@ class SliceManager:
             rec = self.index.by_container.get(container_id)
             if rec is None:
                 raise errors.NotFound(f"container {container_id} has no slice")
+            if rec.kind is not OwnerKind.CONTAINER:
+                raise errors.FailedPrecondition(
+                    f"{container_id} is a {rec.kind.value} slice: its size is its owner's (a claim's, as allocated)"
+                )
             merged = {**rec.request, **changes}
             req = requests.parse(merged)
             assert req is not None
@@ -411,13 +521,35 @@ class SliceManager:
                 return self.target(recs[0])
         return None
 
+    def attach(self, who: identity.Identity) -> Attachment:
+        """A process of a container with a slice takes a slot in the slice's
+        files (its container's, or a member's claim's)."""
+        rec = self.slice_of(who)
+        if rec is None:
+            raise NoSlice("this process belongs to no container with a GPU slice")
+        with self._lock:
+            files = self.files.get(rec.id)
+            slot = files.claim_slot(who.pid) if files else None
+        if files is None or slot is None:
+            raise SliceFull(f"slice {rec.id} has no free process slot")
+        return Attachment(rec, files, slot)
+
+    def attached(self) -> list[tuple[SliceFiles, int, int]]:
+        """(files, slot, pid) of every process attached to a slice, as the files
+        say (after a restart, those attached before it)."""
+        with self._lock:
+            files = list(self.files.values())
+        return [(f, slot, pid) for f in files for slot, pid in f.slot_pids().items()]
+
     def sweep(self, reservation_timeout: float) -> list[str]:
         """Release slices whose container is gone and reservations never bound."""
         gone = []
         for r in self.records():
             # a claim's slice lives until the kubelet unprepares the claim, however long unused
             if (r.state == "bound" and not identity.alive(r.pid or 0, r.pid_start or -1)) or (
-                r.state == "reserved" and not is_claim(r) and now_ms() - r.created_ms > reservation_timeout * 1000
+                r.state == "reserved"
+                and r.kind is not OwnerKind.CLAIM
+                and now_ms() - r.created_ms > reservation_timeout * 1000
             ):
                 gone.append(r.container_id)
         for cid in gone:

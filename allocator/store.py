@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import TypeVar
 
@@ -54,6 +55,38 @@ CREATE TABLE IF NOT EXISTS allocations (
 );
 CREATE INDEX IF NOT EXISTS allocations_by_gpu ON allocations(gpu_uuid);
 """,
+    # 2: what a slice belongs to is a column (kind: container, claim, member; a
+    # member's claim slice by id), no longer read from its key's "claim-" prefix
+    # or a pseudo-annotation in its request; an allocation is one share (a GPU,
+    # a request, a share ID) with its own size, compute policy and priority
+    """
+ALTER TABLE slices ADD COLUMN kind TEXT NOT NULL DEFAULT 'container';
+ALTER TABLE slices ADD COLUMN member_of TEXT REFERENCES slices(id) ON DELETE CASCADE;
+UPDATE slices SET kind = 'member',
+    member_of = (SELECT c.id FROM slices AS c
+                 WHERE c.container_id = json_extract(slices.request, '$."gpuslice.io/member-of"')),
+    request = '{}'
+    WHERE json_extract(request, '$."gpuslice.io/member-of"') IS NOT NULL;
+DELETE FROM slices WHERE kind = 'member' AND member_of IS NULL;
+UPDATE slices SET kind = 'claim' WHERE kind = 'container' AND container_id LIKE 'claim-%';
+CREATE INDEX slices_by_member_of ON slices(member_of);
+CREATE TABLE shares (
+    slice_id TEXT NOT NULL REFERENCES slices(id) ON DELETE CASCADE,
+    share TEXT NOT NULL DEFAULT '',
+    gpu_index INTEGER NOT NULL,
+    gpu_uuid TEXT NOT NULL,
+    memory INTEGER NOT NULL,
+    cores INTEGER NOT NULL,
+    policy TEXT NOT NULL DEFAULT '',
+    priority TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (slice_id, gpu_uuid, share)
+);
+INSERT INTO shares (slice_id, gpu_index, gpu_uuid, memory, cores)
+    SELECT slice_id, gpu_index, gpu_uuid, memory, cores FROM allocations;
+DROP TABLE allocations;
+ALTER TABLE shares RENAME TO allocations;
+CREATE INDEX allocations_by_gpu ON allocations(gpu_uuid);
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -65,12 +98,28 @@ class StoreError(errors.FailedPrecondition):
     """The store cannot be used as it is (a newer schema, a file that is not a store)."""
 
 
+class OwnerKind(str, Enum):
+    """What a slice belongs to. A new kind of owner (say, a device plugin's
+    allocation) is a new value here, not a convention in a key or a request."""
+
+    CONTAINER = "container"  # a container's own slice (hook, shim, CLI)
+    CLAIM = "claim"  # a DRA claim's slice: kept until the kubelet unprepares it
+    MEMBER = "member"  # a container in a claim's slice: no capacity of its own
+
+
 @dataclass(frozen=True)
 class Allocation:
+    """One share of a slice on one GPU. `share` tells shares on the same GPU
+    apart (a DRA share ID); policy and priority are the share's own where set,
+    else the slice's."""
+
     gpu_index: int
     gpu_uuid: str
     memory: int
     cores: int
+    share: str = ""
+    policy: str = ""
+    priority: str = ""
 
 
 @dataclass(frozen=True)
@@ -90,6 +139,8 @@ class SliceRecord:
     cgroup: str | None
     pid_start: int | None
     allocations: tuple[Allocation, ...]
+    kind: OwnerKind = OwnerKind.CONTAINER
+    member_of: str | None = None  # a member's claim slice (its id)
 
 
 def migrate(db: sqlite3.Connection, path: Path) -> None:
@@ -189,23 +240,25 @@ class SliceStore:
             return fn(self)
 
     # -- reads (call inside or outside a transaction) ----------------------------
+    _ALLOCATION = "gpu_index, gpu_uuid, memory, cores, share, policy, priority"
+
     def _record(self, row: tuple, allocs: tuple[Allocation, ...] | None = None) -> SliceRecord:
         if allocs is None:
             allocs = tuple(
                 Allocation(*a)
                 for a in self._db.execute(
-                    "SELECT gpu_index, gpu_uuid, memory, cores FROM allocations WHERE slice_id=? ORDER BY gpu_index",
+                    f"SELECT {self._ALLOCATION} FROM allocations WHERE slice_id=? ORDER BY gpu_index, share",
                     (row[0],),
                 )
             )
         return SliceRecord(
             row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], bool(row[6]), row[7], row[8], row[9],
-            row[10], row[11], row[12], row[13], allocs,
+            row[10], row[11], row[12], row[13], allocs, OwnerKind(row[14]), row[15],
         )  # fmt: skip
 
     _COLUMNS = (
         "id, container_id, state, request, policy, priority, whole, owner, created_ms, bound_ms, pid, pid_ns, "
-        "cgroup, pid_start"
+        "cgroup, pid_start, kind, member_of"
     )
 
     def get(self, container_id: str) -> SliceRecord | None:
@@ -219,7 +272,7 @@ class SliceStore:
             rows = self._db.execute(f"SELECT {self._COLUMNS} FROM slices ORDER BY created_ms, id").fetchall()
             allocs: dict[str, list[Allocation]] = {}
             for sid, *a in self._db.execute(
-                "SELECT slice_id, gpu_index, gpu_uuid, memory, cores FROM allocations ORDER BY slice_id, gpu_index"
+                f"SELECT slice_id, {self._ALLOCATION} FROM allocations ORDER BY slice_id, gpu_index, share"
             ):
                 allocs.setdefault(sid, []).append(Allocation(*a))
             return [self._record(r, tuple(allocs.get(r[0], ()))) for r in rows]
@@ -227,21 +280,22 @@ class SliceStore:
     # -- writes (call inside transaction()) ---------------------------------------
     def insert(
         self, container_id: str, request: dict, policy: str, priority: str, whole: bool, owner: str,
-        allocations: list[Allocation],
+        allocations: list[Allocation], kind: OwnerKind = OwnerKind.CONTAINER, member_of: str | None = None,
     ) -> SliceRecord:  # fmt: skip
         """Insert a reservation; the record as written (no read back)."""
         rec = SliceRecord(
             uuid.uuid4().hex[:16], container_id, "reserved", dict(request), policy, priority, whole, owner, now_ms(),
-            None, None, None, None, None, tuple(allocations),
+            None, None, None, None, None, tuple(allocations), kind, member_of,
         )  # fmt: skip
         self._db.execute(
-            "INSERT INTO slices (id, container_id, state, request, policy, priority, whole, owner, created_ms) "
-            "VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?)",
-            (rec.id, container_id, json.dumps(request), policy, priority, int(whole), owner, rec.created_ms),
-        )
+            "INSERT INTO slices (id, container_id, state, request, policy, priority, whole, owner, created_ms, kind, "
+            "member_of) VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?, ?, ?)",
+            (rec.id, container_id, json.dumps(request), policy, priority, int(whole), owner, rec.created_ms,
+             kind.value, member_of),
+        )  # fmt: skip
         self._db.executemany(
-            "INSERT INTO allocations (slice_id, gpu_index, gpu_uuid, memory, cores) VALUES (?, ?, ?, ?, ?)",
-            [(rec.id, a.gpu_index, a.gpu_uuid, a.memory, a.cores) for a in allocations],
+            f"INSERT INTO allocations (slice_id, {self._ALLOCATION}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(rec.id, a.gpu_index, a.gpu_uuid, a.memory, a.cores, a.share, a.policy, a.priority) for a in allocations],
         )
         return rec
 
@@ -259,8 +313,8 @@ class SliceStore:
     def resize(self, rec: SliceRecord, allocations: list[Allocation], request: dict) -> SliceRecord:
         for a in allocations:
             self._db.execute(
-                "UPDATE allocations SET memory=?, cores=? WHERE slice_id=? AND gpu_uuid=?",
-                (a.memory, a.cores, rec.id, a.gpu_uuid),
+                "UPDATE allocations SET memory=?, cores=? WHERE slice_id=? AND gpu_uuid=? AND share=?",
+                (a.memory, a.cores, rec.id, a.gpu_uuid, a.share),
             )
         self._db.execute("UPDATE slices SET request=? WHERE id=?", (json.dumps(request), rec.id))
         return dataclasses.replace(rec, allocations=tuple(allocations), request=dict(request))

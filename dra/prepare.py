@@ -13,14 +13,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import grpc
-
-from gpuslice import constants, errors, request
+from gpuslice import constants, errors
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.client import AllocatorClient
 from gpuslice.dra import claims as claim_model
 from gpuslice.dra.checkpoint import Checkpoint, Prepared
 from gpuslice.dra.resource_slice import index_of
+from gpuslice.proto import gpuslice_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +34,14 @@ class ClaimRef:
 
 
 def slice_id(uid: str) -> str:
+    """The key the daemon lists a claim's slice by (before it answers, or for an
+    older checkpoint entry)."""
     return constants.CLAIM_SLICE_PREFIX + uid
+
+
+def _named(ref: ClaimRef, e: errors.GpusliceError) -> errors.GpusliceError:
+    """The daemon's error, of the same kind, naming the claim."""
+    return errors.KINDS.get(errors.code_of(e), errors.GpusliceError)(f"claim {ref.namespace}/{ref.name}: {e}")
 
 
 def cdi_device_id(uid: str) -> str:
@@ -80,14 +86,13 @@ class Preparer:
             raise errors.FailedPrecondition(f"claim {ref.namespace}/{ref.name} is now UID {uid}, not {ref.uid}")
         try:
             parsed = claim_model.parse(claim, self.node)
-            annotations = self._annotations(parsed, self._gpus(parsed))
+            shares = self._shares(parsed)
         except claim_model.ClaimError as e:
             raise claim_model.ClaimError(f"claim {ref.namespace}/{ref.name}: {e}") from None
-        sid = slice_id(ref.uid)
         try:
-            self.daemon.reserve(sid, annotations, owner=f"dra {ref.namespace}/{ref.name}")
-        except grpc.RpcError as e:
-            raise errors.FailedPrecondition(f"claim {ref.namespace}/{ref.name}: {e.details()}") from e
+            sid = self.daemon.reserve_claim(ref.uid, shares, owner=f"dra {ref.namespace}/{ref.name}").container_id
+        except errors.GpusliceError as e:  # the daemon's kind (no room: RESOURCE_EXHAUSTED), named for the claim
+            raise _named(ref, e) from e
         try:
             spec = self._write_spec(ref.uid, [index_of(d.device) for d in parsed.devices])
             devices = [
@@ -100,53 +105,35 @@ class Preparer:
             self.spec_path(ref.uid).unlink(missing_ok=True)
             self.daemon.release(sid)
             raise
-        log.info("prepared claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, annotations)
+        log.info("prepared claim %s/%s (%s): slice %s", ref.namespace, ref.name, ref.uid, sid)
         return devices
 
     def unprepare(self, ref: ClaimRef) -> None:
         done = self.checkpoint.get(ref.uid)
         try:
             self.daemon.release(done.slice_id if done else slice_id(ref.uid))
-        except grpc.RpcError as e:
-            raise errors.Unavailable(f"claim {ref.namespace}/{ref.name}: the daemon: {e.details()}") from e
+        except errors.GpusliceError as e:
+            raise _named(ref, e) from e
         self.spec_path(ref.uid).unlink(missing_ok=True)
         self.checkpoint.drop(ref.uid)
         log.info("unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
 
-    def _gpus(self, claim: claim_model.Claim) -> list[str]:
-        by_index = {g.index: g.uuid for g in self.daemon.inventory().gpus}
-        uuids = []
+    @staticmethod
+    def _shares(claim: claim_model.Claim) -> list[pb.Share]:
+        """The claim's shares as the scheduler allocated them, each its own size
+        (the daemon checks the GPUs and their room). Whole GPUs: no memory,
+        no cores."""
+        shares = []
         for d in claim.devices:
             index = index_of(d.device)
-            if index is None or index not in by_index:
+            if index is None:
                 raise claim_model.ClaimError(f"device {d.device} is not a GPU of this node")
-            uuids.append(by_index[index])
-        if len(set(uuids)) != len(uuids):
-            raise claim_model.ClaimError("one GPU allocated twice")
-        return uuids
-
-    def _annotations(self, claim: claim_model.Claim, uuids: list[str]) -> dict[str, str]:
-        """One slice for the claim: the same memory and cores on each of its GPUs."""
-        memories = {d.memory for d in claim.devices}
-        cores = {d.cores for d in claim.devices}
-        if len(memories) > 1 or len(cores) > 1:
-            raise claim_model.ClaimError(
-                "its GPUs were allocated different memory or cores; "
-                "a claim's slice has one size on every GPU (one request per size)"
-            )
-        out = {request.DEVICE: ",".join(uuids), request.GPUS: str(len(uuids))}
-        if claim.whole:  # whole GPUs: the scheduler booked all their cores, so no claim shares them
-            return out
-        memory, share = memories.pop(), cores.pop()
-        if memory is not None:
-            out[request.MEMORY] = str(memory)
-        if share is not None and share < 100:
-            out[request.CORES] = str(share)
-        if claim.policy:
-            out[request.POLICY] = claim.policy
-        if claim.priority:
-            out[request.PRIORITY] = claim.priority
-        return out
+            memory = None if claim.whole else d.memory
+            # a full compute share with a memory limit asks for no guaranteed share, as before
+            cores = None if claim.whole or d.cores is None or d.cores >= 100 else d.cores
+            shares.append(pb.Share(gpu_index=index, memory=memory or 0, cores=cores or 0, policy=claim.policy or "",
+                                   priority=claim.priority or "", share_id=d.share_id or ""))  # fmt: skip
+        return shares
 
     def _write_spec(self, uid: str, indexes: list[int | None]) -> Path:
         gpu_edits = [self.base.device(str(i)).edits for i in indexes]

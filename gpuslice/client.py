@@ -1,22 +1,70 @@
-"""A client for the daemon's gpuslice.v1 API on its unix socket."""
+"""A client for the daemon's gpuslice.v1 API on its unix socket. The daemon's
+answers come back as gpuslice's error kinds (errors.py), so a RESOURCE_EXHAUSTED
+stays that kind through whoever calls; each is a grpc.RpcError too."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NoReturn, TypeVar
 
 import grpc
 
-from gpuslice import constants
+from gpuslice import constants, errors
 from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
 
 SOCKET_ENV = constants.ENV_SOCKET
 DEFAULT_SOCKET = constants.CONTROL_SOCKET
+T = TypeVar("T")
 
 
 def socket_path(explicit: str | Path | None = None) -> str:
     return str(explicit or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+
+
+class DaemonError(grpc.RpcError):
+    """What the daemon answered (or that it could not be reached), with the
+    gRPC status and details a grpc.RpcError has."""
+
+    def __init__(self, status: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self._status, self._details = status, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._status
+
+    def details(self) -> str:
+        return self._details
+
+
+# each kind once, as a DaemonError too: except errors.ResourceExhausted and except grpc.RpcError both catch it
+_REMOTE: dict[type[errors.GpusliceError], type[DaemonError]] = {
+    kind: type(f"Daemon{kind.__name__}", (DaemonError, kind), {})
+    for kind in (*errors.KINDS.values(), errors.GpusliceError)
+}
+
+
+def _unavailable(status: grpc.StatusCode) -> bool:
+    return status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def raise_kind(e: grpc.RpcError) -> NoReturn:
+    """The daemon's gRPC status as gpuslice's error kind (INTERNAL, UNKNOWN and
+    the like: GpusliceError itself)."""
+    status: grpc.StatusCode = e.code()
+    details: str = e.details() or status.name
+    code = errors.Code.UNAVAILABLE if _unavailable(status) else errors.Code.__members__.get(status.name)
+    kind = errors.KINDS.get(code, errors.GpusliceError) if code else errors.GpusliceError
+    raise _REMOTE[kind](status, details) from e
+
+
+def _call(fn: Callable[..., T], request: object, timeout: float) -> T:
+    try:
+        return fn(request, timeout=timeout)
+    except grpc.RpcError as e:
+        raise_kind(e)
 
 
 class AllocatorClient:
@@ -35,24 +83,28 @@ class AllocatorClient:
         self.close()
 
     def inventory(self) -> pb.InventoryReply:
-        return self.stub.Inventory(pb.InventoryRequest(), timeout=self.timeout)
+        return _call(self.stub.Inventory, pb.InventoryRequest(), self.timeout)
 
     def reserve(self, container_id: str, annotations: dict[str, str], owner: str = "") -> pb.Slice:
         req = pb.ReserveRequest(container_id=container_id, annotations=annotations, owner=owner)
-        return self.stub.Reserve(req, timeout=self.timeout)
+        return _call(self.stub.Reserve, req, self.timeout)
+
+    def reserve_claim(self, uid: str, shares: Iterable[pb.Share], owner: str = "") -> pb.Slice:
+        req = pb.ReserveClaimRequest(uid=uid, shares=list(shares), owner=owner)
+        return _call(self.stub.ReserveClaim, req, self.timeout)
 
     def bind(self, container_id: str, pid: int) -> pb.Slice:
-        return self.stub.Bind(pb.BindRequest(container_id=container_id, pid=pid), timeout=self.timeout)
+        return _call(self.stub.Bind, pb.BindRequest(container_id=container_id, pid=pid), self.timeout)
 
     def release(self, container_id: str) -> bool:
-        return self.stub.Release(pb.ReleaseRequest(container_id=container_id), timeout=self.timeout).released
+        return _call(self.stub.Release, pb.ReleaseRequest(container_id=container_id), self.timeout).released
 
     def get(self, container_id: str) -> pb.Slice:
-        return self.stub.Get(pb.GetRequest(container_id=container_id), timeout=self.timeout)
+        return _call(self.stub.Get, pb.GetRequest(container_id=container_id), self.timeout)
 
     def list(self) -> list[pb.Slice]:
-        return list(self.stub.List(pb.ListRequest(), timeout=self.timeout).slices)
+        return list(_call(self.stub.List, pb.ListRequest(), self.timeout).slices)
 
     def resize(self, container_id: str, annotations: dict[str, str]) -> pb.Slice:
         req = pb.ResizeRequest(container_id=container_id, annotations=annotations)
-        return self.stub.Resize(req, timeout=self.timeout)
+        return _call(self.stub.Resize, req, self.timeout)

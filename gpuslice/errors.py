@@ -1,6 +1,6 @@
 """The error kinds every component raises, one module for all.
 
-Each kind carries the code it maps to: the gRPC status of the control API, the
+Each kind carries the code it maps to (its `status`): the gRPC status of the control API, the
 runtime socket's `error` reply, and the `code` label of the RPC metrics.  str()
 of an error is the one line a user sees; it names what was wrong and what is
 accepted.  Code that is not ours (OSError, a library's error) is INTERNAL
@@ -24,35 +24,39 @@ class Code(enum.Enum):
 
 
 class GpusliceError(Exception):
-    code = Code.INTERNAL
+    status = Code.INTERNAL
 
 
 class InvalidArgument(GpusliceError, ValueError):
-    code = Code.INVALID_ARGUMENT
+    status = Code.INVALID_ARGUMENT
 
 
 class NotFound(GpusliceError, LookupError):
-    code = Code.NOT_FOUND
+    status = Code.NOT_FOUND
 
 
 class AlreadyExists(GpusliceError):
-    code = Code.ALREADY_EXISTS
+    status = Code.ALREADY_EXISTS
 
 
 class FailedPrecondition(GpusliceError):
-    code = Code.FAILED_PRECONDITION
+    status = Code.FAILED_PRECONDITION
 
 
 class ResourceExhausted(GpusliceError):
-    code = Code.RESOURCE_EXHAUSTED
+    status = Code.RESOURCE_EXHAUSTED
 
 
 class Unavailable(GpusliceError):
-    code = Code.UNAVAILABLE
+    status = Code.UNAVAILABLE
+
+
+_ANSWERED = (InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, ResourceExhausted, Unavailable)
+KINDS: dict[Code, type[GpusliceError]] = {kind.status: kind for kind in _ANSWERED}
 
 
 def code_of(error: BaseException) -> Code:
-    return error.code if isinstance(error, GpusliceError) else Code.INTERNAL
+    return error.status if isinstance(error, GpusliceError) else Code.INTERNAL
 
 
 def one_line(text: str) -> str:

@@ -205,10 +205,30 @@ def _choice(label: str, value: str, enum: type[Enum]) -> Enum:
         raise _bad(label, value, " or ".join(e.value for e in enum)) from None
 
 
+@dataclass(frozen=True)
+class Parsed:
+    """A request parsed once: what it asks, and our annotations as given (kept
+    with the slice, and compared when the same container asks again)."""
+
+    request: SliceRequest
+    annotations: dict[str, str]
+
+
+def read(asked: Asked) -> Parsed | None:
+    """The request gathered from a container's sources, parsed once; None when
+    it asks for no GPU. Bad values fail with one line naming their source."""
+    ours = {k: v for k, v in asked.values.items() if k.startswith(PREFIX)}
+    req = _parse_ours(ours, asked.sources)
+    return None if req is None else Parsed(req, ours)
+
+
 def parse(annotations: Mapping[str, str], sources: Mapping[str, str] | None = None) -> SliceRequest | None:
     """The container's request, or None when it asks for no GPU.  `sources`
     names where each value came from (gather's), for the error line."""
-    ours = {k: v for k, v in annotations.items() if k.startswith(PREFIX)}
+    return _parse_ours({k: v for k, v in annotations.items() if k.startswith(PREFIX)}, sources)
+
+
+def _parse_ours(ours: Mapping[str, str], sources: Mapping[str, str] | None) -> SliceRequest | None:
     if not ours:
         return None
 

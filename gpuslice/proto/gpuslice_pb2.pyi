@@ -75,24 +75,56 @@ class ReserveRequest(_message.Message):
     owner: str
     def __init__(self, container_id: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ...) -> None: ...
 
+class Share(_message.Message):
+    __slots__ = ("gpu_index", "memory", "cores", "policy", "priority", "share_id")
+    GPU_INDEX_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    SHARE_ID_FIELD_NUMBER: _ClassVar[int]
+    gpu_index: int
+    memory: int
+    cores: int
+    policy: str
+    priority: str
+    share_id: str
+    def __init__(self, gpu_index: _Optional[int] = ..., memory: _Optional[int] = ..., cores: _Optional[int] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., share_id: _Optional[str] = ...) -> None: ...
+
+class ReserveClaimRequest(_message.Message):
+    __slots__ = ("uid", "shares", "owner")
+    UID_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    uid: str
+    shares: _containers.RepeatedCompositeFieldContainer[Share]
+    owner: str
+    def __init__(self, uid: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ..., owner: _Optional[str] = ...) -> None: ...
+
 class SliceGpu(_message.Message):
-    __slots__ = ("index", "uuid", "memory_limit", "cores", "compute_target", "compute_used")
+    __slots__ = ("index", "uuid", "memory_limit", "cores", "compute_target", "compute_used", "share_id", "policy", "priority")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_TARGET_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_USED_FIELD_NUMBER: _ClassVar[int]
+    SHARE_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     memory_limit: int
     cores: int
     compute_target: float
     compute_used: float
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., memory_limit: _Optional[int] = ..., cores: _Optional[int] = ..., compute_target: _Optional[float] = ..., compute_used: _Optional[float] = ...) -> None: ...
+    share_id: str
+    policy: str
+    priority: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., memory_limit: _Optional[int] = ..., cores: _Optional[int] = ..., compute_target: _Optional[float] = ..., compute_used: _Optional[float] = ..., share_id: _Optional[str] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
 
 class Slice(_message.Message):
-    __slots__ = ("id", "container_id", "state", "gpus", "policy", "priority", "whole", "created_unix_ms", "pid", "pid_ns", "cgroup", "memory_used", "processes", "enforcement")
+    __slots__ = ("id", "container_id", "state", "gpus", "policy", "priority", "whole", "created_unix_ms", "pid", "pid_ns", "cgroup", "memory_used", "processes", "enforcement", "kind", "member_of")
     ID_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +139,8 @@ class Slice(_message.Message):
     MEMORY_USED_FIELD_NUMBER: _ClassVar[int]
     PROCESSES_FIELD_NUMBER: _ClassVar[int]
     ENFORCEMENT_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_OF_FIELD_NUMBER: _ClassVar[int]
     id: str
     container_id: str
     state: str
@@ -121,7 +155,9 @@ class Slice(_message.Message):
     memory_used: int
     processes: int
     enforcement: str
-    def __init__(self, id: _Optional[str] = ..., container_id: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[SliceGpu, _Mapping]]] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., whole: _Optional[bool] = ..., created_unix_ms: _Optional[int] = ..., pid: _Optional[int] = ..., pid_ns: _Optional[int] = ..., cgroup: _Optional[str] = ..., memory_used: _Optional[int] = ..., processes: _Optional[int] = ..., enforcement: _Optional[str] = ...) -> None: ...
+    kind: str
+    member_of: str
+    def __init__(self, id: _Optional[str] = ..., container_id: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[SliceGpu, _Mapping]]] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., whole: _Optional[bool] = ..., created_unix_ms: _Optional[int] = ..., pid: _Optional[int] = ..., pid_ns: _Optional[int] = ..., cgroup: _Optional[str] = ..., memory_used: _Optional[int] = ..., processes: _Optional[int] = ..., enforcement: _Optional[str] = ..., kind: _Optional[str] = ..., member_of: _Optional[str] = ...) -> None: ...
 
 class BindRequest(_message.Message):
     __slots__ = ("container_id", "pid")

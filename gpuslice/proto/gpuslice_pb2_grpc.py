@@ -44,6 +44,11 @@ class AllocatorStub:
                 request_serializer=gpuslice_dot_proto_dot_gpuslice__pb2.ReserveRequest.SerializeToString,
                 response_deserializer=gpuslice_dot_proto_dot_gpuslice__pb2.Slice.FromString,
                 _registered_method=True)
+        self.ReserveClaim = channel.unary_unary(
+                '/gpuslice.v1.Allocator/ReserveClaim',
+                request_serializer=gpuslice_dot_proto_dot_gpuslice__pb2.ReserveClaimRequest.SerializeToString,
+                response_deserializer=gpuslice_dot_proto_dot_gpuslice__pb2.Slice.FromString,
+                _registered_method=True)
         self.Bind = channel.unary_unary(
                 '/gpuslice.v1.Allocator/Bind',
                 request_serializer=gpuslice_dot_proto_dot_gpuslice__pb2.BindRequest.SerializeToString,
@@ -83,6 +88,14 @@ class AllocatorServicer:
 
     def Reserve(self, request, context):
         """Place a slice for a container; idempotent per container_id.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReserveClaim(self, request, context):
+        """Reserve a DRA claim's slice on the shares the scheduler allocated;
+        idempotent per claim uid. The slice is listed as "claim-<uid>".
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -132,6 +145,11 @@ def add_AllocatorServicer_to_server(servicer, server):
             'Reserve': grpc.unary_unary_rpc_method_handler(
                     servicer.Reserve,
                     request_deserializer=gpuslice_dot_proto_dot_gpuslice__pb2.ReserveRequest.FromString,
+                    response_serializer=gpuslice_dot_proto_dot_gpuslice__pb2.Slice.SerializeToString,
+            ),
+            'ReserveClaim': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveClaim,
+                    request_deserializer=gpuslice_dot_proto_dot_gpuslice__pb2.ReserveClaimRequest.FromString,
                     response_serializer=gpuslice_dot_proto_dot_gpuslice__pb2.Slice.SerializeToString,
             ),
             'Bind': grpc.unary_unary_rpc_method_handler(
@@ -213,6 +231,33 @@ class Allocator:
             target,
             '/gpuslice.v1.Allocator/Reserve',
             gpuslice_dot_proto_dot_gpuslice__pb2.ReserveRequest.SerializeToString,
+            gpuslice_dot_proto_dot_gpuslice__pb2.Slice.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveClaim(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuslice.v1.Allocator/ReserveClaim',
+            gpuslice_dot_proto_dot_gpuslice__pb2.ReserveClaimRequest.SerializeToString,
             gpuslice_dot_proto_dot_gpuslice__pb2.Slice.FromString,
             options,
             channel_credentials,

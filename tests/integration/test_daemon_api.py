@@ -11,7 +11,10 @@ import urllib.request
 import grpc
 import pytest
 
+from gpuslice import errors
+from gpuslice.allocator.slice_files import SliceFiles
 from gpuslice.cli.sim_daemon import free_port
+from gpuslice.proto import gpuslice_pb2 as pb
 from tests.conftest import GiB, gpu
 
 MEM = "gpuslice.io/memory"
@@ -187,3 +190,39 @@ def test_bad_daemon_config_names_each_problem(tmp_path):
     assert any("metrics.port" in line for line in lines)
     assert any(line.startswith(f"config {cfg}: socket:") for line in lines)
     assert any("nvml:" in line for line in lines) and any("surprise" in line for line in lines)
+
+
+def test_a_claim_is_reserved_share_by_share_each_of_its_own_size(daemon):
+    """ReserveClaim: the shares the scheduler allocated, typed (no annotation
+    strings), each its own size, policy and priority; two shares of one GPU
+    add up in the slice's limits; a kind of its own, kept as the daemon's
+    error kinds through the client."""
+    d = daemon([gpu("16Gi"), gpu("16Gi")])
+    c = d.client()
+    shares = [pb.Share(gpu_index=0, memory=8 * GiB, cores=60, policy="hard", share_id="a"),
+              pb.Share(gpu_index=1, memory=2 * GiB, cores=50, share_id="b"),
+              pb.Share(gpu_index=0, memory=1 * GiB, cores=10, priority="low", share_id="c")]  # fmt: skip
+    s = c.reserve_claim("u1", shares, owner="dra ml/train")
+    assert (s.container_id, s.kind, s.state) == ("claim-u1", "claim", "reserved")
+    assert [(g.index, g.memory_limit, g.cores, g.share_id, g.policy, g.priority) for g in s.gpus] == [
+        (0, 8 * GiB, 60, "a", "hard", "normal"), (0, 1 * GiB, 10, "c", "elastic", "low"),
+        (1, 2 * GiB, 50, "b", "elastic", "normal")]  # fmt: skip
+    assert [(g.memory_reserved, g.cores_reserved) for g in c.inventory().gpus] == [(9 * GiB, 70), (2 * GiB, 50)]
+    limits = SliceFiles(d.slice_files_dir, s.id).limits  # what the interposer reads: one entry per GPU
+    assert [(limits.gpu[i].memory_limit, limits.gpu[i].cores) for i in range(limits.gpu_count)] == [
+        (9 * GiB, 70), (2 * GiB, 50)]  # fmt: skip
+    assert c.reserve_claim("u1", shares).id == s.id  # the kubelet asks again: the same slice
+    with pytest.raises(errors.FailedPrecondition, match="claim u1 already holds slice"):
+        c.reserve_claim("u1", shares[:1])
+    with pytest.raises(errors.ResourceExhausted) as full:  # the daemon's kind, through the client
+        c.reserve_claim("u2", [pb.Share(gpu_index=0, memory=8 * GiB)])
+    assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "no room for 8.0 GiB" in str(full.value)
+    with pytest.raises(errors.InvalidArgument, match="policy 'strict'"):
+        c.reserve_claim("u3", [pb.Share(gpu_index=1, memory=GiB, policy="strict")])
+    with pytest.raises(errors.InvalidArgument, match="no GPU 5 on this node"):
+        c.reserve_claim("u4", [pb.Share(gpu_index=5, memory=GiB)])
+    with pytest.raises(errors.FailedPrecondition, match="is a claim slice"):
+        c.resize("claim-u1", {MEM: "1Gi"})
+    assert [x.container_id for x in c.list()] == ["claim-u1"]  # nothing half-reserved by the refusals
+    assert c.release("claim-u1") and [(g.memory_reserved, g.cores_reserved) for g in c.inventory().gpus] == [
+        (0, 0), (0, 0)]  # fmt: skip

@@ -16,8 +16,12 @@ import uuid
 import pytest
 import yaml
 
+from gpuslice import errors
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cli import sim_daemon
+from gpuslice.dra.checkpoint import Checkpoint
+from gpuslice.dra.plugin import base_spec
+from gpuslice.dra.prepare import ClaimRef, Preparer
 from tests.conftest import gpu
 from tests.harness.dra import NODE, DraNode, allocated
 from tests.harness.references import schema_validator
@@ -147,7 +151,7 @@ def test_a_failing_claim_leaves_nothing_and_the_others_stand(node):
     answers = node.prepare(too_big, elsewhere, bad_config, good, missing)
     errors = {c["metadata"]["name"]: answers[c["metadata"]["uid"]].get("error", "")
               for c in (too_big, elsewhere, bad_config, good, missing)}  # fmt: skip
-    assert errors["huge"] == "claim ml/huge: request needs 20.0 GiB per GPU, more than any GPU holds", errors
+    assert errors["huge"] == "claim ml/huge: request needs 20.0 GiB and 0 cores of GPU 0, more than it holds", errors
     assert errors["other-node"] == "claim ml/other-node: devices of pool node-b, not of this node (node-a)"
     assert errors["typo"] == "claim ml/typo: computePolicy 'strict': accepted hard, elastic"
     assert "404" in errors["never-created"]
@@ -228,3 +232,33 @@ def test_a_failing_gpu_is_tainted_and_a_daemon_restart_keeps_the_claims(daemon, 
         assert d.client().list() == []
     finally:
         node.close()
+
+
+def test_the_daemons_error_kind_reaches_the_plugin_and_nothing_stays(node, tmp_path):
+    """A claim the GPU has no room for now: the daemon's RESOURCE_EXHAUSTED is
+    the Preparer's ResourceExhausted (not flattened into another kind), named
+    for the claim; no spec, no checkpoint entry, no slice."""
+    claim = allocated("big", ("gpu-0", "12Gi", None))
+    node.d.client().reserve("held", {"gpuslice.io/memory": "8Gi", "gpuslice.io/device": "0"})
+    checkpoint = Checkpoint(tmp_path / "checkpoint.json")
+    preparer = Preparer(NODE, node.d.client(), lambda namespace, name: claim, base_spec(node.spec),
+                        tmp_path / "claim-specs", checkpoint)  # fmt: skip
+    with pytest.raises(errors.ResourceExhausted, match=r"^claim ml/big: no room for 12\.0 GiB and 0 cores: GPU 0"):
+        preparer.prepare(ClaimRef(claim["metadata"]["uid"], "ml", "big"))
+    assert checkpoint.get(claim["metadata"]["uid"]) is None and not (tmp_path / "claim-specs").exists()
+    assert list(node.slices()) == ["held"]
+
+
+def test_a_claim_of_two_sizes_is_prepared_exactly(node):
+    """Each allocated share keeps its own size (the plugin refused this
+    before the daemon's typed claims: "one size on every GPU")."""
+    claim = allocated("sizes", ("gpu-0", "8Gi", "60"), ("gpu-1", "2Gi", "50"))
+    node.api.put_claim(claim)
+    uid = claim["metadata"]["uid"]
+    assert node.prepare(claim)[uid].get("error", "") == ""
+    s = node.slices()[f"claim-{uid}"]
+    assert s.kind == "claim" and [(g.index, g.memory_limit, g.cores) for g in s.gpus] == [
+        (0, 8 * GiB, 60),
+        (1, 2 * GiB, 50),
+    ]
+    assert node.unprepare(claim)[uid].get("error", "") == "" and node.slices() == {}

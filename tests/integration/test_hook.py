@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.paths import built_executable
+from gpuslice.proto import gpuslice_pb2 as pb
 from tests.conftest import needs_root, oci_bundle
 
 HOOK = built_executable("gpuslice-hook")
@@ -208,7 +209,7 @@ def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_pat
 
     d = daemon(reservation_timeout=0.5)
     client = d.client()
-    client.reserve("claim-0f0e", {"gpuslice.io/memory": "2Gi"}, owner="dra ml/train")
+    client.reserve_claim("0f0e", [pb.Share(gpu_index=0, memory=2 << 30)], owner="dra ml/train")
     boxes = {name: containers() for name in ("c1", "c2")}
     b = bundle(tmp_path, {}, env=["GPUSLICE_CLAIM=0f0e"])
     for name, box in boxes.items():

@@ -7,7 +7,7 @@ import pytest
 
 from gpuslice import request
 from gpuslice.allocator.placement import CannotFit, GpuCapacity, NoRoom, place
-from gpuslice.errors import Code
+from gpuslice.errors import Code, code_of
 
 GiB = 1 << 30
 
@@ -76,7 +76,7 @@ def test_what_cannot_be_placed_and_why(node, asked, kind, says):
         place(asked, gpus(*node), pcie)
     assert says in str(e.value)
     # nothing fits now -> RESOURCE_EXHAUSTED (may fit later); can never fit -> INVALID_ARGUMENT
-    assert e.value.code == (Code.RESOURCE_EXHAUSTED if kind is NoRoom else Code.INVALID_ARGUMENT)
+    assert code_of(e.value) == (Code.RESOURCE_EXHAUSTED if kind is NoRoom else Code.INVALID_ARGUMENT)
 
 
 def test_memory_oversubscription_lets_reservations_pass_the_total():

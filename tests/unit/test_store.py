@@ -8,8 +8,8 @@ import sqlite3
 
 import pytest
 
-from gpuslice.allocator.store import MIGRATIONS, SCHEMA_VERSION, Allocation, SliceStore, StoreError
-from gpuslice.errors import Code
+from gpuslice.allocator.store import MIGRATIONS, SCHEMA_VERSION, Allocation, OwnerKind, SliceStore, StoreError
+from gpuslice.errors import Code, code_of
 
 
 def version(path) -> int:
@@ -51,4 +51,45 @@ def test_a_store_from_a_newer_gpuslice_is_refused(tmp_path):
         f"{path}: slice store schema version {SCHEMA_VERSION + 1} is newer than this gpuslice knows "
         f"({SCHEMA_VERSION}); run the gpuslice that wrote it"
     )
-    assert e.value.code == Code.FAILED_PRECONDITION
+    assert code_of(e.value) == Code.FAILED_PRECONDITION
+
+
+def test_version_1_owners_become_kinds_and_allocations_become_shares(tmp_path):
+    """Version 1 knew a claim's slice by its key's "claim-" prefix and a member
+    by a pseudo-annotation naming the claim's key; version 2 has them as
+    columns, the member pointing at the claim slice's id."""
+    path = tmp_path / "state.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(MIGRATIONS[0])
+        db.execute("PRAGMA user_version = 1")
+        rows = [
+            ("s1", "c1", '{"gpuslice.io/memory": "1Gi"}'),
+            ("s2", "claim-u1", '{"gpuslice.io/memory": "2Gi"}'),
+            ("s3", "c2", '{"gpuslice.io/member-of": "claim-u1"}'),
+            ("s4", "c3", '{"gpuslice.io/member-of": "claim-gone"}'),
+        ]  # a member of no claim: dropped
+        db.executemany(
+            "INSERT INTO slices (id, container_id, state, request, policy, priority, whole, created_ms) "
+            "VALUES (?, ?, 'reserved', ?, 'hard', 'high', 0, 1)",
+            rows,
+        )
+        db.executemany("INSERT INTO allocations VALUES (?, 0, 'GPU-0', ?, 30)", [("s1", 1 << 30), ("s2", 2 << 30)])
+    store = SliceStore(path)
+    got = {r.container_id: r for r in store.all()}
+    assert sorted(got) == ["c1", "c2", "claim-u1"]
+    assert (got["c1"].kind, got["claim-u1"].kind, got["c2"].kind) == (
+        OwnerKind.CONTAINER,
+        OwnerKind.CLAIM,
+        OwnerKind.MEMBER,
+    )
+    assert got["c2"].member_of == "s2" and got["c2"].request == {} and got["c1"].member_of is None
+    assert got["claim-u1"].allocations == (Allocation(0, "GPU-0", 2 << 30, 30),)  # share "", the slice's policy
+    # two shares of one GPU now fit one slice; deleting the claim takes its member's row with it
+    store.transaction(lambda s: s.insert("claim-u2", {}, "elastic", "normal", False, "dra", [
+        Allocation(1, "GPU-1", 1 << 30, 20, "a", "hard", "high"), Allocation(1, "GPU-1", 1 << 30, 10, "b")],
+        OwnerKind.CLAIM))  # fmt: skip
+    assert [a.share for a in store.get("claim-u2").allocations] == ["a", "b"]
+    store.transaction(lambda s: s.delete("s2"))
+    assert sorted(r.container_id for r in store.all()) == ["c1", "claim-u2"]
+    store.close()
+    assert version(path) == SCHEMA_VERSION == 2
