@@ -14,12 +14,12 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import pynvml
 
-from gpuslice.allocator.slice_files import SliceFiles, constant
+from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +36,6 @@ BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %
 BEST_EFFORT_FLOOR = 0.01  # ... which still progresses when every share is taken
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
 TIERS = ("high", "normal", "low")
-PRIORITY_NAMES = {
-    "GPUSLICE_PRIORITY_HIGH": "high",
-    "GPUSLICE_PRIORITY_NORMAL": "normal",
-    "GPUSLICE_PRIORITY_LOW": "low",
-}
 
 
 @dataclass
@@ -164,17 +159,18 @@ class ComputeController:
     def __init__(
         self,
         files: Callable[[], dict[str, SliceFiles]],
+        limits_of: Callable[[str], Sequence[GpuLimit]],  # a slice's limits per GPU, as its files have them
         sampler: Sampler,
         period: float = 0.05,
         clock: Callable[[], float] = time.monotonic,  # seconds; a test drives it by hand
     ) -> None:
         self.files = files
+        self.limits_of = limits_of
         self.sample = sampler
         self.period = period
         self.clock = clock
         self.lend_readings = max(3, round(LEND_WINDOW_S / period))  # readings that span LEND_WINDOW_S
         self.state: dict[tuple[str, int], GateState] = {}
-        self._shares: dict[str, tuple[int, list[Share]]] = {}  # slice id -> (limits generation, its shares)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last = clock()
@@ -205,43 +201,13 @@ class ComputeController:
 
     # -- one period ------------------------------------------------------------------
     def shares(self, files: dict[str, SliceFiles]) -> list[Share]:
+        """What each slice with processes is entitled to, per GPU in its files'
+        order, from the daemon's records (never decoded back from the files)."""
         out: list[Share] = []
-        magic = constant("GPUSLICE_LIMITS_MAGIC")
-        for sid, f in files.items():
-            lim = f.limits
-            if lim.magic != magic:
-                continue
-            generation = int(lim.generation)
-            cached = self._shares.get(sid)
-            if cached is None or cached[0] != generation:  # read again only when the limits changed
-                cached = (generation, self._read_shares(sid, f))
-                if lim.magic == magic and int(lim.generation) == generation:  # not rewritten meanwhile
-                    self._shares[sid] = cached
-            out.extend(cached[1])
-        for sid in set(self._shares) - files.keys():
-            del self._shares[sid]
-        return out
-
-    def _read_shares(self, sid: str, f: SliceFiles) -> list[Share]:
-        out = []
-        hard = constant("GPUSLICE_POLICY_HARD")
-        prio = {constant(k): v for k, v in PRIORITY_NAMES.items()}
-        lim = f.limits
-        for g in range(int(lim.gpu_count)):
-            cores = int(lim.gpu[g].cores)
-            if cores >= 100:  # a whole GPU is never throttled
-                continue
-            uuid = f.ffi.string(lim.gpu[g].uuid).decode()
-            out.append(
-                Share(
-                    sid,
-                    g,
-                    uuid,
-                    cores / 100,
-                    int(lim.gpu[g].policy) == hard,
-                    prio.get(int(lim.gpu[g].priority), "normal"),
-                )
-            )
+        for sid in files:
+            for g, lim in enumerate(self.limits_of(sid)):
+                if lim.cores < 100:  # a whole GPU is never throttled
+                    out.append(Share(sid, g, lim.uuid, lim.cores / 100, lim.hard, lim.priority))
         return out
 
     def tick(self) -> None:
@@ -295,11 +261,8 @@ class ComputeController:
                 st = self.state[(s.slice_id, s.gpu)]
                 self._budget(files[s.slice_id], s, st, goal[s.slice_id], dt, next_refill, prior)
                 seen.add((s.slice_id, s.gpu))
-        # gone, or no longer controlled; a slice whose limits are being rewritten keeps what was learned
-        rewriting = {sid for sid, f in files.items() if f.limits.magic != constant("GPUSLICE_LIMITS_MAGIC")}
-        for key in set(self.state) - seen:
-            if key[0] not in rewriting:
-                del self.state[key]
+        for key in set(self.state) - seen:  # gone, or no longer controlled
+            del self.state[key]
 
     def _remember_use(self, st: GateState, was_active: bool, window_ns: int) -> None:
         if not was_active:  # what it used before it went idle says nothing now

@@ -55,7 +55,8 @@ class Daemon:
         self.watcher = ProcessWatcher()
         self.manager.on_release.append(self.watcher.forget)
         # only slices with processes can launch: the controller looks at those alone
-        self.compute = ComputeController(self.watcher.files_in_use, NvmlUtilization(), cfg.compute_period)
+        self.compute = ComputeController(self.watcher.files_in_use, self.manager.limits_of, NvmlUtilization(),
+                                         cfg.compute_period)  # fmt: skip
         self._stop = threading.Event()
 
     def _reattach(self) -> None:

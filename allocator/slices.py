@@ -207,13 +207,23 @@ class SliceManager:
         claim slice, else the record itself."""
         return self.index.by_id.get(rec.member_of, rec) if rec.member_of else rec
 
+    def limits_of(self, slice_id: str) -> list[GpuLimit]:
+        """A slice's limits per GPU, in its files' order, from its record (none
+        once it is released)."""
+        with self._lock:
+            rec = self.index.by_id.get(slice_id)
+            return self._limits(rec) if rec else []
+
+    def _limits(self, rec: SliceRecord) -> list[GpuLimit]:
+        return [dataclasses.replace(g, context_reserve=self.context_reserve) for g in _per_gpu(rec)]
+
     def _files_for(self, rec: SliceRecord) -> SliceFiles:
         with self._lock:
             rec = self.target(rec)
             f = self.files.get(rec.id)
             if f is None:
                 f = self.files[rec.id] = SliceFiles(self.files_dir, rec.id)
-            f.write_limits([dataclasses.replace(g, context_reserve=self.context_reserve) for g in _per_gpu(rec)])
+            f.write_limits(self._limits(rec))
             return f
 
     def _driver_limit(self, rec: SliceRecord) -> None:

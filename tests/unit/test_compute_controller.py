@@ -72,14 +72,17 @@ class FakeGpu:
 def node(tmp_path: Path, *slices: tuple[int, bool]) -> tuple[FakeGpu, list[Tenant], ComputeController]:
     """Slices of (cores, hard) on one GPU, each with one process."""
     tenants = []
+    limits = {}  # the daemon's records, as SliceManager.limits_of gives them
     for i, (cores, hard) in enumerate(slices):
         f = SliceFiles(tmp_path, f"slice{i}")
-        f.write_limits([GpuLimit(UUID, 1 << 30, cores, hard)])
+        limits[f.slice_id] = [GpuLimit(UUID, 1 << 30, cores, hard)]
+        f.write_limits(limits[f.slice_id])
         f.claim_slot(1000 + i)
         tenants.append(Tenant(f, 1000 + i))
     gpu = FakeGpu()
     files = {t.files.slice_id: t.files for t in tenants}
-    controller = ComputeController(lambda: files, gpu.sample, PERIOD, clock=gpu.clock)
+    controller = ComputeController(lambda: files, lambda sid: limits.get(sid, []), gpu.sample, PERIOD,
+                                   clock=gpu.clock)  # fmt: skip
     return gpu, tenants, controller
 
 
