@@ -131,7 +131,9 @@ def test_struct_layouts_match_official_header(tmp_path, ours, official, structs)
 
 def def_entries() -> list[tuple[str, int, str, str]]:
     pat = re.compile(r"^SYM\((\w+), (\d+), (DEFAULT|PTDS), (\w+)\)$", re.M)
-    return [(n, int(v), k, s) for n, v, k, s in pat.findall(DEF.read_text())]
+    entries = [(n, int(v), k, s) for n, v, k, s in pat.findall(DEF.read_text())]
+    assert len(entries) >= 100, f"{DEF}: {len(entries)} SYM entries read; the pattern no longer matches the file"
+    return entries
 
 
 def official_variants() -> dict[str, set[tuple[int, str]]]:

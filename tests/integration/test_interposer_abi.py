@@ -84,6 +84,7 @@ def test_hooks_match_the_toolkit_prototypes(tmp_path):
     for src in ("memory.c", "gate.c", "procaddr.c"):
         protos |= our_prototypes(src, "../symbols/cuda_exports.def", tmp_path)
     lines = ["#include <cuda.h>", "#include <cudaTypedefs.h>"]
+    assert len(hooks()) >= 20, hooks()  # an empty list would check nothing
     for hook in hooks():
         decl = protos[hook].replace(f"{hook} (", f"ours_{hook} (", 1)
         lines.append(f"{decl};")
