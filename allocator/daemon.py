@@ -33,11 +33,7 @@ log = logging.getLogger(__name__)
 
 def _load_nvml(cfg: Config) -> inventory.Inventory:
     if cfg.nvml == "sim":
-        if cfg.sim_config:
-            os.environ[sim.CONFIG_ENV] = cfg.sim_config
-        if cfg.sim_state_dir:
-            os.environ[sim.STATE_DIR_ENV] = cfg.sim_state_dir
-        sim.activate()
+        sim.activate(cfg.sim_config, cfg.sim_state_dir)
     return inventory.read()
 
 

@@ -355,8 +355,7 @@ class SliceManager:
             total = requests.SliceRequest() if whole else requests.SliceRequest(1, requests.MemoryLimit(memory), cores)
             empty = GpuCapacity(cap.index, cap.uuid, cap.memory_total)
             if (whole and len(on_gpu) > 1) or not fits(total, empty, self.oversubscription):
-                raise CannotFit(f"request needs {format_bytes(memory)} and {cores} cores of GPU {index}, "
-                                "more than it holds")  # fmt: skip
+                raise CannotFit(f"request needs {format_bytes(memory)} per GPU, more than any GPU holds")
             if not fits(total, cap, self.oversubscription):
                 what = "a whole GPU" if whole else f"{format_bytes(memory)} and {cores} cores"
                 raise NoRoom(f"no room for {what}: {describe([cap], self.oversubscription)}")

@@ -17,8 +17,9 @@ from typing import Protocol
 import click
 
 from gpuslice.cli import sim_daemon
+from gpuslice.cli.sim_daemon import interposer_env
 from gpuslice.paths import native_dir
-from tests.harness import PidNamespace, interposer_env
+from gpuslice.pid_namespace import PidNamespace
 
 LOAD = native_dir() / "tools" / "gpuslice-cuda-load"
 WINDOW = 10.0  # seconds

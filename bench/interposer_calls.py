@@ -20,7 +20,7 @@ import yaml
 
 from gpuslice.cli import sim_daemon
 from gpuslice.paths import native_dir
-from tests.harness import PidNamespace
+from gpuslice.pid_namespace import PidNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ("forwarded:cuCtxGetCurrent", "cuMemAlloc+cuMemFree", "cuLaunchKernel", "cuLaunchKernel:rejected")

@@ -4,14 +4,21 @@ Discovery only; composing a spec from what is found is gpuslice.cdi.generate's."
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import shutil
 import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice import errors
 from gpuslice.paths import native_dir
+
+log = logging.getLogger(__name__)
 
 LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "lib64", "usr/lib", "lib")
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
@@ -94,3 +101,25 @@ def simulated() -> DriverFiles:
     sim = native_dir() / "sim"
     libcuda = sim / "libcuda.so.1"
     return DriverFiles(libcuda=libcuda, libnvml=sim / "libnvidia-ml.so.1", extra_libs=_extra_deps(libcuda))
+
+
+# a spec is made again when the driver's files changed meanwhile, at most this often
+REREAD_ENV = "GPUSLICE_CDI_REREAD"
+REREADS = 5
+
+
+@contextmanager
+def reread_if_changed(root: Path, watch: bool) -> Iterator[None]:
+    """Around making a spec from the driver under `root`: when its files
+    changed meanwhile (an install in progress), this process starts again
+    (execv, the same argv), so that it reads them with the new driver's NVML;
+    at most REREADS times in a row."""
+    before = watched_state(root) if watch else ()
+    try:
+        yield
+    finally:
+        rounds = int(os.environ.get(REREAD_ENV, "0"))
+        if watch and rounds < REREADS and watched_state(root) != before:
+            log.warning("the driver's files changed while they were read; reading them again")
+            os.environ[REREAD_ENV] = str(rounds + 1)
+            os.execv(sys.executable, sys.orig_argv)

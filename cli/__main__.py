@@ -1,3 +1,3 @@
-from gpuslice.cli import main
+from gpuslice.cli.main import main
 
 main()

@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gpuslice import constants
 from gpuslice.client import AllocatorClient
+from gpuslice.paths import native_dir
 
 
 @dataclass
@@ -119,3 +120,17 @@ def shim_for(d: RunningDaemon, spec: Path, path: Path, shim: Path) -> Path:
     )
     path.chmod(0o755)
     return path
+
+
+def interposer_env(d: RunningDaemon) -> dict[str, str]:
+    """The environment that puts the interposer in front of the simulator,
+    attached to the daemon's slices."""
+    return {
+        **os.environ,
+        "LD_LIBRARY_PATH": str(native_dir() / "wrap"),
+        "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / "libcuda.so.1"),
+        "GPUSLICE_REAL_LIBNVML": str(native_dir() / "sim" / "libnvidia-ml.so.1"),
+        "GPUSLICE_SLICE_SOCKET": str(d.slice_socket),
+        "GPUSLICE_SIM_CONFIG": str(d.dir / "sim.yaml"),
+        "GPUSLICE_SIM_STATE_DIR": str(d.dir / "sim"),
+    }

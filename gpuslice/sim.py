@@ -44,10 +44,14 @@ def environment(config: str | None = None, state_dir: str | None = None) -> dict
     return env
 
 
-def activate() -> SimLibs:
+def activate(config: str | None = None, state_dir: str | None = None) -> SimLibs:
     """Load the simulator into this process so that NVIDIA's clients
     (pynvml, cuda.bindings) find it: the dynamic loader reuses an already
-    loaded library with the same soname."""
+    loaded library with the same soname. `config` and `state_dir`, where
+    given, become this process's (and its children's) simulated machine."""
+    for name, value in ((CONFIG_ENV, config), (STATE_DIR_ENV, state_dir)):
+        if value:
+            os.environ[name] = str(value)
     found = libs()
     ctypes.CDLL(str(found.nvml), mode=ctypes.RTLD_GLOBAL)
     ctypes.CDLL(str(found.cuda), mode=ctypes.RTLD_GLOBAL)

@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.toolkit import include_dir  # noqa: E402
+from tools.nvidia_headers import include_dir  # noqa: E402
 
 DECL = {
     "cuda.h": re.compile(r"\bCUresult\s+(cu\w+)\s*\("),

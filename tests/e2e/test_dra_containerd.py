@@ -20,8 +20,7 @@ import pytest
 
 from gpuslice import rootfs
 from tests.clients.cri import Kubelet, compile_api
-from tests.e2e.test_kubelet_cri import HOLD, Pod, containerd_bin
-from tests.harness.containerd import cri_node
+from tests.harness.containerd import HOLD, Pod, containerd_bin, cri_node
 from tests.harness.dra import DraNode, allocated
 from tests.harness.gpu_node import GpuNode
 from tests.harness.gpu_node import gpu_node as sim_gpu_node

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from gpuslice import rootfs
-from tests.conftest import GiB, gpu
-from tests.e2e.test_e2e_runtimes import PODMAN, SPEC_PATH, Node, needs_runtimes, podman_detached, probe_result
+from tests.harness.machine import GiB, gpu
+from tests.harness.podman_node import PODMAN, SPEC_PATH, Node, needs_runtimes, podman_detached, probe_result
 
 pytestmark = needs_runtimes
 BYPASS = ["--env", "GPUSLICE_PROBE_LIBCUDA=/usr/lib/gpuslice/driver/libcuda.so.1"]

@@ -7,12 +7,10 @@ daemon on the simulated GPU, and the CUDA probe inside the containers."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,8 +19,7 @@ import pytest
 
 from gpuslice import rootfs
 from tests.clients.cri import Kubelet, compile_api
-from tests.harness.containerd import IMAGE, PAUSE, ContainerdNode, cri_node
-from tests.harness.debian import unpacked
+from tests.harness.containerd import PAUSE, VERSIONS, ContainerdNode, Pod, containerd_bin, cri_node
 from tests.harness.gpu_node import GpuNode
 from tests.harness.gpu_node import gpu_node as sim_gpu_node
 
@@ -34,20 +31,11 @@ except ImportError:  # Python 3.10
 GiB, MiB = 1 << 30, 1 << 20
 SPEC_PATH = Path("/var/run/cdi/gpuslice-cri.json")
 EXITED = 2  # runtime.v1.ContainerState.CONTAINER_EXITED
-HOLD = ["/bin/sh", "-c", f"{rootfs.PROBE}; exec /bin/sleep 600"]
-# containerd 1.6: Debian 12's, the system's; 1.7: Debian 13's and 2.x: Debian
-# unstable's, each unpacked beside it
-VERSIONS = {"1.6": None, "1.7": "trixie", "2.x": "sid"}
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("containerd", "runc", "apt-get")),
     reason="needs root, containerd, runc and apt-get (./dev.sh installs them as root)",
 )
-
-
-def containerd_bin(version: str) -> Path:
-    suite = VERSIONS[version]
-    return Path("/usr/bin") if suite is None else unpacked(("containerd",), suite) / "usr/bin"
 
 
 @pytest.fixture(scope="module")
@@ -72,37 +60,6 @@ def node(request, gpu_node, cri_api, probe_rootfs, tmp_path_factory) -> Iterator
     with cri_node(containerd_bin(request.param), tmp_path_factory.mktemp(f"containerd-{request.param}"),
                   gpu_node.shim, probe_rootfs, cri_api) as both:  # fmt: skip
         yield both
-
-
-class Pod:
-    """One pod on the node, with its containers' CRI logs in its own directory."""
-
-    def __init__(self, kubelet: Kubelet, logs: Path, name: str, annotations: dict[str, str], handler: str = "gpuslice"):
-        self.kubelet = kubelet
-        self.logs = logs / name
-        self.logs.mkdir(parents=True)
-        self.id, self.config = kubelet.run_pod(name, annotations, handler, str(self.logs))
-
-    def run(self, name: str, command: list[str] = HOLD, **kw) -> str:
-        cid = self.kubelet.create(self.id, self.config, name, IMAGE, command, log_path=f"{name}.log", **kw)
-        self.kubelet.start(cid)
-        return cid
-
-    def probe(self, name: str, seconds: float = 30) -> dict:
-        """The CUDA probe's one JSON line, from the container's CRI log."""
-        log = self.logs / f"{name}.log"
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            for line in log.read_text().splitlines() if log.exists() else []:
-                text = line.split(" ", 3)[-1]  # TIMESTAMP STREAM TAG text
-                if text.startswith("{"):
-                    return json.loads(text)
-            time.sleep(0.1)
-        raise AssertionError(f"no probe line in {log}: {log.read_text() if log.exists() else 'no log'}")
-
-    def close(self) -> None:
-        self.kubelet.stop_pod(self.id)
-        self.kubelet.remove_pod(self.id)
 
 
 @pytest.fixture

@@ -1,36 +1,23 @@
-"""The test and benchmark harness: processes standing for containers (their
-own pid namespace) and the environment that puts the interposer in front of
-the simulator, attached to a daemon started by gpuslice.cli.sim_daemon."""
+"""The test harness: where the repository and the client programs are, and
+what several harness modules share. Its modules: machine (simulated
+machines, agents, containers, daemons), interposer, slice_socket, shim,
+nvidia (NVIDIA's headers), references (the official contracts), debian,
+containerd, docker, podman_node, gpu_node, dra, api_server, kubelet_api,
+oci_image. Test helpers live here; conftest.py keeps the fixtures."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from gpuslice.cli.sim_daemon import RunningDaemon
-from gpuslice.paths import native_dir
+from gpuslice.cli.sim_daemon import interposer_env
 from gpuslice.pid_namespace import PidNamespace
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENTS = REPO / "tests" / "clients"
-__all__ = ["PidNamespace"]  # tests and benchmarks take it from here
-
-
-def interposer_env(d: RunningDaemon) -> dict[str, str]:
-    """The environment that puts the interposer in front of the simulator,
-    attached to the daemon's slices."""
-    return {
-        **os.environ,
-        "LD_LIBRARY_PATH": str(native_dir() / "wrap"),
-        "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / "libcuda.so.1"),
-        "GPUSLICE_REAL_LIBNVML": str(native_dir() / "sim" / "libnvidia-ml.so.1"),
-        "GPUSLICE_SLICE_SOCKET": str(d.slice_socket),
-        "GPUSLICE_SIM_CONFIG": str(d.dir / "sim.yaml"),
-        "GPUSLICE_SIM_STATE_DIR": str(d.dir / "sim"),
-    }
+__all__ = ["PidNamespace", "interposer_env"]  # tests take them from here
 
 
 def wait_until_ready(proc: subprocess.Popen, log: Path, ready, name: str, seconds: float) -> None:  # type: ignore[no-untyped-def]

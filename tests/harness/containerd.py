@@ -5,16 +5,21 @@ the way a node's admin would (sandbox image, snapshotter), then by
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpuslice import rootfs
+from tests.clients.cri import Kubelet
 from tests.harness import wait_until_ready
+from tests.harness.debian import unpacked
 from tests.harness.oci_image import write_archive
 
 IMAGE = "docker.io/library/gpuslice-probe:1"
@@ -167,3 +172,45 @@ def cri_node(bin_dir: Path, work: Path, shim: Path, image_rootfs: Path, api: tup
                 kubelet.remove_pod(pod.id)
             kubelet.close()
         ctd.cleanup()
+
+
+HOLD = ["/bin/sh", "-c", f"{rootfs.PROBE}; exec /bin/sleep 600"]
+# containerd 1.6: Debian 12's, the system's; 1.7: Debian 13's and 2.x: Debian
+# unstable's, each unpacked beside it
+VERSIONS = {"1.6": None, "1.7": "trixie", "2.x": "sid"}
+
+
+def containerd_bin(version: str) -> Path:
+    suite = VERSIONS[version]
+    return Path("/usr/bin") if suite is None else unpacked(("containerd",), suite) / "usr/bin"
+
+
+class Pod:
+    """One pod on the node, with its containers' CRI logs in its own directory."""
+
+    def __init__(self, kubelet: Kubelet, logs: Path, name: str, annotations: dict[str, str], handler: str = "gpuslice"):
+        self.kubelet = kubelet
+        self.logs = logs / name
+        self.logs.mkdir(parents=True)
+        self.id, self.config = kubelet.run_pod(name, annotations, handler, str(self.logs))
+
+    def run(self, name: str, command: list[str] = HOLD, **kw) -> str:
+        cid = self.kubelet.create(self.id, self.config, name, IMAGE, command, log_path=f"{name}.log", **kw)
+        self.kubelet.start(cid)
+        return cid
+
+    def probe(self, name: str, seconds: float = 30) -> dict:
+        """The CUDA probe's one JSON line, from the container's CRI log."""
+        log = self.logs / f"{name}.log"
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for line in log.read_text().splitlines() if log.exists() else []:
+                text = line.split(" ", 3)[-1]  # TIMESTAMP STREAM TAG text
+                if text.startswith("{"):
+                    return json.loads(text)
+            time.sleep(0.1)
+        raise AssertionError(f"no probe line in {log}: {log.read_text() if log.exists() else 'no log'}")
+
+    def close(self) -> None:
+        self.kubelet.stop_pod(self.id)
+        self.kubelet.remove_pod(self.id)

@@ -23,8 +23,8 @@ from bench.compute_shares import (
     slice_of,
 )
 from gpuslice.allocator.slice_files import SliceFiles
-from tests.conftest import Agent, gpu, needs_root
 from tests.harness import interposer_env
+from tests.harness.machine import Agent, gpu, needs_root
 
 pytestmark = [needs_root, pytest.mark.measure]  # shares measured over seconds of simulated load
 TOLERANCE = 3.0  # percentage points over 10 s windows

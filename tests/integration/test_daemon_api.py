@@ -15,7 +15,7 @@ from gpuslice import errors
 from gpuslice.allocator.slice_files import SliceFiles
 from gpuslice.cli.sim_daemon import free_port
 from gpuslice.proto import gpuslice_pb2 as pb
-from tests.conftest import GiB, gpu
+from tests.harness.machine import GiB, gpu
 
 MEM = "gpuslice.io/memory"
 CORES = "gpuslice.io/cores"

@@ -10,7 +10,7 @@ import time
 
 import grpc
 
-from tests.conftest import GiB, gpu
+from tests.harness.machine import GiB, gpu
 
 CAPACITY = 16 * GiB
 

@@ -20,8 +20,8 @@ from gpuslice import constants
 from gpuslice.cli import sim_daemon
 from gpuslice.paths import native_dir
 from tests.clients.slice_client import attach_request
-from tests.conftest import gpu, needs_root, oci_bundle
-from tests.integration.test_slice_socket import read_reply, run_client
+from tests.harness.machine import gpu, needs_root, oci_bundle
+from tests.harness.slice_socket import read_reply, run_client
 
 NOBODY = 65534
 

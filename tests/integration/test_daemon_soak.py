@@ -18,7 +18,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tests.conftest import gpu, needs_root
+from tests.harness.machine import gpu, needs_root
 
 CLIENTS = 32
 SOAK_S = 40.0

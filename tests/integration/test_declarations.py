@@ -10,13 +10,11 @@ from pathlib import Path
 import pytest
 
 from tests.harness import REPO
-from tests.toolkit import include_dir
+from tests.harness.nvidia import SIM_DRIVER_VERSION, def_entries, needs
 
 ROOT = REPO
 OUR_CUDA = ROOT / "libcuda_wrap/include/gpuslice_cuda.h"
 OUR_NVML = ROOT / "libcuda_wrap/include/gpuslice_nvml.h"
-DEF = ROOT / "libcuda_wrap/symbols/sim_driver_api.def"
-SIM_DRIVER_VERSION = 13000
 
 CUDA_STRUCTS = {
     "CUuuid": ["bytes"],
@@ -100,13 +98,6 @@ def run_c(tmp_path: Path, name: str, source: str, includes: list[Path]) -> str:
     return subprocess.run([exe], check=True, capture_output=True, text=True).stdout
 
 
-def needs(header: str) -> Path:
-    d = include_dir(header)
-    if d is None:
-        pytest.skip(f"NVIDIA's {header} is not installed (pip install nvidia-cuda-runtime nvidia-nvml-dev)")
-    return d
-
-
 @pytest.mark.parametrize(("ours", "official"), [(OUR_CUDA, "cuda.h"), (OUR_NVML, "nvml.h")])
 def test_constants_match_official_header(tmp_path, ours, official):
     inc = needs(official)
@@ -127,13 +118,6 @@ def test_struct_layouts_match_official_header(tmp_path, ours, official, structs)
     theirs = run_c(tmp_path, "theirs", layout_program(f"#include <{official}>", structs), [inc])
     mine = run_c(tmp_path, "mine", layout_program(f'#include "{ours.name}"', structs), [ours.parent])
     assert mine == theirs
-
-
-def def_entries() -> list[tuple[str, int, str, str]]:
-    pat = re.compile(r"^SYM\((\w+), (\d+), (DEFAULT|PTDS), (\w+)\)$", re.M)
-    entries = [(n, int(v), k, s) for n, v, k, s in pat.findall(DEF.read_text())]
-    assert len(entries) >= 100, f"{DEF}: {len(entries)} SYM entries read; the pattern no longer matches the file"
-    return entries
 
 
 def official_variants() -> dict[str, set[tuple[int, str]]]:

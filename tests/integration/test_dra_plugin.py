@@ -22,8 +22,8 @@ from gpuslice.cli import sim_daemon
 from gpuslice.dra.checkpoint import Checkpoint
 from gpuslice.dra.plugin import base_spec
 from gpuslice.dra.prepare import ClaimRef, Preparer
-from tests.conftest import gpu
 from tests.harness.dra import NODE, DraNode, allocated
+from tests.harness.machine import gpu
 from tests.harness.references import schema_validator
 
 GiB = 1 << 30
@@ -151,7 +151,7 @@ def test_a_failing_claim_leaves_nothing_and_the_others_stand(node):
     answers = node.prepare(too_big, elsewhere, bad_config, good, missing)
     errors = {c["metadata"]["name"]: answers[c["metadata"]["uid"]].get("error", "")
               for c in (too_big, elsewhere, bad_config, good, missing)}  # fmt: skip
-    assert errors["huge"] == "claim ml/huge: request needs 20.0 GiB and 0 cores of GPU 0, more than it holds", errors
+    assert errors["huge"] == "claim ml/huge: request needs 20.0 GiB per GPU, more than any GPU holds", errors
     assert errors["other-node"] == "claim ml/other-node: devices of pool node-b, not of this node (node-a)"
     assert errors["typo"] == "claim ml/typo: computePolicy 'strict': accepted hard, elastic"
     assert "404" in errors["never-created"]

@@ -13,7 +13,9 @@ import pytest
 
 from gpuslice.paths import built_executable
 from gpuslice.proto import gpuslice_pb2 as pb
-from tests.conftest import needs_root, oci_bundle
+from tests.harness.machine import needs_root, oci_bundle
+from tests.harness.shim import run_shim as shim
+from tests.harness.slice_socket import run_client
 
 HOOK = built_executable("gpuslice-hook")
 LIB_DIRS = ["/usr/lib/gpuslice/wrap", "/usr/lib/gpuslice/driver"]
@@ -135,7 +137,6 @@ def test_hook_shim_and_cdi_errors_reach_the_metrics_under_their_own_codes(tmp_pa
     import urllib.request
 
     from gpuslice.cli.sim_daemon import free_port
-    from tests.integration.test_runtime_shim import run as shim
 
     port = free_port()
     d = daemon(gpus=[{"memory": "16Gi"}], metrics={"port": port})
@@ -169,7 +170,6 @@ def test_hook_shim_and_cdi_errors_reach_the_metrics_under_their_own_codes(tmp_pa
     "mark", [("io.kubernetes.cri.container-type", "sandbox"), ("io.kubernetes.cri-o.ContainerType", "sandbox")]
 )
 def test_a_pods_sandbox_gets_no_slice_from_the_hook_or_the_shim(tmp_path, daemon, mark):
-    from tests.integration.test_runtime_shim import run as shim
 
     d = daemon()
     notes = {"gpuslice.io/memory": "2Gi", "gpuslice.io/cores": "30", mark[0]: mark[1]}  # pod annotations copied in
@@ -205,7 +205,6 @@ def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_pat
     """A DRA claim's slice (reserved by the kubelet plugin) and two containers
     whose CDI device names the claim: both join it, their processes charge one
     ledger, and the slice outlives them until the claim is unprepared."""
-    from tests.integration.test_slice_socket import run_client
 
     d = daemon(reservation_timeout=0.5)
     client = d.client()

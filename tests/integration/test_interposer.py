@@ -12,42 +12,14 @@ import time
 
 import pytest
 
-from gpuslice.allocator.slice_files import SliceFiles
 from gpuslice.paths import native_dir
-from tests.conftest import Agent, Container, GiB, MiB, gpu, needs_root
-from tests.harness import CLIENTS, REPO, interposer_env
-from tests.integration.test_sim_memory import DEVICE_PATHS
+from tests.harness import CLIENTS, REPO
+from tests.harness.interposer import Slice, wrapped_env
+from tests.harness.machine import DEVICE_PATHS, Agent, GiB, MiB, needs_root
 
 pytestmark = needs_root
 STRESS = CLIENTS / "stress.py"
 ROOT = REPO
-
-
-class Slice:
-    """A daemon on the simulator, one container holding a slice, and the
-    environment that puts the interposer in front of the simulator."""
-
-    def __init__(self, daemon, containers, memory: str, gpu_memory: str = "16Gi", **config) -> None:
-        self.d = daemon([gpu(gpu_memory)], **config)
-        self.client = self.d.client()
-        self.box: Container = containers()
-        self.slice = self.client.reserve("box", {"gpuslice.io/memory": memory, "gpuslice.io/cores": "50"})
-        self.client.bind("box", self.box.init_pid)
-        self.files = SliceFiles(self.d.slice_files_dir, self.slice.id)
-        self.env = wrapped_env(self.d)
-
-    def agent(self, agents_started: list) -> Agent:
-        a = Agent(self.env, prefix=self.box.command([]))
-        agents_started.append(a)
-        assert a.call("init")["error"] == "CUDA_SUCCESS"
-        return a
-
-    def used(self) -> int:
-        return int(self.files.usage.used[0])
-
-
-def wrapped_env(d) -> dict[str, str]:
-    return {**interposer_env(d), "PYTHONPATH": str(ROOT)}
 
 
 @pytest.fixture

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from gpuslice.paths import native_dir
-from tests.conftest import Agent, needs_root
 from tests.harness import REPO
-from tests.integration.test_declarations import def_entries, needs
-from tests.integration.test_interposer import Slice
+from tests.harness.interposer import Slice
+from tests.harness.machine import Agent, needs_root
+from tests.harness.nvidia import def_entries, needs
 
 ROOT = REPO
 WRAP = ROOT / "libcuda_wrap"

@@ -10,7 +10,7 @@ import click
 from click.testing import CliRunner
 
 from gpuslice import __version__
-from gpuslice.cli import main
+from gpuslice.cli.main import main
 from tests.harness import REPO
 
 ROOT = REPO
@@ -44,7 +44,7 @@ def test_wheel_maps_components_into_one_package_with_the_libraries(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"gpuslice", next(t for t in tops if t.endswith(".dist-info"))}
-    for part in ("allocator", "cdi", "cli"):
+    for part in ("allocator", "cdi", "cli", "dra"):
         assert f"gpuslice/{part}/__init__.py" in names
     assert not [n for n in names if n.startswith(("gpuslice/bench/", "gpuslice/hook/", "gpuslice/runtime_shim/"))]
     assert not [n for n in names if "harness" in n or "/tests/" in n]  # the test harness is not shipped

@@ -12,27 +12,9 @@ import pytest
 
 from gpuslice import request
 from gpuslice.cli import sim_daemon
-from gpuslice.paths import built_executable
-from tests.conftest import oci_bundle
-
-SHIM = built_executable("gpuslice-runtime")
-
-
-def fake_runtime(tmp: Path) -> Path:
-    rt = tmp / "fake-runc"
-    rt.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp}/argv\nexit 7\n')
-    rt.chmod(0o755)
-    return rt
-
-
-def run(tmp: Path, *argv: str, socket: Path | None = None, spec: Path | None = None) -> subprocess.CompletedProcess:
-    env = {
-        **os.environ,
-        "GPUSLICE_RUNTIME": str(fake_runtime(tmp)),
-        "GPUSLICE_SOCKET": str(socket or tmp / "none.sock"),
-        "GPUSLICE_CDI_SPEC": str(spec or ""),
-    }
-    return subprocess.run([str(SHIM), *argv], capture_output=True, text=True, env=env)
+from tests.harness.machine import oci_bundle
+from tests.harness.shim import SHIM
+from tests.harness.shim import run_shim as run
 
 
 def bundle_asking(tmp: Path, annotations: dict[str, str]) -> Path:

@@ -9,8 +9,8 @@ import json
 import os
 import subprocess
 
-from tests.conftest import oci_bundle
 from tests.harness import REPO
+from tests.harness.machine import oci_bundle
 
 ROOT = REPO
 

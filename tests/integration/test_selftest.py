@@ -15,7 +15,7 @@ import pytest
 
 from gpuslice.cli import sim_daemon
 from gpuslice.cli.selftest_slices import PATHS
-from tests.conftest import gpu, needs_root
+from tests.harness.machine import gpu, needs_root
 
 pytestmark = needs_root
 

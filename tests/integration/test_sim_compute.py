@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.conftest import gpu
+from tests.harness.machine import gpu
 
 
 def test_back_to_back_kernels_show_near_full_utilization(make_machine, agents):

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import GiB, gpu
+from tests.harness.machine import GiB, gpu
 
 UUID_A = "GPU-11111111-2222-3333-4444-555555555555"
 UUID_B = "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"

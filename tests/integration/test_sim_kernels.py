@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import gpu
+from tests.harness.machine import gpu
 
 PTX = """.version 8.0
 .target sm_80

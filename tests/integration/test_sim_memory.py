@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import GiB, MiB, gpu
-
-DEVICE_PATHS = ["mem", "pitch", "managed", "async", "pool", "vmm", "array", "array3d", "mipmap"]
+from tests.harness.machine import DEVICE_PATHS, GiB, MiB, gpu
 
 
 def test_two_processes_are_accounted_to_the_byte_and_sigkill_frees(make_machine, agents):

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from tests.harness import REPO
-from tests.integration.test_declarations import def_entries
+from tests.harness.nvidia import def_entries
 
 DEFAULT, PTDS = 0, 2  # CU_GET_PROC_ADDRESS_DEFAULT / _PER_THREAD_DEFAULT_STREAM
 
@@ -78,7 +78,7 @@ def cuda_h_results() -> dict[int, str]:
     """Every CUresult that NVIDIA's cuda.h declares: value -> name."""
     import re
 
-    from tests.integration.test_declarations import needs
+    from tests.harness.nvidia import needs
 
     text = (needs("cuda.h") / "cuda.h").read_text()
     enum = text[text.index("typedef enum cudaError_enum") : text.index("} CUresult;")]

@@ -3,36 +3,15 @@ usage zeroed when a process dies."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from tests.conftest import GiB, needs_root
-from tests.harness import CLIENTS, REPO
-
-CLIENT = CLIENTS / "slice_client.py"
-ROOT = REPO
-
-
-def run_client(box, socket: Path, charge: int, linger: float = 0) -> subprocess.Popen:
-    return subprocess.Popen(
-        box.command([sys.executable, str(CLIENT), str(socket), str(charge), str(linger)]),
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-
-
-def read_reply(proc: subprocess.Popen) -> dict:
-    assert proc.stdout
-    line = proc.stdout.readline()
-    assert line, "client printed nothing"
-    return json.loads(line)
+from tests.harness import REPO
+from tests.harness.machine import GiB, needs_root
+from tests.harness.slice_socket import CLIENT, read_reply, run_client
 
 
 @needs_root
@@ -80,7 +59,7 @@ def test_host_process_of_no_slice_is_refused(daemon):
         [sys.executable, str(CLIENT), str(d.slice_socket), "1"],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(REPO)},
     )
     reply = read_reply(proc)
     assert reply["status"] == 1 and "limit" not in reply

@@ -210,6 +210,31 @@ def test_the_path_unit_watches_the_files_whose_changes_make_the_spec_read_again(
     assert driver_files.watched_state(tmp_path) not in (before, installed)
 
 
+def test_a_driver_changed_while_read_starts_the_process_again_at_most_rereads_times(tmp_path, monkeypatch):
+    from gpuslice.cdi import driver_files
+
+    class Restarted(Exception):
+        pass
+
+    def execv(*args):
+        raise Restarted
+
+    monkeypatch.setattr(driver_files.os, "execv", execv)
+    monkeypatch.delenv(driver_files.REREAD_ENV, raising=False)
+    lib = tmp_path / driver_files.WATCHED[0]
+    lib.parent.mkdir(parents=True)
+    with driver_files.reread_if_changed(tmp_path, watch=True):
+        pass  # nothing changed: no restart
+    with pytest.raises(Restarted), driver_files.reread_if_changed(tmp_path, watch=True):
+        lib.write_bytes(b"v1")  # an install while the spec is made
+    assert os.environ[driver_files.REREAD_ENV] == "1"
+    with driver_files.reread_if_changed(tmp_path, watch=False):
+        lib.write_bytes(b"v2")  # not watched (--stdout, the simulator): no restart
+    monkeypatch.setenv(driver_files.REREAD_ENV, str(driver_files.REREADS))
+    with driver_files.reread_if_changed(tmp_path, watch=True):
+        lib.write_bytes(b"v3")  # changing all the time: it gives up after REREADS rounds
+
+
 @pytest.mark.parametrize("kind", ["good", "bad"])
 def test_the_official_test_specs_are_judged_as_the_cdi_project_judges_them(kind):
     """The CDI package's own test data: its schema and our loader accept each

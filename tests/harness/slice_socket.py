@@ -1,0 +1,31 @@
+"""A process in a container's box that attaches to the slice socket and
+charges its slice (tests/clients/slice_client.py), and its one-line reply."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.harness import CLIENTS, REPO
+
+CLIENT = CLIENTS / "slice_client.py"
+
+
+def run_client(box, socket: Path, charge: int, linger: float = 0) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    return subprocess.Popen(
+        box.command([sys.executable, str(CLIENT), str(socket), str(charge), str(linger)]),
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def read_reply(proc: subprocess.Popen) -> dict:
+    assert proc.stdout
+    line = proc.stdout.readline()
+    assert line, "client printed nothing"
+    return json.loads(line)
