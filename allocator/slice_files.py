@@ -1,8 +1,9 @@
 """A slice's shared files (limits and usage), seen from Python through cffi.
 
-The layout is libcuda_wrap/include/gpuslice_slice.h itself (the part between
-its cdef markers), and the atomic updates are the ledger atomics the interposer
-links: one definition of both, not a Python copy.
+The layout and the ledger atomics' prototypes are
+libcuda_wrap/include/gpuslice_slice.h itself (the part between its cdef
+markers), and the atomic updates are the ledger the interposer links: one
+definition of both, not a Python copy.
 
 The files are mapped with libc's mmap, not Python's (which keeps a duplicate
 descriptor per map): a slice holds no file descriptor, so thousands of slices
@@ -25,16 +26,6 @@ from gpuslice.paths import native_dir
 
 OPEN_UNTIL_CONTROLLED_NS = 1_000_000_000
 
-LEDGER_FUNCTIONS = """
-int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpuslice_limits *l, uint32_t slot,
-                          uint32_t gpu, uint64_t bytes);
-void gpuslice_usage_uncharge(struct gpuslice_usage *u, uint32_t slot, uint32_t gpu, uint64_t bytes);
-uint64_t gpuslice_usage_release_proc(struct gpuslice_usage *u, uint32_t slot);
-int64_t gpuslice_gate_refill(struct gpuslice_gate *g, int64_t add, int64_t cap, uint64_t next_refill_ns,
-                             int64_t *before);
-void gpuslice_gate_open(struct gpuslice_gate *g, uint64_t next_refill_ns, int64_t *before);
-"""
-
 LIBC_FUNCTIONS = """
 void *mmap(void *addr, size_t length, int prot, int flags, int fd, long offset);
 int munmap(void *addr, size_t length);
@@ -50,7 +41,7 @@ def _header_cdef(header: Path) -> str:
 def ffi_and_lib() -> tuple[FFI, Any]:
     d = native_dir() / "ledger"
     ffi = FFI()
-    ffi.cdef(_header_cdef(d / "gpuslice_slice.h") + LEDGER_FUNCTIONS + LIBC_FUNCTIONS)
+    ffi.cdef(_header_cdef(d / "gpuslice_slice.h") + LIBC_FUNCTIONS)  # the ledger atomics are in the header
     return ffi, ffi.dlopen(str(d / "libgpuslice-ledger.so"))
 
 

@@ -22,7 +22,8 @@
 #include "runtime_call.h"
 
 #define NDIRS 2
-static const char *const LIB_DIRS[NDIRS] = {"/usr/lib/gpuslice/wrap", "/usr/lib/gpuslice/driver"};
+/* where the CDI spec mounts the interposer and the real driver in a container */
+static const char *const LIB_DIRS[NDIRS] = {GS_CONTAINER_WRAP_DIR, GS_CONTAINER_DRIVER_DIR};
 static const char *const LDCONFIG[] = {"/sbin/ldconfig", "/usr/sbin/ldconfig", "/bin/ldconfig", "/usr/bin/ldconfig"};
 
 /* Opens dir `name` under `at`, making it if missing; never follows a symlink,

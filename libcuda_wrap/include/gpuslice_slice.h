@@ -104,6 +104,15 @@ struct gpuslice_usage {
     uint8_t pad_to_line[56]; /* gates start on a cache line */
     struct gpuslice_gate gate[GPUSLICE_SLICE_MAX_GPUS];
 };
+/* The ledger atomics (ledger/slice_ledger.c): linked into the interposer,
+ * loaded by the daemon through cffi (which reads these lines too). */
+int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpuslice_limits *l, uint32_t slot, uint32_t gpu,
+                          uint64_t bytes);
+void gpuslice_usage_uncharge(struct gpuslice_usage *u, uint32_t slot, uint32_t gpu, uint64_t bytes);
+uint64_t gpuslice_usage_release_proc(struct gpuslice_usage *u, uint32_t slot);
+int64_t gpuslice_gate_refill(struct gpuslice_gate *g, int64_t add, int64_t cap, uint64_t next_refill_ns,
+                             int64_t *before);
+void gpuslice_gate_open(struct gpuslice_gate *g, uint64_t next_refill_ns, int64_t *before);
 /* cdef-end */
 
 _Static_assert(__builtin_offsetof(struct gpuslice_usage, gate) % 64 == 0, "gates start on a cache line");

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include "gpuslice_array_format.h"
 #include "sim_cuda.h"
 #include "sim_memory.h"
 
@@ -25,17 +26,7 @@ struct sim_mipmap {
 
 static size_t format_bytes(CUarray_format f)
 {
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF: return 2;
-    case CU_AD_FORMAT_UNSIGNED_INT32:
-    case CU_AD_FORMAT_SIGNED_INT32:
-    case CU_AD_FORMAT_FLOAT: return 4;
-    default: return 0;
-    }
+    return (size_t)gpuslice_format_bytes((int)f); /* 0: a format not modelled, refused */
 }
 
 static size_t array_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d)

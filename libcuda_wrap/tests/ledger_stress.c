@@ -14,13 +14,6 @@
 
 #include "gpuslice_slice.h"
 
-int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpuslice_limits *l, uint32_t slot, uint32_t gpu,
-                          uint64_t bytes);
-void gpuslice_usage_uncharge(struct gpuslice_usage *u, uint32_t slot, uint32_t gpu, uint64_t bytes);
-uint64_t gpuslice_usage_release_proc(struct gpuslice_usage *u, uint32_t slot);
-int64_t gpuslice_gate_refill(struct gpuslice_gate *g, int64_t add, int64_t cap, uint64_t next_refill_ns,
-                             int64_t *before);
-void gpuslice_gate_open(struct gpuslice_gate *g, uint64_t next_refill_ns, int64_t *before);
 
 #define LIMIT (64ull << 20)
 static struct gpuslice_limits limits;

@@ -11,11 +11,7 @@
 #include "gpuslice_cuda.h"
 #include "wrap.h"
 
-#define FWD(name) extern void *gs_real_##name;
-#include "../symbols/cuda_exports.def"
-#undef FWD
-
-#define REAL(name) ((__typeof__(&name))gs_real_##name)
+#include "real.h"
 
 #define STALE_NS 2000000000ll  /* a daemon silent this long no longer holds launches back */
 #define MAX_SLEEP_NS 100000000ll

@@ -7,15 +7,11 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include "gpuslice_array_format.h"
 #include "gpuslice_cuda.h"
 #include "wrap.h"
 
-#define FWD(name) extern void *gs_real_##name;
-#include "../symbols/cuda_exports.def"
-#undef FWD
-
-/* The real function of the same name, with the exact type of our hook. */
-#define REAL(name) ((__typeof__(&name))gs_real_##name)
+#include "real.h"
 
 enum kind { K_MEM = 1, K_ARRAY, K_MIPMAP, K_VMM_HANDLE, K_VMM_MAP, K_IPC, K_EXT, K_POOL, K_CTX };
 
@@ -555,14 +551,8 @@ WRAP_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 
 static uint64_t format_bytes(int f)
 {
-    switch (f) {
-    case CU_AD_FORMAT_UNSIGNED_INT8:
-    case CU_AD_FORMAT_SIGNED_INT8: return 1;
-    case CU_AD_FORMAT_UNSIGNED_INT16:
-    case CU_AD_FORMAT_SIGNED_INT16:
-    case CU_AD_FORMAT_HALF: return 2;
-    default: return 4; /* 32-bit formats; wider packed ones are charged at least this */
-    }
+    uint64_t b = gpuslice_format_bytes(f);
+    return b ? b : 4; /* a format the table does not know (packed, compressed, YUV): charged at least this */
 }
 
 static uint64_t array3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d)

@@ -7,10 +7,7 @@
 #include "gpuslice_nvml.h"
 #include "wrap.h"
 
-#define FWD(name) extern void *gs_real_##name;
-#include "../symbols/nvml_exports.def"
-#undef FWD
-#define REAL(name) ((__typeof__(&name))gs_real_##name)
+#include "real.h"
 
 static nvmlReturn_t attach(void)
 {

@@ -32,10 +32,7 @@ int gs_attach(void); /* 0: GS_SLICE or GS_UNSLICED; -1: refused (already said wh
 int gs_gpu_of_uuid(const unsigned char uuid[16]); /* slice GPU index or -1 */
 int gs_gpu_of_uuid_text(const char *uuid);
 
-/* ledger (ledger/slice_ledger.c) */
-int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpuslice_limits *l, uint32_t slot, uint32_t gpu,
-                          uint64_t bytes);
-void gpuslice_usage_uncharge(struct gpuslice_usage *u, uint32_t slot, uint32_t gpu, uint64_t bytes);
+/* the ledger atomics are declared in gpuslice_slice.h */
 
 /* memory.c: what the process holds, for frees. */
 struct gs_entry {
