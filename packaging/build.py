@@ -35,7 +35,7 @@ RPM_REQUIRES = [
     "python3 >= 3.11", "python3 < 3.12", "python3-click", "python3-pyyaml", "python3-cffi", "python3-jsonschema",
     "python3-prometheus_client", "python3-tomli-w", "libyaml-0.so.2()(64bit)",
 ]  # fmt: skip
-COMMANDS = {"gpuslice": "gpuslice.cli"}
+COMMANDS = {"gpuslice": "gpuslice.cli.main"}
 EXECUTABLES = ("gpuslice-hook", "gpuslice-runtime")  # compiled: in the package's _native/bin, moved to /usr/bin
 # rpm passes how many versions stay installed: 0 means erase
 RPM_PREUN = '[ "$1" = 0 ] && gpuslice_stop || true'
