@@ -146,11 +146,6 @@ def _remove(by: dict, key: object, item: object) -> None:
             del by[key]
 
 
-def claim_key(uid: str) -> str:
-    """The key a claim's slice is listed and released by."""
-    return constants.CLAIM_SLICE_PREFIX + uid
-
-
 def _per_gpu(rec: SliceRecord) -> list[GpuLimit]:
     """The slice's limits, one per GPU: shares on one GPU add up (hard if any
     of them is, at the highest of their priorities)."""
@@ -311,7 +306,7 @@ class SliceManager:
             raise errors.InvalidArgument("claim uid: must not be empty")
         if not shares:
             raise errors.InvalidArgument(f"claim {uid}: no share to reserve")
-        key = claim_key(uid)
+        key = constants.claim_slice_key(uid)
         with self._lock:
             allocs = self._claim_allocations(uid, shares, exclude=key)  # the same shares again: its own room
             existing = self.index.by_container.get(key)
@@ -349,8 +344,9 @@ class SliceManager:
             cap = caps[index]
             if len({s.share for s in on_gpu}) != len(on_gpu):
                 raise errors.InvalidArgument(f"claim {uid}: two shares of GPU {index} with one share ID")
-            wanted = [demand(s.request(), cap) for s in on_gpu]
-            whole = any(s.request().whole_gpus for s in on_gpu)
+            asked = [s.request() for s in on_gpu]
+            wanted = [demand(r, cap) for r in asked]
+            whole = any(r.whole_gpus for r in asked)
             memory, cores = sum(m for m, _ in wanted), sum(c for _, c in wanted)
             total = requests.SliceRequest() if whole else requests.SliceRequest(1, requests.MemoryLimit(memory), cores)
             empty = GpuCapacity(cap.index, cap.uuid, cap.memory_total)
@@ -405,7 +401,7 @@ class SliceManager:
         share the claim's memory and compute with the claim's other containers."""
         who = self._process(container_id, pid)
         with self._lock:
-            claim = self.index.by_container.get(claim_key(claim_uid))
+            claim = self.index.by_container.get(constants.claim_slice_key(claim_uid))
             if claim is None or claim.kind is not OwnerKind.CLAIM:
                 raise errors.NotFound(
                     f"the slice of claim {claim_uid} is not on this node "

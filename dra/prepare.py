@@ -33,12 +33,6 @@ class ClaimRef:
     name: str
 
 
-def slice_id(uid: str) -> str:
-    """The key the daemon lists a claim's slice by (before it answers, or for an
-    older checkpoint entry)."""
-    return constants.CLAIM_SLICE_PREFIX + uid
-
-
 def _named(ref: ClaimRef, e: errors.GpusliceError) -> errors.GpusliceError:
     """The daemon's error, of the same kind, naming the claim."""
     return errors.KINDS.get(errors.code_of(e), errors.GpusliceError)(f"claim {ref.namespace}/{ref.name}: {e}")
@@ -111,7 +105,7 @@ class Preparer:
     def unprepare(self, ref: ClaimRef) -> None:
         done = self.checkpoint.get(ref.uid)
         try:
-            self.daemon.release(done.slice_id if done else slice_id(ref.uid))
+            self.daemon.release(done.slice_id if done else constants.claim_slice_key(ref.uid))
         except errors.GpusliceError as e:
             raise _named(ref, e) from e
         self.spec_path(ref.uid).unlink(missing_ok=True)

@@ -58,6 +58,12 @@ CONTAINER_WRAP_DIR = _str("GS_CONTAINER_WRAP_DIR")
 CONTAINER_DRIVER_DIR = _str("GS_CONTAINER_DRIVER_DIR")
 
 
+def claim_slice_key(uid: str) -> str:
+    """The key a DRA claim's slice is listed and released by (its kind is the
+    store's, not this key's)."""
+    return CLAIM_SLICE_PREFIX + uid
+
+
 def runtime_socket_beside(control_socket: str | Path) -> Path:
     """The runtime socket lives beside the control socket (as gs_runtime_socket() in C)."""
     return Path(control_socket).parent / RUNTIME_SOCKET_NAME

@@ -94,12 +94,17 @@ def proto_includes(name: str, proto: str) -> list[Path]:
     return includes
 
 
-def descriptor_set(name: str, proto: str, out: Path) -> descriptor_pb2.FileDescriptorSet:
-    """`proto` of reference `name` compiled by protoc into a descriptor set with
-    its imports, dependencies first (written to `out` too)."""
-    includes = [f"-I{p}" for p in proto_includes(name, proto)]
-    r = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", *includes, "--include_imports",
-                        f"--descriptor_set_out={out}", proto], capture_output=True, text=True, timeout=120)  # fmt: skip
+def compile_descriptor_set(includes: list[Path], proto: str, out: Path) -> descriptor_pb2.FileDescriptorSet:
+    """`proto` (relative to an include directory) compiled by protoc into a
+    descriptor set with its imports, dependencies first (written to `out` too)."""
+    r = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", *(f"-I{p}" for p in includes),
+                        "--include_imports", f"--descriptor_set_out={out}", proto],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
     if r.returncode != 0:
-        pytest.fail(f"reference {name!r}: protoc cannot compile {proto}: {r.stderr.strip()[-300:]}", pytrace=False)
+        pytest.fail(f"protoc cannot compile {proto}: {r.stderr.strip()[-300:]}", pytrace=False)
     return descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes())
+
+
+def descriptor_set(name: str, proto: str, out: Path) -> descriptor_pb2.FileDescriptorSet:
+    """`proto` of reference `name` compiled (compile_descriptor_set)."""
+    return compile_descriptor_set(proto_includes(name, proto), proto, out)

@@ -262,3 +262,21 @@ def test_a_claim_of_two_sizes_is_prepared_exactly(node):
         (1, 2 * GiB, 50),
     ]
     assert node.unprepare(claim)[uid].get("error", "") == "" and node.slices() == {}
+
+
+def test_two_shares_of_one_gpu_in_one_claim_are_prepared_as_allocated(node):
+    """kube-scheduler puts two shares of one claim on the same device, each
+    with its own shareID and both capacities: each is booked as allocated,
+    and the slice's limit on that GPU is their sum."""
+    claim = allocated("twice", ("gpu-0", "4Gi", "30"), ("gpu-0", "2Gi", "20"))
+    node.api.put_claim(claim)
+    uid = claim["metadata"]["uid"]
+    answer = node.prepare(claim)[uid]
+    assert answer.get("error", "") == "" and len(answer["devices"]) == 2
+    s = node.slices()[f"claim-{uid}"]
+    shares = {r["shareID"] for r in claim["status"]["allocation"]["devices"]["results"]}
+    assert sorted((g.index, g.memory_limit, g.cores) for g in s.gpus) == [(0, 2 * GiB, 20), (0, 4 * GiB, 30)]
+    assert {g.share_id for g in s.gpus} == shares
+    gpu0 = node.d.client().inventory().gpus[0]
+    assert (gpu0.memory_reserved, gpu0.cores_reserved) == (6 * GiB, 50)
+    assert node.unprepare(claim)[uid].get("error", "") == "" and node.slices() == {}

@@ -6,8 +6,6 @@ and label."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from google.protobuf import descriptor_pb2
 
 from tests.harness import REPO
 from tests.harness.kubelet_api import PROTOS
-from tests.harness.references import descriptor_set
+from tests.harness.references import compile_descriptor_set, descriptor_set
 
 OURS = REPO / "gpuslice" / "proto"
 Message = descriptor_pb2.DescriptorProto
@@ -23,9 +21,7 @@ LABELS = {1: "optional", 2: "required", 3: "repeated"}
 
 
 def our_descriptor(proto: Path, out: Path) -> descriptor_pb2.FileDescriptorProto:
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{proto.parent}", f"--descriptor_set_out={out}",
-                    proto.name], check=True, capture_output=True)  # fmt: skip
-    (file,) = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
+    (file,) = compile_descriptor_set([proto.parent], proto.name, out).file  # ours import nothing
     return file
 
 
