@@ -42,8 +42,9 @@ if [ ! -x .venv/bin/python ]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
-# builds libcuda_wrap/ (make) and places the libraries inside the package
-.venv/bin/python -m pip install -q -e '.[demo,test]'
+# each runs the top-level make for its C parts and links them into its package:
+# gpuslice (the node's parts) and gpuslice-sim (sim/, the simulated driver)
+.venv/bin/python -m pip install -q -e ./sim -e '.[demo,test]'
 
 case "$what" in
     setup) echo "dev.sh: ready (.venv)";;

@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from gpuslice import constants, inventory, sim
+from gpuslice import constants, errors, inventory, simulator
 from gpuslice.allocator import metrics
 from gpuslice.allocator.compute import ComputeController, NvmlUtilization
 from gpuslice.allocator.config import Config
@@ -33,7 +33,13 @@ log = logging.getLogger(__name__)
 
 def _load_nvml(cfg: Config) -> inventory.Inventory:
     if cfg.nvml == "sim":
-        sim.activate(cfg.sim_config, cfg.sim_state_dir)
+        simulator.require()
+        import gpuslice_sim
+
+        try:
+            gpuslice_sim.activate(cfg.sim_config, cfg.sim_state_dir)
+        except gpuslice_sim.SimError as e:
+            raise errors.FailedPrecondition(str(e)) from e
     return inventory.read()
 
 

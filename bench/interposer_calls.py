@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 import yaml
 
+import gpuslice_sim
 from gpuslice.cli import sim_daemon
 from gpuslice.paths import native_dir
 from gpuslice.pid_namespace import PidNamespace
@@ -33,7 +34,7 @@ PER_CALL = {
 
 
 def _binary(tmp: Path) -> Path:
-    subprocess.run(["make", "-s", "-C", ROOT / "libcuda_wrap", f"BUILD={tmp}", "bench"], check=True)
+    subprocess.run(["make", "-s", "-C", ROOT, f"BUILD={tmp}", "bench"], check=True)
     return tmp / "bench" / "call_bench"
 
 
@@ -87,7 +88,7 @@ def main() -> None:
         exe = _binary(tmp)
         sim_cfg = tmp / "sim.yaml"
         sim_cfg.write_text(yaml.safe_dump({"gpus": [{"memory": "80Gi", "wave_time": "1ns"}]}))
-        sim_lib = native_dir() / "sim" / "libcuda.so.1"
+        sim_lib = gpuslice_sim.lib_dir() / "libcuda.so.1"
         base = {**os.environ, "GPUSLICE_REAL_LIBCUDA": str(sim_lib)}
         if os.geteuid() == 0 and shutil.which("unshare"):
             extra, prefix, stop = _enforced_env(tmp, sim_cfg)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import click
 
-from gpuslice import sim
+import gpuslice_sim as sim
 from gpuslice.workload import KERNEL_PTX, check
 
 

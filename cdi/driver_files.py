@@ -15,8 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice import errors
-from gpuslice.paths import native_dir
+from gpuslice import errors, simulator
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +97,10 @@ def nvidia(root: Path, driver_version: str) -> DriverFiles:
 
 def simulated() -> DriverFiles:
     """The simulated driver built with gpuslice (it has no device nodes)."""
-    sim = native_dir() / "sim"
+    simulator.require()
+    import gpuslice_sim
+
+    sim = gpuslice_sim.lib_dir()
     libcuda = sim / "libcuda.so.1"
     return DriverFiles(libcuda=libcuda, libnvml=sim / "libnvidia-ml.so.1", extra_libs=_extra_deps(libcuda))
 

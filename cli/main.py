@@ -8,11 +8,12 @@ import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 import click
 
-from gpuslice import __version__, constants, errors, paths, sim
+from gpuslice import __version__, constants, errors, paths, simulator
 
 if TYPE_CHECKING:
     from gpuslice.cdi.generate import Options
@@ -20,6 +21,18 @@ if TYPE_CHECKING:
 # exit statuses (docs/daemon.md): 1 an error, 2 a bad configuration or request,
 # 3 no usable NVIDIA driver (NVML cannot be loaded): systemd does not restart on it
 EXIT_NO_DRIVER = 3
+
+
+def _sim() -> ModuleType:
+    """gpuslice-sim, or exit 2 with the one line that names the package to install."""
+    try:
+        simulator.require()
+    except simulator.SimulatorMissing as e:
+        click.echo(f"gpuslice: {e}", err=True)
+        sys.exit(2)
+    import gpuslice_sim
+
+    return gpuslice_sim
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -37,7 +50,7 @@ def gpus(use_sim: bool, as_json: bool) -> None:
     from gpuslice.cli.gpu_table import render
 
     if use_sim:
-        sim.activate()
+        _sim().activate()
     try:
         inv = inventory.read()
     except inventory.NoDriver as e:
@@ -83,7 +96,7 @@ def daemon(config_path: str | None, verbose: bool) -> None:
     except errors.FailedPrecondition as e:  # another daemon on this state, a damaged store
         click.echo(f"gpuslice daemon: {e}", err=True)
         sys.exit(2)
-    except (pynvml.NVMLError, sim.SimError, errors.GpusliceError) as e:
+    except (pynvml.NVMLError, errors.GpusliceError) as e:
         click.echo(f"gpuslice daemon: cannot start (nvml: {cfg.nvml}): {e}", err=True)
         sys.exit(2)
     except OSError as e:
@@ -146,7 +159,7 @@ def cdi_generate(
     from gpuslice.cdi import generate as gen
 
     if driver == "sim":
-        sim.activate(sim_config, sim_state_dir)
+        _sim().activate(sim_config, sim_state_dir)
     hook_path = hook_path or str(paths.executable("gpuslice-hook"))
     opts = gen.Options(driver, Path(driver_root), hook_path, daemon_socket, slice_dir, sim_config, sim_state_dir)
     watch = driver == "nvidia" and not to_stdout
@@ -343,6 +356,7 @@ def sim_group() -> None:
 @click.argument("config", required=False, type=click.Path(dir_okay=False))
 def sim_check(config: str | None) -> None:
     """Validate a simulator config (default: $GPUSLICE_SIM_CONFIG or the bundled one)."""
+    sim = _sim()
     try:
         n = sim.check_config(config)
     except sim.SimError as e:
@@ -356,7 +370,7 @@ def sim_check(config: str | None) -> None:
 @click.option("--state-dir", type=click.Path(file_okay=False), help="shared state directory")
 def sim_env(config: str | None, state_dir: str | None) -> None:
     """Print shell exports that make programs use the simulated driver."""
-    for key, value in sim.environment(config, state_dir).items():
+    for key, value in _sim().environment(config, state_dir).items():
         click.echo(f"export {key}={value}")
 
 
@@ -366,7 +380,11 @@ def sim_env(config: str | None, state_dir: str | None) -> None:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def sim_run(config: str | None, state_dir: str | None, command: tuple[str, ...]) -> None:
     """Run COMMAND with the simulated driver as its libcuda and NVML."""
-    sim.libs()
+    sim = _sim()
+    try:
+        sim.libs()
+    except sim.SimError as e:
+        raise click.ClickException(str(e)) from e
     os.environ.update(sim.environment(config, state_dir))
     try:
         os.execvp(command[0], list(command))
@@ -391,6 +409,7 @@ def demo(mode: str, workers: int, alloc_mib: int, seconds: float, config: str | 
     from gpuslice.cli import container_demo
     from gpuslice.cli import process_demo as demo_mod
 
+    _sim()
     why = container_demo.available()
     if mode == "containers" or (mode == "auto" and why is None):
         try:
@@ -402,7 +421,7 @@ def demo(mode: str, workers: int, alloc_mib: int, seconds: float, config: str | 
         click.echo(f"(container demo unavailable: {why}; running processes instead)")
     try:
         demo_mod.run(workers, alloc_mib, seconds, config, echo=click.echo)
-    except (RuntimeError, sim.SimError) as e:
+    except (RuntimeError, errors.GpusliceError) as e:  # gpuslice-sim's SimError is a RuntimeError
         raise click.ClickException(str(e)) from e
 
 

@@ -11,7 +11,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from gpuslice import inventory, sim
+from gpuslice import inventory, simulator
 from gpuslice.cli.gpu_table import render
 from gpuslice.units import format_bytes
 
@@ -27,6 +27,9 @@ class DemoResult:
 
 def run(workers: int, alloc_mib: int, seconds: float, config: str | None, echo=print) -> DemoResult:
     state = tempfile.mkdtemp(prefix="gpuslice-demo-")
+    simulator.require()
+    import gpuslice_sim as sim
+
     env = {**os.environ, **sim.environment(config=config, state_dir=state)}
     # this process watches through NVML; it must see the same machine
     os.environ.update({k: v for k, v in env.items() if k.startswith("GPUSLICE_SIM")})

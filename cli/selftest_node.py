@@ -13,7 +13,7 @@ import grpc
 import pynvml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gpuslice import errors, install, inventory, sim
+from gpuslice import errors, install, inventory, simulator
 from gpuslice.allocator.config import Config
 from gpuslice.cdi import driver_files
 from gpuslice.cdi import spec as cdi_spec
@@ -37,6 +37,12 @@ class Layout:
 def driver(cfg: Config) -> tuple[list[Check], inventory.Inventory | None]:
     """NVML as the daemon reads it (the driver's, or the simulator the config names)."""
     if cfg.nvml == "sim":
+        try:
+            simulator.require()
+        except simulator.SimulatorMissing as e:
+            return [failed("driver", "NVML answers", str(e))], None
+        import gpuslice_sim as sim
+
         os.environ.update(sim.environment(config=cfg.sim_config, state_dir=cfg.sim_state_dir))
         sim.activate()
     try:

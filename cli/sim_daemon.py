@@ -16,7 +16,7 @@ import grpc
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gpuslice import constants
+from gpuslice import constants, simulator
 from gpuslice.client import AllocatorClient
 from gpuslice.paths import native_dir
 
@@ -125,11 +125,14 @@ def shim_for(d: RunningDaemon, spec: Path, path: Path, shim: Path) -> Path:
 def interposer_env(d: RunningDaemon) -> dict[str, str]:
     """The environment that puts the interposer in front of the simulator,
     attached to the daemon's slices."""
+    simulator.require()
+    import gpuslice_sim
+
     return {
         **os.environ,
         "LD_LIBRARY_PATH": str(native_dir() / "wrap"),
-        "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / "libcuda.so.1"),
-        "GPUSLICE_REAL_LIBNVML": str(native_dir() / "sim" / "libnvidia-ml.so.1"),
+        "GPUSLICE_REAL_LIBCUDA": str(gpuslice_sim.lib_dir() / "libcuda.so.1"),
+        "GPUSLICE_REAL_LIBNVML": str(gpuslice_sim.lib_dir() / "libnvidia-ml.so.1"),
         "GPUSLICE_SLICE_SOCKET": str(d.slice_socket),
         "GPUSLICE_SIM_CONFIG": str(d.dir / "sim.yaml"),
         "GPUSLICE_SIM_STATE_DIR": str(d.dir / "sim"),

@@ -11,16 +11,11 @@ NATIVE_DIR_ENV = "GPUSLICE_NATIVE_DIR"
 
 
 def native_dir() -> Path:
-    """Directory holding the built C parts (``sim/``, ``wrap/``, ``ledger/``, ``tools/``, ``bin/``)."""
+    """Directory holding the node's built C parts (``wrap/``, ``ledger/``, ``tools/``, ``bin/``)."""
     override = os.environ.get(NATIVE_DIR_ENV)
     if override:
         return Path(override)
     return Path(__file__).resolve().parent / "_native"
-
-
-def sim_lib_dir() -> Path:
-    """Directory with the simulator's libcuda.so.1 and libnvidia-ml.so.1."""
-    return native_dir() / "sim"
 
 
 def built_executable(name: str) -> Path:

@@ -1,7 +1,13 @@
-"""Build the node packages from this repository, versioned from pyproject.
+"""Build the packages from this repository, versioned from pyproject.
 
-    python packaging/build.py deb     -> dist/gpuslice_<version>_<arch>.deb
-    python packaging/build.py rpm     -> dist/gpuslice-<version>-1.<arch>.rpm
+    python packaging/build.py deb       -> dist/gpuslice_<version>_<arch>.deb
+    python packaging/build.py rpm       -> dist/gpuslice-<version>-1.<arch>.rpm
+    python packaging/build.py sim-deb   -> dist/gpuslice-sim_<version>_<arch>.deb
+    python packaging/build.py sim-rpm   -> dist/gpuslice-sim-<version>-1.<arch>.rpm
+    python packaging/build.py image     -> dist/gpuslice-kubelet-plugin_<version>.oci.tar
+
+gpuslice is the node package; gpuslice-sim, the simulated driver, is never
+part of it (a production node must not carry a second libcuda.so.1).
 
 Python dependencies come from the distribution where it packages them
 (click, PyYAML, cffi, jsonschema, prometheus-client, tomli-w) and are vendored into
@@ -19,6 +25,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomllib
@@ -40,12 +48,10 @@ EXECUTABLES = ("gpuslice-hook", "gpuslice-runtime")  # compiled: in the package'
 # rpm passes how many versions stay installed: 0 means erase
 RPM_PREUN = '[ "$1" = 0 ] && gpuslice_stop || true'
 RPM_POSTUN = '[ "$1" = 0 ] && gpuslice_purge || true'
-SUMMARY = "GPU sharing for containers: memory limits and compute shares"
-DESCRIPTION = (
-    "gpuslice lets containerd, CRI-O, Podman and Docker put several containers\n"
-    "on one NVIDIA GPU, each with a hard memory limit and a compute share: an\n"
-    "allocator daemon, an OCI hook, a runtime shim, CDI specs and a wrapper libcuda."
-)
+
+
+CHANGELOG_DATE = ("Sat, 21 Nov 2026 00:00:00 +0000", "Sat Nov 21 2026")
+MAINTAINER = "gpuslice maintainers <maintainers@gpuslice.dev>"
 
 
 def version() -> str:
@@ -64,21 +70,26 @@ def launcher(module: str) -> str:
     )
 
 
-def stage(dest: Path) -> None:
-    """The installed file tree, shared by both package formats."""
+def install_wheel(source: Path, dest: Path, vendored: list[str]) -> Path:
+    """The wheel built from `source` (and the `vendored` distributions) under
+    PYDIR in `dest`; returns that directory."""
+    pydir = dest / PYDIR.lstrip("/")
     with tempfile.TemporaryDirectory() as t:
-        wheels = Path(t)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(wheels), str(ROOT)], check=True
-        )
-        pydir = dest / PYDIR.lstrip("/")
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", t, str(source)], check=True)
         pip = [sys.executable, "-m", "pip", "install", "-q", "--target", str(pydir), "--no-compile"]
-        subprocess.run([*pip, "--no-deps", *map(str, wheels.glob("gpuslice-*.whl"))], check=True)
+        subprocess.run([*pip, "--no-deps", *map(str, Path(t).glob("*.whl"))], check=True)
+    if vendored:
         subprocess.run([*pip, "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
                         "--abi", "cp311", "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
-                        "--platform", "manylinux_2_28_x86_64", *VENDORED], check=True)  # fmt: skip
+                        "--platform", "manylinux_2_28_x86_64", *vendored], check=True)  # fmt: skip
     for junk in (*pydir.glob("bin"), *pydir.rglob("__pycache__")):
         shutil.rmtree(junk, ignore_errors=True)
+    return pydir
+
+
+def stage_node(dest: Path) -> None:
+    """gpuslice's installed file tree, shared by both package formats."""
+    pydir = install_wheel(ROOT, dest, VENDORED)
     bindir = dest / "usr/bin"
     bindir.mkdir(parents=True)
     for name, module in COMMANDS.items():
@@ -102,104 +113,188 @@ def stage(dest: Path) -> None:
 
     for name, text in hooks_d("/usr/bin/gpuslice-hook").items():
         (hooks / name).write_text(text)
-    doc = dest / "usr/share/doc/gpuslice"
+    docs(dest, "gpuslice", ["README.md", *(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))])
+    finish(dest, runnable=(bindir, pydir / "gpuslice/_native/tools"))
+
+
+def stage_sim(dest: Path) -> None:
+    """gpuslice-sim's installed file tree: the gpuslice_sim module with the
+    simulated libcuda.so.1, libnvidia-ml.so.1 and bundled machine beside it."""
+    install_wheel(ROOT / "sim", dest, [])
+    docs(dest, "gpuslice-sim", ["docs/simulator.md"])
+    finish(dest, runnable=())
+
+
+def docs(dest: Path, name: str, files: list[str]) -> None:
+    doc = dest / "usr/share/doc" / name
     doc.mkdir(parents=True)
-    for f in ("README.md", *(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))):
+    for f in files:
         shutil.copy2(ROOT / f, doc / Path(f).name)
     (doc / "copyright").write_text(
         "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n"
-        "Upstream-Name: gpuslice\n\nFiles: *\nCopyright: 2026 the gpuslice authors\nLicense: Apache-2.0\n"
+        f"Upstream-Name: {name}\n\nFiles: *\nCopyright: 2026 the gpuslice authors\nLicense: Apache-2.0\n"
         " On Debian systems the full text is in /usr/share/common-licenses/Apache-2.0.\n"
     )
-    tools = dest / PYDIR.lstrip("/") / "gpuslice/_native/tools"
+
+
+def finish(dest: Path, runnable: tuple[Path, ...]) -> None:
+    """Modes as a package installs them; compiled files stripped."""
     for p in dest.rglob("*"):
         if p.is_dir():
             p.chmod(0o755)
         elif p.is_file():
-            runnable = p.parent in (bindir, tools)
-            p.chmod(0o755 if runnable else 0o644)
-            if p.suffix == ".so" or ".so." in p.name or p.parent == tools or p.name in EXECUTABLES:
-                # debug symbols stay out of a node package; dynamic symbols stay in
+            p.chmod(0o755 if p.parent in runnable else 0o644)
+            if p.suffix == ".so" or ".so." in p.name or (p.parent in runnable and p.read_bytes()[:4] == b"\x7fELF"):
+                # debug symbols stay out of a package; dynamic symbols stay in
                 subprocess.run(["strip", "--strip-unneeded", str(p)], check=True)
 
 
-def maintscript(action: str) -> str:
-    body = (PKG / "scripts/maintscript.sh").read_text()
+def maintscript(body: str, action: str) -> str:
     return f"#!/bin/sh\nset -e\n{body}\n{action}\n"
 
 
-def build_deb(out: Path) -> Path:
+# gpuslice-sim's scripts: bytecode Python wrote at run time is not the package's
+SIM_SCRIPT = (
+    "gpuslice_sim_clean() {\n"
+    f"    find {PYDIR}/gpuslice_sim -name __pycache__ -type d -prune -exec rm -rf {{}} + 2>/dev/null || true\n"
+    "}"
+)
+
+
+@dataclass(frozen=True)
+class Package:
+    """What differs between the two packages; both formats build from it."""
+
+    name: str
+    summary: str
+    description: str
+    stage: Callable[[Path], None]
+    deb_depends: list[str]
+    rpm_requires: list[str]
+    deb_recommends: str
+    rpm_recommends: str
+    section: str
+    script: str  # the maintainer scripts' shared body
+    deb_scripts: dict[str, str]  # postinst/prerm/postrm -> the action after the body
+    rpm_scripts: dict[str, str]  # post/preun/postun -> the action after the body
+    conffiles: list[str] = field(default_factory=list)
+    lintian_overrides: Path | None = None
+
+
+NODE = Package(
+    name="gpuslice",
+    summary="GPU sharing for containers: memory limits and compute shares",
+    description=(
+        "gpuslice lets containerd, CRI-O, Podman and Docker put several containers\n"
+        "on one NVIDIA GPU, each with a hard memory limit and a compute share: an\n"
+        "allocator daemon, an OCI hook, a runtime shim, CDI specs and a wrapper libcuda."
+    ),
+    stage=stage_node,
+    deb_depends=DEB_DEPENDS,
+    rpm_requires=RPM_REQUIRES,
+    deb_recommends="podman | containerd, runc",
+    rpm_recommends="podman, runc",
+    section="admin",
+    script=(PKG / "scripts/maintscript.sh").read_text(),
+    deb_scripts={
+        "postinst": 'case "$1" in configure) gpuslice_configure ;; esac',
+        "prerm": 'case "$1" in remove|upgrade|deconfigure) gpuslice_stop ;; esac',
+        "postrm": 'case "$1" in purge) gpuslice_purge ;; esac',
+    },
+    rpm_scripts={"post": "gpuslice_configure", "preun": RPM_PREUN, "postun": RPM_POSTUN},
+    conffiles=["/etc/gpuslice/daemon.yaml"],
+    lintian_overrides=PKG / "lintian-overrides",
+)
+
+SIM = Package(
+    name="gpuslice-sim",
+    summary="Simulated NVIDIA driver (libcuda, NVML) for gpuslice's demo and tests",
+    description=(
+        "A simulated NVIDIA driver: libcuda.so.1 and libnvidia-ml.so.1 that model\n"
+        "GPUs described in YAML, for running CUDA programs and gpuslice without a\n"
+        "GPU (gpuslice sim, gpuslice demo). Never needed on a production node."
+    ),
+    stage=stage_sim,
+    deb_depends=["python3 (>= 3.11)", "libyaml-0-2", "libc6"],
+    rpm_requires=["python3 >= 3.11", "libyaml-0.so.2()(64bit)"],
+    deb_recommends="gpuslice",
+    rpm_recommends="gpuslice",
+    section="devel",
+    script=SIM_SCRIPT,
+    deb_scripts={"prerm": 'case "$1" in remove|upgrade|deconfigure) gpuslice_sim_clean ;; esac'},
+    rpm_scripts={"preun": "gpuslice_sim_clean"},
+)
+
+
+def build_deb(out: Path, pkg: Package = NODE) -> Path:
     arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True, check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as t:
         dest = Path(t) / "root"
-        stage(dest)
-        doc = dest / "usr/share/doc/gpuslice"
+        pkg.stage(dest)
+        doc = dest / "usr/share/doc" / pkg.name
         with open(doc / "changelog.gz", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as z:
             f = io.TextIOWrapper(z)
             f.write(
-                f"gpuslice ({version()}) unstable; urgency=medium\n\n  * Release {version()}.\n\n"
-                " -- gpuslice maintainers <maintainers@gpuslice.dev>  Sat, 21 Nov 2026 00:00:00 +0000\n"
+                f"{pkg.name} ({version()}) unstable; urgency=medium\n\n  * Release {version()}.\n\n"
+                f" -- {MAINTAINER}  {CHANGELOG_DATE[0]}\n"
             )
             f.flush()
             f.detach()
-        overrides = dest / "usr/share/lintian/overrides"
-        overrides.mkdir(parents=True)
-        shutil.copy2(PKG / "lintian-overrides", overrides / "gpuslice")
+        if pkg.lintian_overrides:
+            overrides = dest / "usr/share/lintian/overrides"
+            overrides.mkdir(parents=True)
+            shutil.copy2(pkg.lintian_overrides, overrides / pkg.name)
         control = dest / "DEBIAN"
         control.mkdir()
         size = sum(p.stat().st_size for p in dest.rglob("*") if p.is_file()) // 1024
         (control / "control").write_text(
-            f"Package: gpuslice\nVersion: {version()}\nArchitecture: {arch}\nMaintainer: gpuslice maintainers "
-            f"<maintainers@gpuslice.dev>\nInstalled-Size: {size}\nDepends: {', '.join(DEB_DEPENDS)}\n"
-            "Recommends: podman | containerd, runc\nSection: admin\nPriority: optional\n"
-            "Homepage: https://gpuslice.invalid/\n"
-            f"Description: {SUMMARY}\n" + "".join(f" {line}\n" for line in DESCRIPTION.splitlines())
+            f"Package: {pkg.name}\nVersion: {version()}\nArchitecture: {arch}\nMaintainer: {MAINTAINER}\n"
+            f"Installed-Size: {size}\nDepends: {', '.join(pkg.deb_depends)}\nRecommends: {pkg.deb_recommends}\n"
+            f"Section: {pkg.section}\nPriority: optional\nHomepage: https://gpuslice.invalid/\n"
+            f"Description: {pkg.summary}\n" + "".join(f" {line}\n" for line in pkg.description.splitlines())
         )
-        (control / "conffiles").write_text("/etc/gpuslice/daemon.yaml\n")
-        scripts = {
-            "postinst": 'case "$1" in configure) gpuslice_configure ;; esac',
-            "prerm": 'case "$1" in remove|upgrade|deconfigure) gpuslice_stop ;; esac',
-            "postrm": 'case "$1" in purge) gpuslice_purge ;; esac',
-        }
-        for name, action in scripts.items():
-            (control / name).write_text(maintscript(action))
+        if pkg.conffiles:
+            (control / "conffiles").write_text("".join(f"{c}\n" for c in pkg.conffiles))
+        for name, action in pkg.deb_scripts.items():
+            (control / name).write_text(maintscript(pkg.script, action))
             (control / name).chmod(0o755)
         out.mkdir(parents=True, exist_ok=True)
-        deb = out / f"gpuslice_{version()}_{arch}.deb"
+        deb = out / f"{pkg.name}_{version()}_{arch}.deb"
         subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(dest), str(deb)], check=True,
                        capture_output=True)  # fmt: skip
     return deb
 
 
-def build_rpm(out: Path) -> Path:
+def build_rpm(out: Path, pkg: Package = NODE) -> Path:
     arch = platform.machine()
+    owned = ("/usr/lib/gpuslice", f"/usr/share/doc/{pkg.name}", "/etc/gpuslice")
     with tempfile.TemporaryDirectory() as t:
         top = Path(t)
         dest = top / "root"
-        stage(dest)
+        pkg.stage(dest)
         files = []
         for p in sorted(dest.rglob("*")):
             rel = "/" + str(p.relative_to(dest))
             if p.is_dir():
-                if rel.startswith(("/usr/lib/gpuslice", "/usr/share/doc/gpuslice", "/etc/gpuslice")):
+                # both packages own /usr/lib/gpuslice/python: rpm removes it with the last
+                if rel.startswith(owned):
                     files.append(f"%dir {rel}")
-            elif rel == "/etc/gpuslice/daemon.yaml":
+            elif rel in pkg.conffiles:
                 files.append(f"%config(noreplace) {rel}")
             else:
                 files.append(rel)
-        spec = top / "gpuslice.spec"
+        scripts = "".join(f"%{name}\n{maintscript(pkg.script, action)}\n" for name, action in pkg.rpm_scripts.items())
+        spec = top / f"{pkg.name}.spec"
         spec.write_text(
-            f"Name: gpuslice\nVersion: {version()}\nRelease: 1\nSummary: {SUMMARY}\nLicense: Apache-2.0\n"
-            "Group: System Environment/Daemons\nPackager: gpuslice maintainers <maintainers@gpuslice.dev>\n"
-            f"URL: https://gpuslice.invalid/\nRequires: {', '.join(RPM_REQUIRES)}\nRecommends: podman, runc\n"
-            "AutoReqProv: no\n\n"
-            f"%description\n{DESCRIPTION}\n\n"
+            f"Name: {pkg.name}\nVersion: {version()}\nRelease: 1\nSummary: {pkg.summary}\nLicense: Apache-2.0\n"
+            f"Group: System Environment/Daemons\nPackager: {MAINTAINER}\n"
+            f"URL: https://gpuslice.invalid/\nRequires: {', '.join(pkg.rpm_requires)}\n"
+            f"Recommends: {pkg.rpm_recommends}\nAutoReqProv: no\n\n"
+            f"%description\n{pkg.description}\n\n"
             f"%install\ncp -a {dest}/. %{{buildroot}}/\n\n"
-            f"%post\n{maintscript('gpuslice_configure')}\n"
-            f"%preun\n{maintscript(RPM_PREUN)}\n"
-            f"%postun\n{maintscript(RPM_POSTUN)}\n"
+            f"{scripts}"
             "%files\n" + "\n".join(files) + "\n\n"
-            f"%changelog\n* Sat Nov 21 2026 gpuslice maintainers <maintainers@gpuslice.dev> - {version()}-1\n"
+            f"%changelog\n* {CHANGELOG_DATE[1]} {MAINTAINER} - {version()}-1\n"
             f"- Release {version()}.\n"
         )
         subprocess.run(
@@ -257,9 +352,15 @@ def build_image(out: Path) -> Path:
 
 
 def main() -> None:
-    kinds = {"deb": build_deb, "rpm": build_rpm, "image": build_image}
+    kinds: dict[str, Callable[[Path], Path]] = {
+        "deb": build_deb,
+        "rpm": build_rpm,
+        "sim-deb": lambda out: build_deb(out, SIM),
+        "sim-rpm": lambda out: build_rpm(out, SIM),
+        "image": build_image,
+    }
     if len(sys.argv) not in (2, 3) or sys.argv[1] not in kinds:
-        raise SystemExit("usage: packaging/build.py deb|rpm|image [OUTPUT_DIR]")
+        raise SystemExit(f"usage: packaging/build.py {'|'.join(kinds)} [OUTPUT_DIR]")
     out = Path(sys.argv[2]) if len(sys.argv) == 3 else ROOT / "dist"
     print(kinds[sys.argv[1]](out))
 

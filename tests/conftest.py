@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gpuslice.paths import sim_lib_dir
+import gpuslice_sim
 from tests.harness.machine import Agent, Container, DaemonFactory, SimMachine, gpu
 
 TIERS = ("unit", "integration", "e2e")
@@ -48,7 +48,7 @@ def make_machine(tmp_path: Path):
         state = tmp_path / f"state{count}"
         env = {
             **os.environ,
-            "LD_LIBRARY_PATH": str(sim_lib_dir()),
+            "LD_LIBRARY_PATH": str(gpuslice_sim.lib_dir()),
             "GPUSLICE_SIM_CONFIG": str(config),
             "GPUSLICE_SIM_STATE_DIR": str(state),
         }

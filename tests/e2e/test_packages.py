@@ -1,6 +1,8 @@
-"""The node packages: both built, both linted, the .rpm checked against the
-.deb, the .deb installed, containers run against the installed binaries, then
-removed and purged with nothing left behind."""
+"""The packages, gpuslice (the node's) and gpuslice-sim (the simulated
+driver): each built as .deb and .rpm, linted, the .rpm checked against the
+.deb; the node's holds no libcuda.so.1 but the interposer's; both .debs
+installed, containers run against the installed binaries on the installed
+simulator, then removed and purged with nothing left behind."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ from tests.harness import REPO, build_package
 
 ROOT = REPO
 INSTALLED = Path("/usr/lib/gpuslice/python/gpuslice/_native")
+SIM_INSTALLED = Path("/usr/lib/gpuslice/python/gpuslice_sim/_native")
 SPEC = Path("/var/run/cdi/gpuslice-pkg.json")
 DAEMON_SOCKET = "/run/gpuslice/gpuslice.sock"
 GiB = 1 << 30
@@ -40,22 +43,34 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def packages(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("dist")
-    built = {}
-    for kind in ("deb", "rpm"):
-        built[kind] = build_package(kind, out)
-    return built
+    return {kind: build_package(kind, out) for kind in ("deb", "rpm", "sim-deb", "sim-rpm")}
 
 
 def test_packages_are_versioned_and_lint_clean(packages):
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert packages["deb"].name.startswith(f"gpuslice_{version}_")
     assert packages["rpm"].name.startswith(f"gpuslice-{version}-1.")
-    lint = subprocess.run(["lintian", str(packages["deb"])], capture_output=True, text=True)
-    tags = [line for line in lint.stdout.splitlines() if re.match(r"^[EW]: ", line)]
-    assert not tags, tags  # what remains is justified in packaging/lintian-overrides
-    rpmlint = subprocess.run(["rpmlint", "-r", str(ROOT / "packaging/rpmlintrc"), str(packages["rpm"])],
-                             capture_output=True, text=True)  # fmt: skip
-    assert "0 errors, 0 warnings" in rpmlint.stdout, rpmlint.stdout  # justified in packaging/rpmlintrc
+    assert packages["sim-deb"].name.startswith(f"gpuslice-sim_{version}_")
+    assert packages["sim-rpm"].name.startswith(f"gpuslice-sim-{version}-1.")
+    for deb in (packages["deb"], packages["sim-deb"]):
+        lint = subprocess.run(["lintian", str(deb)], capture_output=True, text=True)
+        tags = [line for line in lint.stdout.splitlines() if re.match(r"^[EW]: ", line)]
+        assert not tags, tags  # what remains is justified in packaging/lintian-overrides
+    for rpm, rc in ((packages["rpm"], "rpmlintrc"), (packages["sim-rpm"], "rpmlintrc-sim")):
+        rpmlint = subprocess.run(["rpmlint", "-r", str(ROOT / "packaging" / rc), str(rpm)],
+                                 capture_output=True, text=True)  # fmt: skip
+        assert "0 errors, 0 warnings" in rpmlint.stdout, rpmlint.stdout  # justified in packaging/rpmlintrc*
+
+
+def test_only_the_sim_package_holds_a_simulated_driver(packages):
+    node, sim = deb_files(packages["deb"]), deb_files(packages["sim-deb"])
+    assert sorted(f for f in node if "libcuda.so" in f or "libnvidia-ml.so" in f) == sorted(
+        f"{INSTALLED}/wrap/{lib}" for lib in ("libcuda.so.1", "libnvidia-ml.so.1")
+    )
+    assert not [f for f in node if "gpuslice_sim" in f or f.endswith("gpuslice-sim.yaml")]
+    for lib in ("libcuda.so.1", "libnvidia-ml.so.1", "gpuslice-sim.yaml"):
+        assert f"{SIM_INSTALLED}/{lib}" in sim
+    assert not node & sim  # no file in both: either installs and leaves alone
 
 
 def deb_files(deb: Path) -> set[str]:
@@ -69,10 +84,11 @@ def rpm_files(rpm: Path) -> set[str]:
 
 
 def test_rpm_matches_the_deb(packages):
-    deb = {f for f in deb_files(packages["deb"]) if not f.startswith(("/usr/share/lintian", "/usr/share/doc"))}
-    rpm = {f for f in rpm_files(packages["rpm"]) if not f.startswith("/usr/share/doc")}
-    dirs = {f for f in rpm if f not in deb and any(d.startswith(f + "/") for d in deb)}
-    assert rpm - dirs == deb
+    for deb_kind, rpm_kind in (("deb", "rpm"), ("sim-deb", "sim-rpm")):
+        deb = {f for f in deb_files(packages[deb_kind]) if not f.startswith(("/usr/share/lintian", "/usr/share/doc"))}
+        rpm = {f for f in rpm_files(packages[rpm_kind]) if not f.startswith("/usr/share/doc")}
+        dirs = {f for f in rpm if f not in deb and any(d.startswith(f + "/") for d in deb)}
+        assert rpm - dirs == deb, deb_kind
     scripts = subprocess.run(["rpm", "-qp", "--scripts", str(packages["rpm"])], capture_output=True, text=True).stdout
     control = subprocess.run(["dpkg-deb", "-e", str(packages["deb"]), "/tmp/gpuslice-deb-control"], check=True)
     assert control.returncode == 0
@@ -119,11 +135,13 @@ def test_installed_deb_runs_containers_then_purges_clean(packages, tmp_path):
     try:
         # apt resolves the distribution packages it depends on (./dev.sh preinstalls them)
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        r = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", str(packages["deb"])],
+        debs = [str(packages["deb"]), str(packages["sim-deb"])]
+        r = subprocess.run(["apt-get", "install", "-y", "--no-install-recommends", *debs],
                            capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
         assert r.returncode == 0, r.stdout + r.stderr
-        listed = subprocess.run(["dpkg", "-L", "gpuslice"], capture_output=True, text=True).stdout.split()
-        files = [Path(f) for f in listed]
+        for name in ("gpuslice", "gpuslice-sim"):
+            listed = subprocess.run(["dpkg", "-L", name], capture_output=True, text=True).stdout.split()
+            files += [Path(f) for f in listed]
         assert subprocess.run(["/usr/bin/gpuslice", "--version"], capture_output=True, text=True).stdout.strip() \
             .endswith(subprocess.run([sys.executable, "-m", "gpuslice.cli", "--version"], capture_output=True,
                                      text=True).stdout.strip().split()[-1])  # fmt: skip
@@ -163,9 +181,10 @@ def test_installed_deb_runs_containers_then_purges_clean(packages, tmp_path):
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(20)
     finally:
-        subprocess.run(["dpkg", "--purge", "gpuslice"], capture_output=True, timeout=300)
-    status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", "gpuslice"], capture_output=True, text=True)
-    assert "installed" not in status.stdout.replace("not-installed", "")
+        subprocess.run(["dpkg", "--purge", "gpuslice", "gpuslice-sim"], capture_output=True, timeout=300)
+    for name in ("gpuslice", "gpuslice-sim"):
+        status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", name], capture_output=True, text=True)
+        assert "installed" not in status.stdout.replace("not-installed", ""), name
     left = [
         f for f in files if f.is_file() or (f.is_dir() and str(f).startswith(("/usr/lib/gpuslice", "/etc/gpuslice")))
     ]

@@ -1,7 +1,9 @@
-"""The .deb under a real systemd: a Debian 12 root filesystem (debootstrap)
-booted with systemd as PID 1 in a container, the package installed before any
-NVIDIA driver, the (simulated) driver installed and upgraded afterwards, the
-daemon restarted and killed, then the package removed and purged.
+"""The .debs under a real systemd: a Debian 12 root filesystem (debootstrap)
+booted with systemd as PID 1 in a container, gpuslice and gpuslice-sim
+installed before any NVIDIA driver, the driver (the installed simulator's
+libraries, written where a driver package writes them) installed and upgraded
+afterwards, the daemon restarted and killed, then both packages removed and
+purged.
 
 The steps run in order against one booted system: each starts from the state
 the previous one left, as on a node being provisioned."""
@@ -20,7 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.paths import native_dir
 from tests.harness import REPO, build_package, debian
 
 PODMAN = ["podman", "--runtime", "runc"]
@@ -74,10 +75,13 @@ def rootfs() -> Path:
     return ROOTFS_CACHE
 
 
+SIM_INSTALLED = "/usr/lib/gpuslice/python/gpuslice_sim/_native"
+
+
 @pytest.fixture(scope="module")
-def deb(tmp_path_factory) -> Path:
+def debs(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("deb")
-    return build_package("deb", out)
+    return {"gpuslice": build_package("deb", out), "gpuslice-sim": build_package("sim-deb", out)}
 
 
 class Booted:
@@ -145,31 +149,29 @@ def before_install(node: Booted) -> set[str]:
     return node.paths()
 
 
-def sim_driver_files(version: str, gpus: int) -> dict[str, Path | str]:
-    """What a driver package writes, simulated: its two libraries and, beside
-    them, the simulator's description of the machine (its GPUs, its version)."""
+def sim_machine(node: Booted, version: str, gpus: int) -> str:
+    """The simulator's description of the machine (its GPUs, its version),
+    from the bundled one gpuslice-sim installed."""
     import yaml
 
-    config = yaml.safe_load((REPO / "libcuda_wrap/sim/gpuslice-sim.yaml").read_text())
+    config = yaml.safe_load(node.ok(f"cat {SIM_INSTALLED}/gpuslice-sim.yaml"))
     config["driver_version"] = version
     config["gpus"] = [dict(config["gpus"][0], uuid=f"GPU-5e1c0a1d-{i:04d}-4000-8000-{i:012d}",
                            pci_bus_id=f"00000000:{7 + 8 * i:02X}:00.0") for i in range(gpus)]  # fmt: skip
     config["topology"] = []
-    return {"gpuslice-sim.yaml": yaml.safe_dump(config), "libnvidia-ml.so.1": native_dir() / "sim/libnvidia-ml.so.1",
-            "libcuda.so.1": native_dir() / "sim/libcuda.so.1"}  # fmt: skip
+    return yaml.safe_dump(config)
 
 
 def install_driver(node: Booted, tmp: Path, version: str, gpus: int) -> None:
-    """Config first, libraries last: the libraries are what the path unit watches."""
-    for name, content in sim_driver_files(version, gpus).items():
-        src = tmp / name
-        if isinstance(content, str):
-            src.write_text(content)
-        else:
-            shutil.copy2(content, src)
-        # a new file renamed into place, as dpkg does
-        node.cp(src, f"{LIBDIR}/{name}.dpkg-new")
-        node.ok(f"mv -f {LIBDIR}/{name}.dpkg-new {LIBDIR}/{name}")
+    """What a driver package writes, simulated: the machine's description first,
+    the two libraries last (they are what the path unit watches), each a new
+    file renamed into place, as dpkg does."""
+    config = tmp / "gpuslice-sim.yaml"
+    config.write_text(sim_machine(node, version, gpus))
+    node.cp(config, f"{LIBDIR}/gpuslice-sim.yaml.dpkg-new")
+    node.ok(f"mv -f {LIBDIR}/gpuslice-sim.yaml.dpkg-new {LIBDIR}/gpuslice-sim.yaml")
+    for lib in ("libnvidia-ml.so.1", "libcuda.so.1"):
+        node.ok(f"cp {SIM_INSTALLED}/{lib} {LIBDIR}/{lib}.dpkg-new && mv -f {LIBDIR}/{lib}.dpkg-new {LIBDIR}/{lib}")
 
 
 def spec_devices(node: Booted) -> list[str]:
@@ -179,9 +181,13 @@ def spec_devices(node: Booted) -> list[str]:
     return sorted(n for n in names if not n.startswith("GPU-"))
 
 
-def test_installed_before_the_driver_the_units_wait_for_it(node: Booted, deb: Path, before_install: set[str]):
-    node.cp(deb, "/tmp/gpuslice.deb")
-    out = node.ok("dpkg -i /tmp/gpuslice.deb 2>&1", timeout=180)
+def test_installed_before_the_driver_the_units_wait_for_it(node: Booted, debs: dict[str, Path],
+                                                           before_install: set[str]):  # fmt: skip
+    for name, deb in debs.items():
+        node.cp(deb, f"/tmp/{name}.deb")
+    out = node.ok("dpkg -i /tmp/gpuslice.deb /tmp/gpuslice-sim.deb 2>&1", timeout=180)
+    for name in debs:
+        node.ok(f"rm /tmp/{name}.deb")
     assert "no CDI spec generated (no NVIDIA driver yet)" in out
     for unit in UNITS:
         assert node.prop(unit, "UnitFileState") == "enabled", unit
@@ -262,6 +268,11 @@ def test_a_driver_upgrade_regenerates_the_spec(node: Booted, tmp_path: Path):
 
 
 def test_remove_then_purge_leave_nothing(node: Booted, before_install: set[str]):
+    # gpuslice-sim first: its files go, the directories gpuslice shares with it stay
+    sim_owned = set(node.ok("dpkg -L gpuslice-sim").splitlines())
+    node.ok("dpkg --purge gpuslice-sim", timeout=120)
+    assert {p for p in sim_owned - before_install if p in node.paths()} <= {"/usr/lib/gpuslice",
+                                                                              "/usr/lib/gpuslice/python"}  # fmt: skip
     owned = set(node.ok("dpkg -L gpuslice").splitlines())
     conffiles = {line.split()[0] for line in node.ok("dpkg-query -W -f='${Conffiles}' gpuslice").splitlines() if line}
     assert conffiles == {"/etc/gpuslice/daemon.yaml"}

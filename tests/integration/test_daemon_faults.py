@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import gpuslice_sim
 from gpuslice import constants
 from gpuslice.cli import sim_daemon
 from gpuslice.paths import native_dir
@@ -81,8 +82,8 @@ def test_the_interposer_gives_up_on_a_daemon_that_never_answers(make_machine, tm
     mute.bind(str(path))
     mute.listen(8)  # accepts into the backlog, never answers
     env = {**machine.env, "LD_LIBRARY_PATH": str(native_dir() / "wrap"),
-           "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / "libcuda.so.1"),
-           "GPUSLICE_REAL_LIBNVML": str(native_dir() / "sim" / "libnvidia-ml.so.1"),
+           "GPUSLICE_REAL_LIBCUDA": str(gpuslice_sim.lib_dir() / "libcuda.so.1"),
+           "GPUSLICE_REAL_LIBNVML": str(gpuslice_sim.lib_dir() / "libnvidia-ml.so.1"),
            "GPUSLICE_SLICE_SOCKET": str(path)}  # fmt: skip
     started = time.monotonic()
     r = subprocess.run(

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from gpuslice.paths import native_dir
+import gpuslice_sim
 from tests.harness import CLIENTS, REPO
 from tests.harness.interposer import Slice, wrapped_env
 from tests.harness.machine import DEVICE_PATHS, Agent, GiB, MiB, needs_root
@@ -199,7 +199,7 @@ def test_monitoring_tools_read_the_same_through_the_interposer(one_gib, started)
     and straight from the simulator: the same answers, no call missing (a
     passively cooled GPU has no fan: NOT_SUPPORTED, as a real one says)."""
     inside = one_gib.agent(started).call("monitor")
-    direct = Agent({**one_gib.env, "LD_LIBRARY_PATH": str(native_dir() / "sim")})
+    direct = Agent({**one_gib.env, "LD_LIBRARY_PATH": str(gpuslice_sim.lib_dir())})
     started.append(direct)
     outside = direct.call("monitor")
     assert inside == outside

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import gpuslice_sim
 from gpuslice.paths import native_dir
 from tests.harness import REPO
 from tests.harness.interposer import Slice
@@ -56,8 +57,8 @@ def pfn_of(symbol: str) -> str:
 def our_prototypes(source: str, exports: str, tmp_path: Path) -> dict[str, str]:
     aux = tmp_path / "aux.txt"
     subprocess.run(
-        ["cc", "-std=c11", f"-I{WRAP / 'include'}", f"-I{ROOT / 'gpuslice/csrc'}", f"-DEXPORTS=\"{exports}\"",
-         "-aux-info", str(aux), "-fsyntax-only", str(WRAP / "wrap" / source)],
+        ["cc", "-std=c11", f"-I{WRAP / 'include'}", f"-I{WRAP / 'symbols'}", f"-I{ROOT / 'gpuslice/csrc'}",
+         f"-DEXPORTS=\"{exports}\"", "-aux-info", str(aux), "-fsyntax-only", str(WRAP / "wrap" / source)],
         check=True,
     )  # fmt: skip
     protos = {}
@@ -82,7 +83,7 @@ def test_hooks_match_the_toolkit_prototypes(tmp_path):
     inc = needs("cudaTypedefs.h")
     protos = {}
     for src in ("memory.c", "gate.c", "procaddr.c"):
-        protos |= our_prototypes(src, "../symbols/cuda_exports.def", tmp_path)
+        protos |= our_prototypes(src, "cuda_exports.def", tmp_path)
     lines = ["#include <cuda.h>", "#include <cudaTypedefs.h>"]
     assert len(hooks()) >= 20, hooks()  # an empty list would check nothing
     for hook in hooks():
@@ -96,7 +97,7 @@ def test_hooks_match_the_toolkit_prototypes(tmp_path):
 
 def test_nvml_hooks_match_nvml_h(tmp_path):
     inc = needs("nvml.h")
-    protos = our_prototypes("nvml.c", "../symbols/nvml_exports.def", tmp_path)
+    protos = our_prototypes("nvml.c", "nvml_exports.def", tmp_path)
     official = (inc / "nvml.h").read_text()
     lines = ["#include <nvml.h>"]
     for name, decl in protos.items():
@@ -144,7 +145,7 @@ def test_missing_symbols_answer_not_found(make_machine):
     )
     for driver, answer in (("libnvidia-ml.so.1", "500"), ("libcuda.so.1", "801")):
         env = {**wrapped_env_for_machine(m), "GPUSLICE_ALLOW_UNSLICED": "1",
-               "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / driver)}  # fmt: skip
+               "GPUSLICE_REAL_LIBCUDA": str(gpuslice_sim.lib_dir() / driver)}  # fmt: skip
         r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
         assert r.stdout.split() == [answer, answer], (driver, r.stderr)
 
@@ -153,8 +154,8 @@ def wrapped_env_for_machine(m) -> dict[str, str]:
     return {
         **m.env,
         "LD_LIBRARY_PATH": str(native_dir() / "wrap"),
-        "GPUSLICE_REAL_LIBCUDA": str(native_dir() / "sim" / "libcuda.so.1"),
-        "GPUSLICE_REAL_LIBNVML": str(native_dir() / "sim" / "libnvidia-ml.so.1"),
+        "GPUSLICE_REAL_LIBCUDA": str(gpuslice_sim.lib_dir() / "libcuda.so.1"),
+        "GPUSLICE_REAL_LIBNVML": str(gpuslice_sim.lib_dir() / "libnvidia-ml.so.1"),
     }
 
 
@@ -167,7 +168,7 @@ def test_get_proc_address_hands_out_the_hook_of_the_drivers_variant(daemon, cont
         entries = def_entries()
         syms = [e[3] for e in entries]
         ours = a.call("dlsym", names=syms)
-        real = a.call("dlsym", names=syms, path=str(native_dir() / "sim" / "libcuda.so.1"))
+        real = a.call("dlsym", names=syms, path=str(gpuslice_sim.lib_dir() / "libcuda.so.1"))
         hooked = set(hooks())
         newest: dict[tuple[str, str], int] = {}
         for name, ver, kind, _ in entries:

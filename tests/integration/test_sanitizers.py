@@ -1,6 +1,6 @@
 """ASan/UBSan and TSan builds: the simulator under 8 threads allocating,
-copying, launching and synchronising plus a fork (libcuda_wrap/tests/sim_stress.c),
-and the slice ledger's atomics under 8 contending threads (tests/ledger_stress.c);
+copying, launching and synchronising plus a fork (sim/tests/sim_stress.c),
+and the slice ledger's atomics under 8 contending threads (libcuda_wrap/tests/ledger_stress.c);
 ASan/UBSan builds of the OCI hook and the runtime shim on each of their paths."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ ROOT = REPO
 
 def test_stress_is_clean_under_sanitizers(tmp_path):
     r = subprocess.run(
-        ["make", "-C", ROOT / "libcuda_wrap", f"BUILD={tmp_path}", "check-sanitizers"],
+        ["make", "-C", ROOT, f"BUILD={tmp_path}", "check-sanitizers"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -31,7 +31,7 @@ def test_hook_and_shim_are_clean_under_asan_and_ubsan(tmp_path, daemon):
     """The OCI hook's and the runtime shim's paths (success, each kind of error,
     the JSON log) with ASan/UBSan builds, leaks included."""
     build = tmp_path / "build"
-    r = subprocess.run(["make", "-C", ROOT / "libcuda_wrap", f"BUILD={build}", "asan-bin"], capture_output=True,
+    r = subprocess.run(["make", "-C", ROOT, f"BUILD={build}", "asan-bin"], capture_output=True,
                        text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     hook, shim = build / "asan/bin/gpuslice-hook", build / "asan/bin/gpuslice-runtime"

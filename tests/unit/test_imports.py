@@ -90,3 +90,28 @@ def test_an_upward_import_is_caught(tmp_path, where, line):
         f.write(body)
     [problem] = upward_imports(tmp_path)
     assert problem.startswith(f"{where}:")
+
+
+def simulator_imports_of_ours(root: Path = REPO) -> list[str]:
+    """gpuslice-sim stands alone (a package of its own, installed without
+    gpuslice too): any import of gpuslice in it is a problem."""
+    return [
+        f"{path.relative_to(root)}:{line}: sim/ imports {module}"
+        for path in sorted((root / "sim").rglob("*.py"))
+        if not {"_native", "build"} & set(path.relative_to(root).parts)
+        for line, module in imports(path, "sim")
+        if layer_of(module)
+    ]
+
+
+def test_the_simulator_imports_nothing_of_gpuslice(tmp_path):
+    assert sorted(p.name for p in (REPO / "sim").rglob("*.py") if not {"_native", "build"} & set(p.parts)) == [
+        "__init__.py",
+        "setup.py",
+    ]
+    assert simulator_imports_of_ours() == []
+    shutil.copytree(REPO / "sim", tmp_path / "sim", ignore=shutil.ignore_patterns("__pycache__", "_native"))
+    with (tmp_path / "sim/gpuslice_sim/__init__.py").open("a") as f:
+        f.write("\nfrom gpuslice import units\n")
+    [problem] = simulator_imports_of_ours(tmp_path)
+    assert problem.startswith("sim/gpuslice_sim/__init__.py:")

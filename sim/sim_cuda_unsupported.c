@@ -15,7 +15,7 @@
     {                                                                                \
         return CUDA_ERROR_NOT_SUPPORTED;                                             \
     }
-#include "../symbols/cuda_exports.def"
+#include "cuda_exports.def"
 #undef FWD
 
 static const struct {
@@ -23,7 +23,7 @@ static const struct {
     void *fn;
 } exported[] = {
 #define FWD(name) {#name, (void *)name},
-#include "../symbols/cuda_exports.def"
+#include "cuda_exports.def"
 #undef FWD
 };
 

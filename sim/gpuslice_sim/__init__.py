@@ -1,5 +1,8 @@
 """The simulated NVIDIA driver seen from Python: where it is, how a process
-uses it, and config checks through the simulator's own parser."""
+uses it, and config checks through the simulator's own parser.
+
+This package (gpuslice-sim) stands alone: it imports nothing of gpuslice, so a
+node package never needs it and any CUDA program can run on it."""
 
 from __future__ import annotations
 
@@ -8,11 +11,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice.paths import sim_lib_dir
-
 CONFIG_ENV = "GPUSLICE_SIM_CONFIG"
 STATE_DIR_ENV = "GPUSLICE_SIM_STATE_DIR"
 DEFAULT_STATE_DIR = "/tmp/gpuslice-sim"
+
+
+def lib_dir() -> Path:
+    """The simulator's libcuda.so.1, libnvidia-ml.so.1 and bundled machine,
+    beside this module (a link to the build directory in a checkout)."""
+    return Path(__file__).resolve().parent / "_native"
 
 
 class SimError(RuntimeError):
@@ -27,16 +34,16 @@ class SimLibs:
 
 
 def libs() -> SimLibs:
-    d = sim_lib_dir()
+    d = lib_dir()
     found = SimLibs(d / "libcuda.so.1", d / "libnvidia-ml.so.1", d / "gpuslice-sim.yaml")
     if not found.cuda.exists() or not found.nvml.exists():
-        raise SimError(f"simulator libraries not built in {d} (run: make -C libcuda_wrap, or pip install .)")
+        raise SimError(f"simulator libraries not built in {d} (run: make sim, or pip install ./sim)")
     return found
 
 
 def environment(config: str | None = None, state_dir: str | None = None) -> dict[str, str]:
     """Variables that make a child process load the simulator as its driver."""
-    env = {"LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(sim_lib_dir()), os.environ.get("LD_LIBRARY_PATH")]))}
+    env = {"LD_LIBRARY_PATH": os.pathsep.join(filter(None, [str(lib_dir()), os.environ.get("LD_LIBRARY_PATH")]))}
     if config:
         env[CONFIG_ENV] = str(config)
     if state_dir:

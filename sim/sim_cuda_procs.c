@@ -12,7 +12,7 @@ void *sim_unmodelled(const char *symbol); /* sim_cuda_unsupported.c */
 
 /* Only addresses are taken here; the definitions live in the other files. */
 #define SYM(name, ver, kind, sym) void sym(void);
-#include "../symbols/sim_driver_api.def"
+#include "sim_driver_api.def"
 #undef SYM
 
 static const struct entry {
@@ -22,7 +22,7 @@ static const struct entry {
     void (*fn)(void);
 } table[] = {
 #define SYM(name, ver, kind, sym) {#name, ver, kind, sym},
-#include "../symbols/sim_driver_api.def"
+#include "sim_driver_api.def"
 #undef SYM
 };
 
