@@ -18,9 +18,6 @@
 #define WAKE_AFTER_REFILL_NS 200000ll
 #define LEGACY_THREADS 1024    /* cuLaunchGrid's block shape is not known here: the most */
 #define MAX_GRAPH_DEPTH 8
-/* An exec's table entry carries, in its unused gpu field, whether any of its
- * nodes has an entry of its own: only then does its end scan the table. */
-#define EXEC_HAS_OVERRIDES 1u
 
 CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *st);
 CUresult cuStreamIsCapturing_ptsz(CUstream s, CUstreamCaptureStatus *st);
@@ -240,7 +237,9 @@ static CUresult instantiated(CUresult r, CUgraphExec *out, CUgraph g)
 {
     if (r == CUDA_SUCCESS && out && *out && gs.mode == GS_SLICE) {
         int64_t cost = graph_cost(g, 0);
-        if (gs_table_put((uint64_t)(uintptr_t)*out, (uint64_t)(cost ? cost : 1), 0, GS_KIND_GRAPH_EXEC, 0) != 0)
+        struct gs_entry x = {.key = (uint64_t)(uintptr_t)*out, .bytes = (uint64_t)(cost ? cost : 1),
+                             .kind = GS_KIND_GRAPH_EXEC};
+        if (gs_table_put(&x) != 0)
             gs_log(0, "graph table full: this graph's launches cost one thread each");
     }
     return r;
@@ -276,7 +275,7 @@ static void forget_overrides(CUgraphExec e);
 WRAP_API CUresult cuGraphExecDestroy(CUgraphExec e)
 {
     struct gs_entry x = {.kind = GS_KIND_GRAPH_EXEC};
-    if (gs_table_take((uint64_t)(uintptr_t)e, &x) == 0 && x.gpu == EXEC_HAS_OVERRIDES)
+    if (gs_table_take((uint64_t)(uintptr_t)e, &x) == 0 && x.as.overridden)
         forget_overrides(e);
     return REAL(cuGraphExecDestroy)(e);
 }
@@ -309,11 +308,15 @@ WRAP_API CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s)
 
 /* ---- updates: an executable graph's cost follows what it will run ---------- */
 
-static void set_exec_cost(CUgraphExec e, int64_t cost, uint32_t overrides)
+/* `overridden`: some node of e has an entry of its own; only then does e's end
+ * scan the table for them. */
+static void set_exec_cost(CUgraphExec e, int64_t cost, int overridden)
 {
     struct gs_entry x = {.kind = GS_KIND_GRAPH_EXEC};
     gs_table_take((uint64_t)(uintptr_t)e, &x);
-    if (gs_table_put((uint64_t)(uintptr_t)e, (uint64_t)(cost > 0 ? cost : 1), overrides, GS_KIND_GRAPH_EXEC, 0) != 0)
+    x = (struct gs_entry){.key = (uint64_t)(uintptr_t)e, .bytes = (uint64_t)(cost > 0 ? cost : 1), .kind = GS_KIND_GRAPH_EXEC,
+                          .as.overridden = (uint64_t)overridden};
+    if (gs_table_put(&x) != 0)
         gs_log(0, "graph table full: this graph's launches cost one thread each");
 }
 
@@ -350,9 +353,10 @@ static CUresult node_set(CUresult r, CUgraphExec e, CUgraphNode n, int64_t was, 
     uint64_t key = override_key(e, n);
     struct gs_entry x = {.kind = GS_KIND_EXEC_NODE};
     gs_table_take(key, &x);
-    if (gs_table_put(key, (uint64_t)now, 0, GS_KIND_EXEC_NODE, (uint64_t)(uintptr_t)e) != 0)
+    x = (struct gs_entry){.key = key, .bytes = (uint64_t)now, .owner = (uint64_t)(uintptr_t)e, .kind = GS_KIND_EXEC_NODE};
+    if (gs_table_put(&x) != 0)
         gs_log(0, "graph table full: an exec node's new parameters are priced against its graph's");
-    set_exec_cost(e, exec_cost(e) - was + now, EXEC_HAS_OVERRIDES);
+    set_exec_cost(e, exec_cost(e) - was + now, 1);
     return r;
 }
 
@@ -389,7 +393,7 @@ static CUresult updated(CUresult r, CUgraphExec e, CUgraph g)
 {
     if (r == CUDA_SUCCESS && gs.mode == GS_SLICE) {
         struct gs_entry x = {.kind = GS_KIND_GRAPH_EXEC};
-        if (gs_table_get((uint64_t)(uintptr_t)e, &x) == 0 && x.gpu == EXEC_HAS_OVERRIDES)
+        if (gs_table_get((uint64_t)(uintptr_t)e, &x) == 0 && x.as.overridden)
             forget_overrides(e);
         set_exec_cost(e, graph_cost(g, 0), 0);
     }

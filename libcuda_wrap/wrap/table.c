@@ -41,22 +41,23 @@ static uint32_t hash(uint64_t key, uint32_t kind)
     return (uint32_t)key & (CAP - 1);
 }
 
-int gs_table_put(uint64_t key, uint64_t bytes, uint32_t gpu, uint32_t kind, uint64_t owner)
+int gs_table_put(const struct gs_entry *in)
 {
     struct gs_entry *t = table();
-    if (!t || key <= BUSY)
+    if (!t || in->key <= BUSY)
         return -1;
-    uint32_t h = hash(key, kind);
+    uint32_t h = hash(in->key, in->kind);
     for (uint32_t i = 0; i < MAX_PROBE; i++) {
         struct gs_entry *e = &t[(h + i) & (CAP - 1)];
         uint64_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
         if ((k == EMPTY || k == TOMB) &&
             __atomic_compare_exchange_n(&e->key, &k, BUSY, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-            e->bytes = bytes;
-            e->owner = owner;
-            e->gpu = gpu;
-            e->kind = kind;
-            __atomic_store_n(&e->key, key, __ATOMIC_RELEASE);
+            e->bytes = in->bytes;
+            e->owner = in->owner;
+            e->gpu = in->gpu;
+            e->kind = in->kind;
+            e->as = in->as;
+            __atomic_store_n(&e->key, in->key, __ATOMIC_RELEASE);
             return 0;
         }
     }
@@ -87,6 +88,7 @@ static void copy_out(const struct gs_entry *e, uint64_t key, struct gs_entry *ou
     out->bytes = e->bytes;
     out->owner = e->owner;
     out->gpu = e->gpu;
+    out->as = e->as;
 }
 
 int gs_table_take(uint64_t key, struct gs_entry *out)

@@ -16,6 +16,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -44,6 +45,7 @@ def _build_module():
     spec = importlib.util.spec_from_file_location("gpuslice_packaging_build", REPO / "packaging" / "build.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

@@ -82,7 +82,7 @@ def compiles(lines: list[str], inc: Path, define: str, src: Path) -> None:
 def test_hooks_match_the_toolkit_prototypes(tmp_path):
     inc = needs("cudaTypedefs.h")
     protos = {}
-    for src in ("memory.c", "gate.c", "procaddr.c"):
+    for src in ("memory.c", "vmm.c", "context.c", "gate.c", "procaddr.c"):
         protos |= our_prototypes(src, "cuda_exports.def", tmp_path)
     lines = ["#include <cuda.h>", "#include <cudaTypedefs.h>"]
     assert len(hooks()) >= 20, hooks()  # an empty list would check nothing
