@@ -26,7 +26,8 @@ import json
 import os
 from pathlib import Path
 
-from gpuslice import constants, errors, oci, request
+from gpuslice import constants, errors, request
+from gpuslice.allocator import oci
 from gpuslice.allocator.slices import SliceManager
 from gpuslice.atomic_file import write_text_atomically
 from gpuslice.cdi import apply as cdi_apply

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuslice import constants, errors, oci, request
-from gpuslice.allocator import container_start, identity, metrics
+from gpuslice import constants, errors, request
+from gpuslice.allocator import container_start, identity, metrics, oci
 from gpuslice.allocator.slices import SliceManager
 from gpuslice.allocator.unix_socket import Deadline, UnixSocketServer
 from gpuslice.cdi.spec import SpecError

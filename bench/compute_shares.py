@@ -17,9 +17,9 @@ from typing import Protocol
 import click
 
 from gpuslice.cli import sim_daemon
+from gpuslice.cli.pid_namespace import PidNamespace
 from gpuslice.cli.sim_daemon import interposer_env
 from gpuslice.paths import native_dir
-from gpuslice.pid_namespace import PidNamespace
 
 LOAD = native_dir() / "tools" / "gpuslice-cuda-load"
 WINDOW = 10.0  # seconds

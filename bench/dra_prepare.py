@@ -17,7 +17,7 @@ from bench import node
 from gpuslice.cli import sim_daemon
 from gpuslice.proto import kubelet_dra_v1_pb2 as pb
 from gpuslice.proto import kubelet_dra_v1_pb2_grpc as pb_grpc
-from tests.harness.dra import DraNode, allocated
+from tools.dra_node import PluginNode, allocated
 
 ROUNDS = {1: 200, 8: 40}
 
@@ -32,7 +32,7 @@ def main() -> None:
         spec = work / "gpuslice.json"
         made = sim_daemon.cdi_generate(d, spec)
         assert made.returncode == 0, made.stderr
-        dra = DraNode(d, spec, work, work / "cdi")
+        dra = PluginNode(d, spec, work, work / "cdi")
         dra.start_plugin()
         client = d.client()
         try:

@@ -20,8 +20,8 @@ import yaml
 
 import gpuslice_sim
 from gpuslice.cli import sim_daemon
+from gpuslice.cli.pid_namespace import PidNamespace
 from gpuslice.paths import native_dir
-from gpuslice.pid_namespace import PidNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ("forwarded:cuCtxGetCurrent", "cuMemAlloc+cuMemFree", "cuLaunchKernel", "cuLaunchKernel:rejected")

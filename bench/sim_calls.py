@@ -11,7 +11,7 @@ from collections.abc import Callable
 import click
 
 import gpuslice_sim as sim
-from gpuslice.workload import KERNEL_PTX, check
+from gpuslice.cli.workload import KERNEL_PTX, check
 
 
 def _per_call_ns(fn: Callable[[], object], n: int) -> float:

@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice import paths, rootfs
+from gpuslice import paths
 from gpuslice.cdi.registry import Registry as CdiRegistry
-from gpuslice.cli import sim_daemon
+from gpuslice.cli import rootfs, sim_daemon
 from gpuslice.cli.status_table import render_status
 from gpuslice.units import format_bytes
 

@@ -214,7 +214,7 @@ def cdi_validate(file: str) -> None:
 
 
 def _install(target: str, ctx_args: dict, dry_run: bool) -> None:
-    from gpuslice import install as installer
+    from gpuslice.cli import install as installer
 
     version = ctx_args.pop("runtime_version", None)
     try:

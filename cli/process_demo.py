@@ -36,7 +36,7 @@ def run(workers: int, alloc_mib: int, seconds: float, config: str | None, echo=p
     sim.activate()
     echo("== simulated GPUs before the workload ==")
     echo(render(inventory.read()))
-    cmd = [sys.executable, "-m", "gpuslice.workload", "--alloc-mib", str(alloc_mib), "--seconds", str(seconds)]
+    cmd = [sys.executable, "-m", "gpuslice.cli.workload", "--alloc-mib", str(alloc_mib), "--seconds", str(seconds)]
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(workers)]
     peak_used = peak_util = 0
     time.sleep(min(1.2, seconds / 2))

@@ -13,11 +13,12 @@ import grpc
 import pynvml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gpuslice import errors, install, inventory, simulator
+from gpuslice import errors, inventory, simulator
 from gpuslice.allocator.config import Config
 from gpuslice.cdi import driver_files
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cdi.registry import Registry
+from gpuslice.cli import install
 from gpuslice.cli.selftest_report import Check, failed
 from gpuslice.client import AllocatorClient
 from gpuslice.units import format_bytes

@@ -20,12 +20,12 @@ import grpc
 import pynvml
 
 from gpuslice import request
+from gpuslice.cli.pid_namespace import PidNamespace, first_child
 from gpuslice.cli.selftest_node import Layout
 from gpuslice.cli.selftest_report import Check, failed
 from gpuslice.client import AllocatorClient
 from gpuslice.inventory import Gpu
 from gpuslice.paths import native_dir
-from gpuslice.pid_namespace import PidNamespace, first_child
 from gpuslice.units import format_bytes
 
 WORKER = "gpuslice-selftest-worker"

@@ -109,7 +109,7 @@ def stage_node(dest: Path) -> None:
     hooks = dest / "usr/share/containers/oci/hooks.d"
     hooks.mkdir(parents=True)
     sys.path.insert(0, str(pydir))
-    from gpuslice.install import hooks_d
+    from gpuslice.cli.install import hooks_d
 
     for name, text in hooks_d("/usr/bin/gpuslice-hook").items():
         (hooks / name).write_text(text)

@@ -103,6 +103,6 @@ def daemon(tmp_path: Path) -> Iterator[DaemonFactory]:
 @pytest.fixture(scope="session")
 def root_fs(tmp_path_factory) -> Path:
     """A busybox root filesystem with the CUDA probe, for real containers."""
-    from gpuslice import rootfs
+    from gpuslice.cli import rootfs
 
     return rootfs.build(tmp_path_factory.mktemp("rootfs"))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice import rootfs
+from gpuslice.cli import rootfs
 from tests.harness.debian import unpacked
 from tests.harness.docker import IMAGE, DockerNode
 from tests.harness.gpu_node import GpuNode

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice import rootfs
+from gpuslice.cli import rootfs
 from tests.clients.cri import Kubelet, compile_api
 from tests.harness.containerd import HOLD, Pod, containerd_bin, cri_node
 from tests.harness.dra import DraNode, allocated

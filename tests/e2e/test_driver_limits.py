@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from gpuslice import rootfs
+from gpuslice.cli import rootfs
 from tests.harness.machine import GiB, gpu
 from tests.harness.podman_node import PODMAN, SPEC_PATH, Node, needs_runtimes, podman_detached, probe_result
 

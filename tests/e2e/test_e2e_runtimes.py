@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice import rootfs
+from gpuslice.cli import rootfs
 from gpuslice.cli.container_demo import PODMAN
 from gpuslice.paths import built_executable
 from tests.harness.podman_node import (

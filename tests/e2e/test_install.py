@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.install import ANNOTATION_REGEX
+from gpuslice.cli.install import ANNOTATION_REGEX
 
 SHIM, HOOK = "/usr/bin/gpuslice-runtime", "/usr/bin/gpuslice-hook"
 FILES = {

@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpuslice import rootfs
+from gpuslice.cli import rootfs
 from tests.clients.cri import Kubelet, compile_api
 from tests.harness.containerd import PAUSE, VERSIONS, ContainerdNode, Pod, containerd_bin, cri_node
 from tests.harness.gpu_node import GpuNode

@@ -21,8 +21,8 @@ import tomllib
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gpuslice import rootfs
 from gpuslice.cdi.registry import Registry as CdiRegistry
+from gpuslice.cli import rootfs
 from gpuslice.cli.container_demo import PODMAN
 from gpuslice.client import AllocatorClient
 from tests.harness import REPO, build_package

@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from gpuslice.cli.pid_namespace import PidNamespace
 from gpuslice.cli.sim_daemon import interposer_env
-from gpuslice.pid_namespace import PidNamespace
 
 REPO = Path(__file__).resolve().parents[2]
 CLIENTS = REPO / "tests" / "clients"

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from gpuslice import rootfs
+from gpuslice.cli import rootfs
 from tests.clients.cri import Kubelet
 from tests.harness import wait_until_ready
 from tests.harness.debian import unpacked
@@ -85,7 +85,7 @@ class ContainerdNode:
         return str(self.bin_dir / name)
 
     def _version(self) -> tuple[int, int]:
-        from gpuslice.install import runtime_version
+        from gpuslice.cli.install import runtime_version
 
         return runtime_version(self.binary("containerd"))
 

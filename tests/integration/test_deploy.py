@@ -14,8 +14,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpuslice.cli.install import RUNTIME_NAME
 from gpuslice.dra import claims, plugin, resource_slice
-from gpuslice.install import RUNTIME_NAME
 from tests.harness import REPO
 
 OVERLAYS = REPO / "deploy" / "overlays"

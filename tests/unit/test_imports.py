@@ -115,3 +115,16 @@ def test_the_simulator_imports_nothing_of_gpuslice(tmp_path):
         f.write("\nfrom gpuslice import units\n")
     [problem] = simulator_imports_of_ours(tmp_path)
     assert problem.startswith("sim/gpuslice_sim/__init__.py:")
+
+
+def test_bench_and_tools_do_not_import_the_tests():
+    """The tests' harness is theirs: what the bench shares with them lives in tools/."""
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {module}"
+        for directory in ("bench", "tools")
+        for path in sorted((REPO / directory).rglob("*.py"))
+        for line, module in imports(path, directory)
+        if module == "tests" or module.startswith("tests.")
+    ]
+    assert sorted(p.name for p in (REPO / "tools").glob("*.py"))  # the listing found the tree
+    assert found == []
