@@ -39,7 +39,7 @@ def _load_nvml(cfg: Config) -> inventory.Inventory:
         try:
             gpuslice_sim.activate(cfg.sim_config, cfg.sim_state_dir)
         except gpuslice_sim.SimError as e:
-            raise errors.FailedPrecondition(str(e)) from e
+            raise errors.InvalidArgument(str(e)) from e  # the config names a machine the simulator refuses
     return inventory.read()
 
 

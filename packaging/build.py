@@ -149,16 +149,10 @@ def finish(dest: Path, runnable: tuple[Path, ...]) -> None:
                 subprocess.run(["strip", "--strip-unneeded", str(p)], check=True)
 
 
-def maintscript(body: str, action: str) -> str:
+def maintscript(pkg: Package, action: str) -> str:
+    """A maintainer script: the package's shell functions (packaging/scripts/), then its step."""
+    body = "\n".join((PKG / "scripts" / name).read_text() for name in pkg.script_files)
     return f"#!/bin/sh\nset -e\n{body}\n{action}\n"
-
-
-# gpuslice-sim's scripts: bytecode Python wrote at run time is not the package's
-SIM_SCRIPT = (
-    "gpuslice_sim_clean() {\n"
-    f"    find {PYDIR}/gpuslice_sim -name __pycache__ -type d -prune -exec rm -rf {{}} + 2>/dev/null || true\n"
-    "}"
-)
 
 
 @dataclass(frozen=True)
@@ -174,7 +168,7 @@ class Package:
     deb_recommends: str
     rpm_recommends: str
     section: str
-    script: str  # the maintainer scripts' shared body
+    script_files: tuple[str, ...]  # under packaging/scripts/: the functions the scripts call
     deb_scripts: dict[str, str]  # postinst/prerm/postrm -> the action after the body
     rpm_scripts: dict[str, str]  # post/preun/postun -> the action after the body
     conffiles: list[str] = field(default_factory=list)
@@ -195,7 +189,7 @@ NODE = Package(
     deb_recommends="podman | containerd, runc",
     rpm_recommends="podman, runc",
     section="admin",
-    script=(PKG / "scripts/maintscript.sh").read_text(),
+    script_files=("bytecode.sh", "maintscript.sh"),
     deb_scripts={
         "postinst": 'case "$1" in configure) gpuslice_configure ;; esac',
         "prerm": 'case "$1" in remove|upgrade|deconfigure) gpuslice_stop ;; esac',
@@ -220,9 +214,11 @@ SIM = Package(
     deb_recommends="gpuslice",
     rpm_recommends="gpuslice",
     section="devel",
-    script=SIM_SCRIPT,
-    deb_scripts={"prerm": 'case "$1" in remove|upgrade|deconfigure) gpuslice_sim_clean ;; esac'},
-    rpm_scripts={"preun": "gpuslice_sim_clean"},
+    script_files=("bytecode.sh",),
+    deb_scripts={
+        "prerm": f'case "$1" in remove|upgrade|deconfigure) gpuslice_forget_bytecode {PYDIR}/gpuslice_sim ;; esac'
+    },
+    rpm_scripts={"preun": f"gpuslice_forget_bytecode {PYDIR}/gpuslice_sim"},
 )
 
 
@@ -256,7 +252,7 @@ def build_deb(out: Path, pkg: Package = NODE) -> Path:
         if pkg.conffiles:
             (control / "conffiles").write_text("".join(f"{c}\n" for c in pkg.conffiles))
         for name, action in pkg.deb_scripts.items():
-            (control / name).write_text(maintscript(pkg.script, action))
+            (control / name).write_text(maintscript(pkg, action))
             (control / name).chmod(0o755)
         out.mkdir(parents=True, exist_ok=True)
         deb = out / f"{pkg.name}_{version()}_{arch}.deb"
@@ -283,7 +279,7 @@ def build_rpm(out: Path, pkg: Package = NODE) -> Path:
                 files.append(f"%config(noreplace) {rel}")
             else:
                 files.append(rel)
-        scripts = "".join(f"%{name}\n{maintscript(pkg.script, action)}\n" for name, action in pkg.rpm_scripts.items())
+        scripts = "".join(f"%{name}\n{maintscript(pkg, action)}\n" for name, action in pkg.rpm_scripts.items())
         spec = top / f"{pkg.name}.spec"
         spec.write_text(
             f"Name: {pkg.name}\nVersion: {version()}\nRelease: 1\nSummary: {pkg.summary}\nLicense: Apache-2.0\n"

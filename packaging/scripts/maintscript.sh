@@ -1,4 +1,5 @@
-# gpuslice package scripts: one body for the .deb and the .rpm.
+# gpuslice package scripts: one body for the .deb and the .rpm (after
+# bytecode.sh, which gpuslice-sim's scripts use alone).
 # Never rewrites a runtime's configuration: that is `gpuslice install`.
 UNITS="gpuslice-daemon.service gpuslice-cdi.service gpuslice-cdi.path"
 
@@ -20,8 +21,7 @@ gpuslice_stop() {
         systemctl disable --now $UNITS || true
     fi
     pkill -f '^/usr/bin/python3 -I /usr/bin/gpuslice daemon' 2>/dev/null || true
-    # bytecode Python wrote at run time is not the package's: it must not keep directories alive
-    find /usr/lib/gpuslice -name __pycache__ -type d -prune -exec rm -rf {} + 2>/dev/null || true
+    gpuslice_forget_bytecode /usr/lib/gpuslice
 }
 
 gpuslice_purge() {
