@@ -11,9 +11,9 @@ start pays for one round trip, not an interpreter.
 - createRuntime (the hook; container created, not started): the container holds
   a slice bound to its init process: reserved by the shim already, or reserved
   here from its annotations and the GPUs CDI injected.
-- createRuntime, for a container with a DRA claim's CDI device (GPUSLICE_CLAIM):
-  the container joins the claim's slice, which the kubelet plugin reserved; the
-  claim's containers share it.
+- createRuntime, for a container with DRA claim devices (GPUSLICE_SHARE_*):
+  the container joins the ledger of exactly the claim shares it was given
+  (the kubelet plugin reserved them); containers given the same shares share it.
 - poststop: the slice is released (a claim's container leaves its claim's slice).
 - ldcache-root (the hook's update-ldcache): the container's root, where the hook
   itself writes the loader configuration.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from gpuslice import constants, errors, request
 from gpuslice.allocator import oci
-from gpuslice.allocator.slices import SliceManager
+from gpuslice.allocator.slices import ShareRef, SliceManager
 from gpuslice.atomic_file import write_text_atomically
 from gpuslice.cdi import apply as cdi_apply
 from gpuslice.cdi import spec as cdi_spec
@@ -87,13 +87,21 @@ def _container_process(cid: str, pid: int) -> None:
         raise oci.OciError(f"container {cid}: pid {pid} shares the daemon's mount namespace: not a container's")
 
 
-def claim_of(config: dict) -> str | None:
-    """The DRA claim (its UID) whose CDI device the container got, if any."""
+def shares_of(config: dict) -> list[ShareRef]:
+    """The DRA claim shares whose CDI devices the container got, if any: one
+    env entry per device ("<claim UID>/<share>"), or a claim's UID alone from
+    a claim prepared before shares had devices of their own."""
+    found = []
     for entry in oci.process_env(config):
         name, _, value = entry.partition("=")
-        if name == constants.ENV_CLAIM and value:
-            return value
-    return None
+        if name.startswith(constants.ENV_SHARE_PREFIX) and value:
+            claim, _, share = value.partition("/")
+            if not claim or not share:
+                raise oci.OciError(f"{name}={value!r}: not a claim share; accepted <claim UID>/<share>")
+            found.append(ShareRef(claim, share))
+        elif name == constants.ENV_CLAIM and value:
+            found.append(ShareRef(value))
+    return list(dict.fromkeys(found))
 
 
 def create_runtime(state: oci.State, slices: SliceManager) -> None:
@@ -101,10 +109,10 @@ def create_runtime(state: oci.State, slices: SliceManager) -> None:
     if state.pid <= 0:
         raise oci.OciError(f"container {cid}: the OCI state has no pid (createRuntime runs once the container exists)")
     config = oci.read_config(state.bundle, cid)
-    claim = claim_of(config)
-    if claim is not None:  # prepared by the DRA plugin: the container joins the claim's slice
+    shares = shares_of(config)
+    if shares:  # prepared by the DRA plugin: the container joins the ledger of the shares it was given
         _container_process(cid, state.pid)
-        slices.join(cid, claim, state.pid)
+        slices.join(cid, shares, state.pid)
         return
     try:
         slices.get(cid)

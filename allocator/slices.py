@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import hashlib
 import logging
 import os
 import threading
@@ -60,6 +61,25 @@ class ShareRequest:
 
 
 @dataclass(frozen=True)
+class ShareRef:
+    """A share of a prepared claim that a container was given (its claim
+    device's entry); share None: every share of the claim (a claim prepared
+    before shares had devices of their own)."""
+
+    claim: str
+    share: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.claim}/{self.share}" if self.share is not None else self.claim
+
+
+def ledger_key(shares: list[str]) -> str:
+    """The key of the ledger that charges exactly these claim shares together."""
+    digest = hashlib.sha256("\n".join(sorted(shares)).encode()).hexdigest()[:24]
+    return f"shares-{digest}"
+
+
+@dataclass(frozen=True)
 class Attachment:
     """A process attached to a slice: the slice whose files it charges (a
     member's claim slice), and its slot there."""
@@ -99,7 +119,7 @@ class Index:
 
     by_container: dict[str, SliceRecord] = field(default_factory=dict)
     by_id: dict[str, SliceRecord] = field(default_factory=dict)
-    members: dict[str, set[str]] = field(default_factory=dict)  # claim slice id -> its members' container ids
+    members: dict[str, set[str]] = field(default_factory=dict)  # ledger id -> its members' container ids
     tally: dict[str, GpuTally] = field(default_factory=dict)
     # bound slices, oldest first (containers of a pod may share a namespace)
     by_pid_ns: dict[int, list[SliceRecord]] = field(default_factory=dict)
@@ -111,7 +131,7 @@ class Index:
         self.by_id[rec.id] = rec
         if rec.member_of:
             self.members.setdefault(rec.member_of, set()).add(rec.container_id)
-        for a in rec.allocations:
+        for a in rec.allocations if rec.books else ():
             self.tally.setdefault(a.gpu_uuid, GpuTally()).add(a, rec.whole, 1)
         if rec.state == "bound":
             if rec.pid_ns is not None:
@@ -126,7 +146,7 @@ class Index:
         del self.by_id[rec.id]
         if rec.member_of:
             _remove(self.members, rec.member_of, container_id)
-        for a in rec.allocations:
+        for a in rec.allocations if rec.books else ():
             self.tally[a.gpu_uuid].add(a, rec.whole, -1)
         if rec.state == "bound":
             _remove(self.by_pid_ns, rec.pid_ns, rec)
@@ -248,9 +268,13 @@ class SliceManager:
         """After a (re)start: files for every slice in the store, stale files
         gone, and the driver's limits on running containers applied again."""
         keep = set()
-        for rec in self.store.all():
+        stored = self.store.all()
+        for rec in stored:
             self.index.put(rec)
-            keep.add(rec.id)
+        for rec in stored:
+            if rec.kind is OwnerKind.CLAIM and not self.index.members.get(rec.id):
+                continue  # its shares are charged through ledgers (members of one made before kept its files)
+            keep.add(self.target(rec).id)
             try:
                 self._files_for(rec)
             except OSError as e:  # e.g. a full disk: the slice stays; a Reserve of it again makes them
@@ -313,8 +337,6 @@ class SliceManager:
             if existing:
                 if existing.kind is not OwnerKind.CLAIM or existing.allocations != tuple(allocs):
                     raise Conflict(f"claim {uid} already holds slice {existing.id} of other shares")
-                if existing.id not in self.files:
-                    self._files_or_nothing(existing)
                 return existing
             policies = {a.policy for a in allocs}
             priorities = {a.priority for a in allocs}
@@ -325,8 +347,7 @@ class SliceManager:
             rec = self.store.transaction(
                 lambda store: store.insert(key, {}, policy, priority, whole, owner, allocs, OwnerKind.CLAIM)
             )
-            self.index.put(rec)
-            self._files_or_nothing(rec)
+            self.index.put(rec)  # no files: its containers charge its shares through ledgers (join)
         return rec
 
     def _claim_allocations(self, uid: str, shares: list[ShareRequest], exclude: str) -> list[Allocation]:
@@ -342,8 +363,10 @@ class SliceManager:
         allocs = []
         for index, on_gpu in sorted(by_gpu.items()):
             cap = caps[index]
-            if len({s.share for s in on_gpu}) != len(on_gpu):
-                raise errors.InvalidArgument(f"claim {uid}: two shares of GPU {index} with one share ID")
+            if len({s.share for s in on_gpu}) != len(on_gpu) or "/" in "".join(s.share for s in on_gpu):
+                raise errors.InvalidArgument(
+                    f"claim {uid}: two shares of GPU {index} with one share ID, or a share ID with '/'"
+                )
             asked = [s.request() for s in on_gpu]
             wanted = [demand(r, cap) for r in asked]
             whole = any(r.whole_gpus for r in asked)
@@ -396,31 +419,84 @@ class SliceManager:
             self._driver_limit(bound)
             return bound
 
-    def join(self, container_id: str, claim_uid: str, pid: int) -> SliceRecord:
-        """A container of a DRA claim, bound to the claim's slice: its processes
-        share the claim's memory and compute with the claim's other containers."""
+    def join(self, container_id: str, shares: list[ShareRef], pid: int) -> SliceRecord:
+        """A container given claim devices, bound to the ledger of exactly those
+        shares: its processes charge them together with the other containers
+        given the same ones (and see no other share of the claim)."""
         who = self._process(container_id, pid)
+        if not shares:
+            raise errors.InvalidArgument(f"container {container_id}: no claim share to join")
         with self._lock:
-            claim = self.index.by_container.get(constants.claim_slice_key(claim_uid))
-            if claim is None or claim.kind is not OwnerKind.CLAIM:
-                raise errors.NotFound(
-                    f"the slice of claim {claim_uid} is not on this node "
-                    "(the DRA plugin prepares it before the pod's containers start)"
-                )
+            wanted = self._claim_shares(container_id, shares)
+            key = ledger_key(list(wanted))
             existing = self.index.by_container.get(container_id)
             if existing is not None:
-                if existing.member_of == claim.id and existing.pid == pid:
+                ledger = self.index.by_container.get(key)
+                if ledger is not None and existing.member_of == ledger.id and existing.pid == pid:
                     return existing
                 raise Conflict(f"container {container_id} already holds slice {existing.id}")
-            member = self.store.transaction(
-                lambda store: store.bind(
-                    store.insert(container_id, {}, claim.policy, claim.priority, False,
-                                 f"member of {claim.container_id}", [], OwnerKind.MEMBER, claim.id),
+            self._no_other_ledger(container_id, key, set(wanted))
+
+            def tx(store: SliceStore) -> tuple[SliceRecord | None, SliceRecord]:
+                ledger = self.index.by_container.get(key)
+                made = None
+                if ledger is None:
+                    made = ledger = self._insert_ledger(store, key, wanted)
+                member = store.bind(
+                    store.insert(container_id, {}, ledger.policy, ledger.priority, False, f"member of {key}", [],
+                                 OwnerKind.MEMBER, ledger.id),
                     who.pid, who.pid_ns, who.cgroup, who.start_time,
-                )
-            )  # fmt: skip
+                )  # fmt: skip
+                return made, member
+
+            made, member = self.store.transaction(tx)
+            if made is not None:
+                self.index.put(made)
+                self._files_or_nothing(made)
             self.index.put(member)
             return member
+
+    def _claim_shares(self, container_id: str, refs: list[ShareRef]) -> dict[str, Allocation]:
+        """The claim shares the refs name ('<claim>/<share>': its allocation), each prepared here."""
+        found: dict[str, Allocation] = {}
+        for ref in refs:
+            claim = self.index.by_container.get(constants.claim_slice_key(ref.claim))
+            if claim is None or claim.kind is not OwnerKind.CLAIM:
+                raise errors.NotFound(
+                    f"container {container_id}: the slice of claim {ref.claim} is not on this node "
+                    "(the DRA plugin prepares it before the pod's containers start)"
+                )
+            named = [a for a in claim.allocations if ref.share is None or a.share == ref.share]
+            if not named:
+                raise errors.NotFound(f"container {container_id}: claim {ref.claim} has no share {ref.share}")
+            for a in named:
+                found[f"{ref.claim}/{a.share}"] = a
+        return found
+
+    def _no_other_ledger(self, container_id: str, key: str, wanted: set[str]) -> None:
+        """A share is charged through one ledger at a time: two containers given
+        overlapping but different sets of shares cannot both hold them exactly."""
+        for rec in self.index.by_container.values():
+            if rec.kind is OwnerKind.SHARES and rec.container_id != key:
+                overlap = sorted(wanted & {a.share for a in rec.allocations})
+                if overlap:
+                    users = ", ".join(sorted(self.index.members.get(rec.id, ())))
+                    raise Conflict(
+                        f"container {container_id}: claim share {overlap[0]} is in use by container(s) {users} "
+                        "with other shares of the claim; give containers that share a claim either the same "
+                        "requests of it or requests that do not overlap"
+                    )
+
+    def _insert_ledger(self, store: SliceStore, key: str, wanted: dict[str, Allocation]) -> SliceRecord:
+        copies = [dataclasses.replace(a, share=name) for name, a in sorted(wanted.items())]
+        copies.sort(key=lambda a: (a.gpu_index, a.share))
+        policies = {a.policy for a in copies}
+        priorities = {a.priority for a in copies}
+        policy = policies.pop() if len(policies) == 1 else requests.ComputePolicy.ELASTIC.value
+        priority = priorities.pop() if len(priorities) == 1 else requests.Priority.NORMAL.value
+        claims = sorted({name.split("/", 1)[0] for name in wanted})
+        return store.insert(key, {}, policy, priority, False, f"shares of claim {', '.join(claims)}", copies,
+                            OwnerKind.SHARES)  # fmt: skip
 
     def release(self, container_id: str) -> bool:
         with self._lock:
@@ -428,23 +504,52 @@ class SliceManager:
             if rec is None:
                 return False
             if rec.kind is OwnerKind.MEMBER:  # a member holds no files or capacity of its own
-                self.store.transaction(lambda store: store.delete(rec.id))
+                ledger = self.index.by_id.get(rec.member_of or "")
+                if (
+                    ledger is None
+                    or ledger.kind is not OwnerKind.SHARES
+                    or (self.index.members.get(ledger.id) != {container_id})
+                ):
+                    ledger = None  # others still charge it (or a claim's slice from before ledgers)
+                # the last member of a ledger takes it along: its shares are free for another set
+                gone = ledger.id if ledger else rec.id
+                self.store.transaction(lambda store: store.delete(gone))
                 self.index.drop(container_id)
                 log.info("container %s left slice %s", container_id, rec.member_of)
+                if ledger:
+                    self._forget(ledger)
                 return True
-            # a claim's members go with it (the store deletes their rows with its own)
-            self.store.transaction(lambda store: store.delete(rec.id))
-            for member in sorted(self.index.members.get(rec.id, ())):
-                self.index.drop(member)
-            self.index.drop(container_id)
-            f = self.files.pop(rec.id, None)
-            if f:
-                f.remove()
-            self._clear_driver_limit(rec)
-            for cb in self.on_release:
-                cb(rec.id)
+            # a claim's ledgers and members go with it (the store deletes members' rows with their slice's)
+            ledgers = [rec] + (self._ledgers_of(rec) if rec.kind is OwnerKind.CLAIM else [])
+
+            def tx(store: SliceStore) -> None:
+                for r in ledgers:
+                    store.delete(r.id)
+
+            self.store.transaction(tx)
+            for r in ledgers:
+                self._forget(r)
         log.info("released slice %s of container %s", rec.id, container_id)
         return True
+
+    def _ledgers_of(self, claim: SliceRecord) -> list[SliceRecord]:
+        uid = claim.container_id.removeprefix(constants.claim_slice_key(""))
+        return [
+            r for r in self.index.by_container.values()
+            if r.kind is OwnerKind.SHARES and any(a.share.split("/", 1)[0] == uid for a in r.allocations)
+        ]  # fmt: skip
+
+    def _forget(self, rec: SliceRecord) -> None:
+        """A slice whose row is gone: its members, files and driver limits too."""
+        for member in sorted(self.index.members.get(rec.id, ())):
+            self.index.drop(member)
+        self.index.drop(rec.container_id)
+        f = self.files.pop(rec.id, None)
+        if f:
+            f.remove()
+        self._clear_driver_limit(rec)
+        for cb in self.on_release:
+            cb(rec.id)
 
     def resize(self, container_id: str, annotations: dict[str, str]) -> SliceRecord:
         allowed = {requests.MEMORY, requests.CORES}
@@ -553,7 +658,7 @@ class SliceManager:
             # a claim's slice lives until the kubelet unprepares the claim, however long unused
             if (r.state == "bound" and not identity.alive(r.pid or 0, r.pid_start or -1)) or (
                 r.state == "reserved"
-                and r.kind is not OwnerKind.CLAIM
+                and r.kind not in (OwnerKind.CLAIM, OwnerKind.SHARES)
                 and now_ms() - r.created_ms > reservation_timeout * 1000
             ):
                 gone.append(r.container_id)

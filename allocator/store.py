@@ -105,6 +105,10 @@ class OwnerKind(str, Enum):
     CONTAINER = "container"  # a container's own slice (hook, shim, CLI)
     CLAIM = "claim"  # a DRA claim's slice: kept until the kubelet unprepares it
     MEMBER = "member"  # a container in a claim's slice: no capacity of its own
+    # the shares of claims that a container's processes charge together (the
+    # claim devices it was given): the ledger its members attach to; its
+    # allocations are copies of those shares and book nothing (the claims do)
+    SHARES = "shares"
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,11 @@ class SliceRecord:
     allocations: tuple[Allocation, ...]
     kind: OwnerKind = OwnerKind.CONTAINER
     member_of: str | None = None  # a member's claim slice (its id)
+
+    @property
+    def books(self) -> bool:
+        """Whether its allocations count against the GPUs (a SHARES ledger's are its claims')."""
+        return self.kind is not OwnerKind.SHARES
 
 
 def migrate(db: sqlite3.Connection, path: Path) -> None:

@@ -296,8 +296,11 @@ def selftest_cmd(config_path, cdi_spec, memory, seconds, gpus, no_shares, as_jso
 @click.option("--cdi-spec", type=click.Path(dir_okay=False), help="the node's gpuslice.io/gpu spec (default: CDI's)")
 @click.option("--resync", type=click.FloatRange(0.1, 3600), default=30.0, show_default=True,
               help="seconds between reads of the daemon's GPUs (republished when they change)")  # fmt: skip
+@click.option("--sysfs", type=click.Path(file_okay=False), default="/sys", show_default=True,
+              help="the host's sysfs, where each GPU's PCIe root complex is read")  # fmt: skip
 @click.option("-v", "--verbose", is_flag=True, help="log at debug level")
-def kubelet_plugin(node_name, kubeconfig, daemon_socket, plugin_dir, registry_dir, cdi_dir, cdi_spec, resync, verbose):
+def kubelet_plugin(node_name, kubeconfig, daemon_socket, plugin_dir, registry_dir, cdi_dir, cdi_spec, resync, sysfs,
+                   verbose):  # fmt: skip
     """The DRA driver gpuslice.io on this node: publishes its GPUs as a
     ResourceSlice and prepares the claims kube-scheduler allocated on them."""
     import logging
@@ -307,7 +310,7 @@ def kubelet_plugin(node_name, kubeconfig, daemon_socket, plugin_dir, registry_di
 
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="gpuslice-kubelet-plugin: %(message)s")
     opts = plugin.Options(node_name, daemon_socket, kubeconfig, Path(plugin_dir), Path(registry_dir), Path(cdi_dir),
-                          Path(cdi_spec) if cdi_spec else None, resync)  # fmt: skip
+                          Path(cdi_spec) if cdi_spec else None, resync, Path(sysfs))  # fmt: skip
     try:
         p = plugin.Plugin(opts)
     except errors.GpusliceError as e:

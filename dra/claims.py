@@ -1,6 +1,7 @@
 """A ResourceClaim as kube-scheduler allocated it, read for this driver and
-this node: which GPUs, how much of each (consumedCapacity), which share, and
-the opaque configuration for `gpuslice.io` (compute policy, priority)."""
+this node: one Result per allocation result (a device, the request it
+answers, its share ID and consumedCapacity, admin access), each with the
+opaque configuration for `gpuslice.io` that applies to its request."""
 
 from __future__ import annotations
 
@@ -24,15 +25,38 @@ class ClaimError(errors.InvalidArgument):
 
 
 @dataclass(frozen=True)
-class Allocated:
+class Config:
+    """The opaque parameters that apply to one result."""
+
+    policy: str | None = None
+    priority: str | None = None
+    whole: bool = False  # wholeGPU: true: the result must have consumed the whole GPU
+
+
+@dataclass(frozen=True)
+class Result:
     """One allocation result for a device of ours."""
 
-    request: str
+    request: str  # as allocated: "<request>" or "<request>/<subrequest>"
     pool: str
     device: str
-    memory: int | None  # None: the request consumed no capacity (the whole device)
+    memory: int | None  # consumedCapacity; None: none consumed (an exclusive device: the whole GPU)
     cores: int | None
     share_id: str | None
+    admin: bool = False  # adminAccess: monitoring, books nothing
+    config: Config = Config()
+
+    @property
+    def base_request(self) -> str:
+        """The request a container names (resources.claims[].request): a
+        subrequest's parent (k8s.io/dynamic-resource-allocation/resourceclaim
+        BaseRequestRef)."""
+        return self.request.split("/", 1)[0]
+
+    @property
+    def share(self) -> str:
+        """Tells the claim's shares apart: the share ID, else the request and device."""
+        return self.share_id or f"{self.request.replace('/', '.')}@{self.device}"
 
 
 @dataclass(frozen=True)
@@ -40,10 +64,7 @@ class Claim:
     uid: str
     namespace: str
     name: str
-    devices: tuple[Allocated, ...]
-    policy: str | None = None
-    priority: str | None = None
-    whole: bool = False  # the class asked for whole GPUs (wholeGPU: true): no memory limit, no share
+    results: tuple[Result, ...]
 
 
 def quantity(text: object, what: str) -> int:
@@ -54,35 +75,71 @@ def quantity(text: object, what: str) -> int:
     return int(m.group(1)) * _FACTORS[m.group(2)]
 
 
-def _allocated(result: dict[str, Any]) -> Allocated:
-    consumed = result.get("consumedCapacity") or {}
+def _params(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """An entry's parameters for our driver, checked; None for another driver's."""
+    opaque = entry.get("opaque") or {}
+    if opaque.get("driver") != DRIVER:
+        return None
+    params = opaque.get("parameters") or {}
+    unknown = set(params) - CONFIG_KEYS
+    if unknown or params.get("apiVersion", CONFIG_API_VERSION) != CONFIG_API_VERSION:
+        raise ClaimError(
+            f"opaque config for {DRIVER}: unknown {sorted(unknown) or params.get('apiVersion')}; accepted: "
+            f"apiVersion {CONFIG_API_VERSION}, kind {CONFIG_KIND}, computePolicy (hard, elastic), "
+            "priority (high, normal, low), wholeGPU (true, false)"
+        )
+    if not isinstance(params.get("wholeGPU", False), bool):
+        raise ClaimError(f"wholeGPU {params['wholeGPU']!r}: accepted true, false")
+    policy, priority = params.get("computePolicy"), params.get("priority")
+    if policy is not None and policy not in {p.value for p in request.ComputePolicy}:
+        raise ClaimError(f"computePolicy {policy!r}: accepted hard, elastic")
+    if priority is not None and priority not in {p.value for p in request.Priority}:
+        raise ClaimError(f"priority {priority!r}: accepted high, normal, low")
+    return params
+
+
+def _applies(requests: list[str], result_request: str) -> bool:
+    """Whether a config entry applies to a result: no requests (all of them),
+    the result's own request, or its parent request (as
+    k8s.io/dynamic-resource-allocation/resourceclaim ConfigForResult matches)."""
+    return not requests or result_request in requests or result_request.split("/", 1)[0] in requests
+
+
+def _config(entries: list[tuple[list[str], dict[str, Any]]], result_request: str) -> Config:
+    """The parameters for one result: later entries over earlier ones, the
+    claim's over its class's."""
+    merged: dict[str, Any] = {}
+    for requests, params in entries:
+        if _applies(requests, result_request):
+            merged.update({k: v for k, v in params.items() if k in ("computePolicy", "priority", "wholeGPU")})
+    return Config(merged.get("computePolicy"), merged.get("priority"), merged.get("wholeGPU", False))
+
+
+def _result(raw: dict[str, Any], config: Config) -> Result:
+    consumed = raw.get("consumedCapacity") or {}
     unknown = set(consumed) - {"memory", "cores"}
     if unknown:
-        raise ClaimError(f"device {result['device']}: unknown consumed capacity {sorted(unknown)} (memory, cores)")
-    memory = quantity(consumed["memory"], "memory") if "memory" in consumed else None
-    cores = quantity(consumed["cores"], "cores") if "cores" in consumed else None
-    return Allocated(result["request"], result["pool"], result["device"], memory, cores, result.get("shareID"))
+        raise ClaimError(f"device {raw['device']}: unknown consumed capacity {sorted(unknown)} (memory, cores)")
+    memory = cores = None
+    if consumed:  # the allocator writes every capacity of a shared device; one it left out is none of it
+        memory = quantity(consumed.get("memory", 0), "memory")
+        cores = quantity(consumed.get("cores", 0), "cores")
+    return Result(raw["request"], raw["pool"], raw["device"], memory, cores, raw.get("shareID"),
+                  bool(raw.get("adminAccess")), config)  # fmt: skip
 
 
-def _config(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """The opaque parameters for our driver; the claim's own win over its class's."""
-    merged: dict[str, Any] = {}
-    for entry in sorted(entries, key=lambda e: e.get("source") == "FromClaim"):
-        opaque = entry.get("opaque") or {}
-        if opaque.get("driver") != DRIVER:
-            continue
-        params = opaque.get("parameters") or {}
-        unknown = set(params) - CONFIG_KEYS
-        if unknown or params.get("apiVersion", CONFIG_API_VERSION) != CONFIG_API_VERSION:
+def _twice(results: list[Result]) -> None:
+    """One request given one device twice: schedulers of Kubernetes 1.34 and
+    1.35 do it for `count` > 1 on a shared device (fixed in 1.36); two shares
+    on one GPU for one request are not what the claim asked for."""
+    seen: set[tuple[str, str]] = set()
+    for r in results:
+        if (r.request, r.device) in seen:
             raise ClaimError(
-                f"opaque config for {DRIVER}: unknown {sorted(unknown) or params.get('apiVersion')}; accepted: "
-                f"apiVersion {CONFIG_API_VERSION}, kind {CONFIG_KIND}, computePolicy (hard, elastic), "
-                "priority (high, normal, low), wholeGPU (true, false)"
+                f"request {r.request} was given GPU {r.device} twice (a scheduler before Kubernetes 1.36 does this "
+                "for count > 1); ask for count: 1 per request, or run Kubernetes 1.36 or later"
             )
-        if not isinstance(params.get("wholeGPU", False), bool):
-            raise ClaimError(f"wholeGPU {params['wholeGPU']!r}: accepted true, false")
-        merged.update({k: v for k, v in params.items() if k in ("computePolicy", "priority", "wholeGPU")})
-    return merged
+        seen.add((r.request, r.device))
 
 
 def parse(claim: dict[str, Any], pool: str) -> Claim:
@@ -98,11 +155,9 @@ def parse(claim: dict[str, Any], pool: str) -> Claim:
     elsewhere = sorted({r.get("pool", "") for r in ours} - {pool})
     if elsewhere:
         raise ClaimError(f"devices of pool {elsewhere[0]}, not of this node ({pool})")
-    config = _config(devices.get("config") or [])
-    policy, priority = config.get("computePolicy"), config.get("priority")
-    if policy is not None and policy not in {p.value for p in request.ComputePolicy}:
-        raise ClaimError(f"computePolicy {policy!r}: accepted hard, elastic")
-    if priority is not None and priority not in {p.value for p in request.Priority}:
-        raise ClaimError(f"priority {priority!r}: accepted high, normal, low")
-    return Claim(meta["uid"], meta.get("namespace", ""), meta.get("name", ""), tuple(_allocated(r) for r in ours),
-                 policy, priority, config.get("wholeGPU", False))  # fmt: skip
+    # the scheduler lists the class's entries before the claim's; sorted stably, so either way the claim's win
+    entries = sorted(devices.get("config") or [], key=lambda e: e.get("source") == "FromClaim")
+    checked = [(list(e.get("requests") or []), p) for e in entries if (p := _params(e)) is not None]
+    results = [_result(r, _config(checked, r["request"])) for r in ours]
+    _twice(results)
+    return Claim(meta["uid"], meta.get("namespace", ""), meta.get("name", ""), tuple(results))

@@ -38,6 +38,7 @@ class Options:
     cdi_dir: Path = Path("/var/run/cdi")
     base_spec: Path | None = None  # the node's gpuslice.io/gpu spec; default: the one CDI resolves
     republish_s: float = 30.0
+    sysfs: Path = Path("/sys")  # where the standard pcieRoot attribute is read
 
 
 def base_spec(path: Path | None) -> cdi_spec.Spec:
@@ -82,7 +83,7 @@ class Plugin:
         for g in inventory.gpus:  # said before it is published: a reader of the slice finds the reason logged
             if g.health:
                 log.warning("GPU %d (%s) tainted %s: %s", g.index, g.uuid, resource_slice.UNHEALTHY, g.health)
-        self.api.publish_slice(resource_slice.build(self.opts.node, inventory, self.generation))
+        self.api.publish_slice(resource_slice.build(self.opts.node, inventory, self.generation, self.opts.sysfs))
         self.published = seen
         log.info("published ResourceSlice %s, generation %d", resource_slice.slice_name(self.opts.node),
                  self.generation)  # fmt: skip

@@ -1,9 +1,11 @@
-"""NodePrepareResources and NodeUnprepareResources for one claim: the claim's
-allocation read from the API server becomes one slice of the daemon on exactly
-the allocated GPUs with exactly the consumed memory and cores (keyed by the
-claim's UID), and a CDI spec of kind gpuslice.io/claim whose device gives a
-container the GPUs, the interposer and the claim's name. Each claim is all or
-nothing: a failure leaves no slice, no spec and no checkpoint entry."""
+"""NodePrepareResources and NodeUnprepareResources for one claim: each
+allocation result read from the API server becomes one share in the daemon
+(its GPU, exactly its consumedCapacity, its own opaque configuration) and one
+CDI device of kind gpuslice.io/claim, so that a container given one request of
+the claim gets that request's shares and no other. Admin-access results book
+nothing: their devices give the GPU for monitoring (the device nodes and the
+real driver libraries, no interposer). Each claim is all or nothing: a failure
+leaves no shares, no spec and no checkpoint entry."""
 
 from __future__ import annotations
 
@@ -18,12 +20,15 @@ from gpuslice.cdi import spec as cdi_spec
 from gpuslice.client import AllocatorClient
 from gpuslice.dra import claims as claim_model
 from gpuslice.dra.checkpoint import Checkpoint, Prepared
-from gpuslice.dra.resource_slice import index_of
+from gpuslice.dra.resource_slice import MEMORY_STEP, index_of
 from gpuslice.proto import gpuslice_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 ClaimReader = Callable[[str, str], dict[str, Any]]  # (namespace, name) -> the ResourceClaim
+# what the interposer needs in a container, and a monitoring container does without
+_INTERPOSER_ENV = (constants.ENV_REAL_LIBCUDA, constants.ENV_REAL_LIBNVML, constants.ENV_SLICE_SOCKET,
+                   "LD_LIBRARY_PATH")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -38,22 +43,30 @@ def _named(ref: ClaimRef, e: errors.GpusliceError) -> errors.GpusliceError:
     return errors.KINDS.get(errors.code_of(e), errors.GpusliceError)(f"claim {ref.namespace}/{ref.name}: {e}")
 
 
-def cdi_device_id(uid: str) -> str:
-    return f"{constants.CDI_CLAIM_KIND}={uid}"
+def device_name(uid: str, n: int) -> str:
+    """The CDI device of the claim's n-th result of ours."""
+    return f"{uid}-{n}"
 
 
-def _merge(parts: list[cdi_spec.ContainerEdits]) -> cdi_spec.ContainerEdits:
-    """Edits of several devices as one, each entry once, in order."""
+def cdi_device_id(uid: str, n: int) -> str:
+    return f"{constants.CDI_CLAIM_KIND}={device_name(uid, n)}"
 
-    def once(items: list[Any]) -> tuple[Any, ...]:
-        return tuple(dict.fromkeys(items))
 
-    return cdi_spec.ContainerEdits(
-        env=once([e for p in parts for e in p.env]),
-        device_nodes=once([d for p in parts for d in p.device_nodes]),
-        mounts=once([m for p in parts for m in p.mounts]),
-        hooks=once([h for p in parts for h in p.hooks]),
-    )
+def share_env(uid: str, n: int, share: str) -> str:
+    """The env entry by which a container names a share it was given (one per
+    device, so that a container given several has them all)."""
+    return f"{constants.ENV_SHARE_PREFIX}{uid.replace('-', '')}_{n}={uid}/{share}"
+
+
+def monitoring_edits(base: cdi_spec.ContainerEdits) -> cdi_spec.ContainerEdits:
+    """The node spec's common edits without the interposer: the real driver
+    libraries first on the library path, the control device nodes, no slice
+    socket and no hooks (an admin-access container holds no slice)."""
+    wrap, sockets = constants.CONTAINER_WRAP_DIR, constants.SLICE_SOCKET_DIR
+    mounts = tuple(m for m in base.mounts if not m.container_path.startswith((wrap + "/", sockets)))
+    env = tuple(e for e in base.env if e.partition("=")[0] not in _INTERPOSER_ENV)
+    return cdi_spec.ContainerEdits(env=(*env, f"LD_LIBRARY_PATH={constants.CONTAINER_DRIVER_DIR}"),
+                                   device_nodes=base.device_nodes, mounts=mounts)  # fmt: skip
 
 
 class Preparer:
@@ -69,6 +82,9 @@ class Preparer:
     def spec_path(self, uid: str) -> Path:
         return self.cdi_dir / f"gpuslice.io-claim_{uid}.json"
 
+    def admin_spec_path(self, uid: str) -> Path:
+        return self.cdi_dir / f"gpuslice.io-claim_{uid}_admin.json"
+
     def prepare(self, ref: ClaimRef) -> list[dict[str, Any]]:
         """The devices to answer for the claim; raises GpusliceError with one line."""
         done = self.checkpoint.get(ref.uid)
@@ -83,58 +99,92 @@ class Preparer:
             shares = self._shares(parsed)
         except claim_model.ClaimError as e:
             raise claim_model.ClaimError(f"claim {ref.namespace}/{ref.name}: {e}") from None
+        sid = ""
+        if shares:
+            try:
+                owner = f"dra {ref.namespace}/{ref.name}"
+                sid = self.daemon.reserve_claim(ref.uid, shares, owner=owner).container_id
+            except errors.GpusliceError as e:  # the daemon's kind (no room: RESOURCE_EXHAUSTED), named for the claim
+                raise _named(ref, e) from e
         try:
-            sid = self.daemon.reserve_claim(ref.uid, shares, owner=f"dra {ref.namespace}/{ref.name}").container_id
-        except errors.GpusliceError as e:  # the daemon's kind (no room: RESOURCE_EXHAUSTED), named for the claim
-            raise _named(ref, e) from e
-        try:
-            spec = self._write_spec(ref.uid, [index_of(d.device) for d in parsed.devices])
+            spec = self._write_specs(parsed)
             devices = [
-                {"request_names": [d.request], "pool_name": d.pool, "device_name": d.device,
-                 "cdi_device_ids": [cdi_device_id(ref.uid)], **({"share_id": d.share_id} if d.share_id else {})}
-                for d in parsed.devices
+                {"request_names": [r.base_request], "pool_name": r.pool, "device_name": r.device,
+                 "cdi_device_ids": [cdi_device_id(ref.uid, n)], **({"share_id": r.share_id} if r.share_id else {})}
+                for n, r in enumerate(parsed.results)
             ]  # fmt: skip
             self.checkpoint.put(Prepared(ref.uid, ref.namespace, ref.name, sid, str(spec), devices))
         except BaseException:
-            self.spec_path(ref.uid).unlink(missing_ok=True)
-            self.daemon.release(sid)
+            self._remove_specs(ref.uid)
+            if sid:
+                self.daemon.release(sid)
             raise
-        log.info("prepared claim %s/%s (%s): slice %s", ref.namespace, ref.name, ref.uid, sid)
+        for r in parsed.results:
+            if r.admin:
+                log.info("claim %s/%s: admin access to %s (request %s): monitoring, nothing reserved",
+                         ref.namespace, ref.name, r.device, r.request)  # fmt: skip
+        log.info("prepared claim %s/%s (%s): %d shares", ref.namespace, ref.name, ref.uid, len(shares))
         return devices
 
     def unprepare(self, ref: ClaimRef) -> None:
         done = self.checkpoint.get(ref.uid)
         try:
-            self.daemon.release(done.slice_id if done else constants.claim_slice_key(ref.uid))
+            self.daemon.release(done.slice_id if done and done.slice_id else constants.claim_slice_key(ref.uid))
         except errors.GpusliceError as e:
             raise _named(ref, e) from e
-        self.spec_path(ref.uid).unlink(missing_ok=True)
+        self._remove_specs(ref.uid)
         self.checkpoint.drop(ref.uid)
         log.info("unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
 
-    @staticmethod
-    def _shares(claim: claim_model.Claim) -> list[pb.Share]:
-        """The claim's shares as the scheduler allocated them, each its own size
-        (the daemon checks the GPUs and their room). Whole GPUs: no memory,
-        no cores."""
+    def _remove_specs(self, uid: str) -> None:
+        self.spec_path(uid).unlink(missing_ok=True)
+        self.admin_spec_path(uid).unlink(missing_ok=True)
+
+    def _capacity(self, index: int) -> int:
+        """The GPU's memory as the ResourceSlice publishes it."""
+        gpus = {g.index: g for g in self.daemon.inventory().gpus}
+        total = gpus[index].memory_total if index in gpus else 0
+        return total - total % MEMORY_STEP
+
+    def _shares(self, claim: claim_model.Claim) -> list[pb.Share]:
+        """The claim's non-admin results as the scheduler booked them: each
+        exactly its consumedCapacity (the daemon checks the GPUs and their
+        room); a result that consumed nothing (an exclusive device) is the
+        whole GPU."""
         shares = []
-        for d in claim.devices:
-            index = index_of(d.device)
+        for r in claim.results:
+            index = index_of(r.device)
             if index is None:
-                raise claim_model.ClaimError(f"device {d.device} is not a GPU of this node")
-            memory = None if claim.whole else d.memory
-            # a full compute share with a memory limit asks for no guaranteed share, as before
-            cores = None if claim.whole or d.cores is None or d.cores >= 100 else d.cores
-            shares.append(pb.Share(gpu_index=index, memory=memory or 0, cores=cores or 0, policy=claim.policy or "",
-                                   priority=claim.priority or "", share_id=d.share_id or ""))  # fmt: skip
+                raise claim_model.ClaimError(f"device {r.device} is not a GPU of this node")
+            if r.admin:
+                continue  # the scheduler leaves admin access out of its books: so does the daemon
+            if r.config.whole and r.memory is not None and r.memory < self._capacity(index):
+                raise claim_model.ClaimError(
+                    f"request {r.request}: wholeGPU: true, but it consumed {r.memory} bytes of {r.device}; "
+                    "a whole GPU consumes all of its memory (leave memory out of the request)"
+                )
+            shares.append(pb.Share(gpu_index=index, memory=r.memory or 0, cores=r.cores or 0,
+                                   policy=r.config.policy or "", priority=r.config.priority or "",
+                                   share_id=r.share))  # fmt: skip
         return shares
 
-    def _write_spec(self, uid: str, indexes: list[int | None]) -> Path:
-        gpu_edits = [self.base.device(str(i)).edits for i in indexes]
-        edits = _merge([self.base.edits, *gpu_edits])
-        edits = replace(edits, env=(*edits.env, f"{constants.ENV_CLAIM}={uid}"))
+    def _write_specs(self, claim: claim_model.Claim) -> Path:
+        """The claim's CDI devices: those of shares in one spec whose common
+        edits are the interposer's, those of admin access in another whose
+        common edits are the driver's alone."""
+        shares, admin = [], []
+        for n, r in enumerate(claim.results):
+            gpu = self.base.device(str(index_of(r.device))).edits
+            if r.admin:
+                admin.append(cdi_spec.Device(device_name(claim.uid, n), gpu))
+            else:
+                env = (*gpu.env, share_env(claim.uid, n, r.share))
+                shares.append(cdi_spec.Device(device_name(claim.uid, n), replace(gpu, env=env)))
         kind = constants.CDI_CLAIM_KIND
-        spec = cdi_spec.Spec(kind=kind, devices=(cdi_spec.Device(uid, edits),))
-        path = self.spec_path(uid)
-        cdi_spec.write(spec, path)
-        return path
+        path = self.spec_path(claim.uid)
+        if shares:
+            cdi_spec.write(cdi_spec.Spec(kind=kind, devices=tuple(shares), edits=self.base.edits), path)
+        if admin:
+            edits = monitoring_edits(self.base.edits)
+            cdi_spec.write(cdi_spec.Spec(kind=kind, devices=tuple(admin), edits=edits), self.admin_spec_path(claim.uid))
+        return path if shares else self.admin_spec_path(claim.uid)

@@ -4,7 +4,9 @@ claims may share (allowMultipleAllocations), with consumable `memory` and
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any
 
 from gpuslice.proto import gpuslice_pb2 as pb
@@ -12,7 +14,15 @@ from gpuslice.proto import gpuslice_pb2 as pb
 DRIVER = "gpuslice.io"
 API_VERSION = "resource.k8s.io/v1"
 MEMORY_STEP = 256 << 20  # the smallest slice and the granularity kube-scheduler rounds requests up to
-DEFAULT_MEMORY = 1 << 30  # what a request that names no memory consumes
+# What a request that names no capacity consumes (the requestPolicy defaults):
+# no memory named, all of it (the whole GPU: the whole.gpuslice.io class and
+# the gpuslice.io/gpu extended resource get exactly that); no cores named, 0
+# (an elastic share of idle compute), so that claims naming only memory share.
+DEFAULT_CORES = 0
+# the standard attributes (k8s.io/dynamic-resource-allocation/deviceattribute)
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"  # "pci<domain>:<bus>", the PCIe root complex
+PCI_BUS_ID = "resource.kubernetes.io/pciBusID"  # "<domain>:<bus>:<device>.<function>", lower case
+_ROOT_COMPLEX = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}\Z")
 # compute capability (major) -> architecture, as NVIDIA names them
 ARCHITECTURES = {"7.0": "Volta", "7.2": "Volta", "7.5": "Turing", "8.0": "Ampere", "8.6": "Ampere", "8.7": "Ampere",
                  "8.9": "Ada Lovelace", "9.0": "Hopper", "10.0": "Blackwell", "10.3": "Blackwell",
@@ -52,7 +62,32 @@ def _groups(count: int, joined: list[tuple[int, int]]) -> list[int]:
     return [root(i) for i in range(count)]
 
 
-def _device(gpu: pb.Gpu, driver_version: str, pcie_root: int, nvlink_domain: int) -> dict[str, Any]:
+def pci_bus_id(nvml_bus_id: str) -> str | None:
+    """NVML's bus ID ("00000000:3B:00.0") in the standard attribute's form ("0000:3b:00.0")."""
+    m = re.fullmatch(r"([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])", nvml_bus_id.strip())
+    if not m:
+        return None
+    domain, bus, device, function = m.groups()
+    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
+
+
+def pcie_root(bus_id: str | None, sysfs: Path) -> str | None:
+    """The PCIe root complex above a PCI device, as the kernel names it in
+    sysfs (/sys/bus/pci/devices/<bus ID> resolves under /sys/devices/pci<domain>:<bus>/...);
+    None where sysfs does not have the device (then the attribute is left out)."""
+    if not bus_id:
+        return None
+    try:
+        target = os.path.realpath(sysfs / "bus" / "pci" / "devices" / bus_id, strict=True)
+    except OSError:
+        return None
+    parts = Path(target).relative_to(os.path.realpath(sysfs)).parts if target.startswith(str(sysfs)) else ()
+    if len(parts) >= 2 and parts[0] == "devices" and _ROOT_COMPLEX.match(parts[1]):
+        return parts[1]
+    return None
+
+
+def _device(gpu: pb.Gpu, driver_version: str, pcie_group: int, nvlink_domain: int, sysfs: Path) -> dict[str, Any]:
     attributes: dict[str, dict[str, Any]] = {
         "uuid": {"string": gpu.uuid},
         "index": {"int": gpu.index},
@@ -61,13 +96,20 @@ def _device(gpu: pb.Gpu, driver_version: str, pcie_root: int, nvlink_domain: int
         "driverVersion": {"version": semver(driver_version)},
         # GPUs under one PCIe host bridge, and GPUs joined by NVLink, share a value:
         # a claim for several GPUs can ask for one in a matchAttribute constraint
-        "pcieRoot": {"int": pcie_root},
+        "pcieRoot": {"int": pcie_group},
         "nvlinkDomain": {"int": nvlink_domain},
     }
+    # the standard ones, so that a claim can align a GPU with another driver's device (a NIC)
+    bus_id = pci_bus_id(gpu.pci_bus_id)
+    if bus_id:
+        attributes[PCI_BUS_ID] = {"string": bus_id}
+    if root := pcie_root(bus_id, sysfs):
+        attributes[PCIE_ROOT] = {"string": root}
     if gpu.compute_capability:
         attributes["cudaComputeCapability"] = {"version": semver(gpu.compute_capability)}
         attributes["architecture"] = {"string": ARCHITECTURES.get(gpu.compute_capability, "unknown")}
     step = str(MEMORY_STEP)
+    memory = gpu.memory_total - gpu.memory_total % MEMORY_STEP
     taints = [{"key": UNHEALTHY, "effect": "NoSchedule"}] if gpu.health else []
     return {
         "name": device_name(gpu.index),
@@ -75,20 +117,21 @@ def _device(gpu: pb.Gpu, driver_version: str, pcie_root: int, nvlink_domain: int
         "attributes": attributes,
         "capacity": {
             "memory": {
-                "value": str(gpu.memory_total - gpu.memory_total % MEMORY_STEP),
-                "requestPolicy": {"default": str(DEFAULT_MEMORY), "validRange": {"min": step, "step": step}},
+                "value": str(memory),
+                "requestPolicy": {"default": str(memory), "validRange": {"min": step, "step": step}},
             },
             "cores": {
                 "value": "100",
-                "requestPolicy": {"default": "100", "validRange": {"min": "1", "max": "100", "step": "1"}},
+                "requestPolicy": {"default": str(DEFAULT_CORES),
+                                  "validRange": {"min": "0", "max": "100", "step": "1"}},
             },
         },
         # a failing GPU takes no new claims; those running keep it (NoSchedule, not NoExecute)
         **({"taints": taints} if taints else {}),
-    }
+    }  # fmt: skip
 
 
-def build(node: str, inventory: pb.InventoryReply, generation: int) -> dict[str, Any]:
+def build(node: str, inventory: pb.InventoryReply, generation: int, sysfs: Path = Path("/sys")) -> dict[str, Any]:
     """The ResourceSlice for a node's GPUs as the daemon serves them."""
     count = len(inventory.gpus)
     pcie = _groups(count, [(link.a, link.b) for link in inventory.links if link.pcie in SAME_PCIE_ROOT])
@@ -102,7 +145,7 @@ def build(node: str, inventory: pb.InventoryReply, generation: int) -> dict[str,
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
             "devices": [
-                _device(g, inventory.driver_version, pcie[g.index], nvlink[g.index])
+                _device(g, inventory.driver_version, pcie[g.index], nvlink[g.index], sysfs)
                 for g in sorted(inventory.gpus, key=lambda g: g.index)
             ],
         },

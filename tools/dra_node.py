@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice.cli.sim_daemon import RunningDaemon
@@ -84,24 +85,60 @@ class PluginNode:
         self.api.stop()
 
 
-def allocated(name: str, *devices: tuple[str, str | None, str | None], config: list | None = None) -> dict:
-    """A ResourceClaim as kube-scheduler leaves it: one request `gpu`, one
-    result per (device, memory, cores), each with its share's ID."""
-    capacity = {k: v for k, v in (("memory", devices[0][1]), ("cores", devices[0][2])) if v}
-    results = []
-    for device, memory, cores in devices:
-        consumed = {k: v for k, v in (("memory", memory), ("cores", cores)) if v}
-        share = {"consumedCapacity": consumed, "shareID": str(uuid.uuid4())} if consumed else {}
-        results.append({"request": "gpu", "driver": "gpuslice.io", "pool": NODE, "device": device, **share})
+@dataclass(frozen=True)
+class Result:
+    """One allocation result as the allocator writes it for a shared device:
+    both capacities consumed (a request's own, else the requestPolicy
+    defaults: cores 0) and a share ID, always."""
+
+    device: str
+    memory: str
+    cores: str = "0"
+    request: str = "gpu"  # "<request>" or "<request>/<subrequest>" (firstAvailable)
+    admin: bool = False
+
+
+def _results(devices: tuple) -> list[Result]:
+    """Results from Result records or (device, memory, cores) tuples (cores None: the default, 0)."""
+    return [d if isinstance(d, Result) else Result(d[0], d[1], d[2] or "0") for d in devices]
+
+
+def _requests(results: list[Result]) -> list[dict]:
+    """The claim's requests that these results answer, in order of first use."""
+    by_name: dict[str, list[Result]] = {}
+    for r in results:
+        by_name.setdefault(r.request, []).append(r)
+    requests: dict[str, dict] = {}
+    for full, rs in by_name.items():
+        base, _, sub = full.partition("/")
+        exact = {"deviceClassName": "gpuslice.io", "count": len(rs),
+                 "capacity": {"requests": {"memory": rs[0].memory, "cores": rs[0].cores}},
+                 **({"adminAccess": True} if rs[0].admin else {})}  # fmt: skip
+        if sub:  # a firstAvailable list: this subrequest is the one the allocator took
+            entry = requests.setdefault(base, {"name": base, "firstAvailable": []})
+            entry["firstAvailable"].append({"name": sub, **exact})
+        else:
+            requests[base] = {"name": base, "exactly": exact}
+    return list(requests.values())
+
+
+def allocated(name: str, *devices: Result | tuple[str, str, str | None], config: list | None = None) -> dict:
+    """A ResourceClaim as kube-scheduler leaves it: one result per device, each
+    with its request, both consumed capacities and its share's ID."""
+    results = _results(devices)
+    written = [
+        {"request": r.request, "driver": "gpuslice.io", "pool": NODE, "device": r.device,
+         "consumedCapacity": {"memory": r.memory, "cores": r.cores}, "shareID": str(uuid.uuid4()),
+         **({"adminAccess": True} if r.admin else {})}
+        for r in results
+    ]  # fmt: skip
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "ml", "uid": str(uuid.uuid4())},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
-            "deviceClassName": "gpuslice.io", "count": len(devices),
-            **({"capacity": {"requests": capacity}} if capacity else {})}}]}},
+        "spec": {"devices": {"requests": _requests(results)}},
         "status": {"allocation": {
-            "devices": {"results": results, **({"config": config} if config else {})},
+            "devices": {"results": written, **({"config": config} if config else {})},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                 {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]},
         }},

@@ -36,8 +36,12 @@
 /* CDI: the kind, and the env entry by which an injected GPU names itself */
 #define GS_CDI_KIND "gpuslice.io/gpu"
 #define GS_CDI_DEVICE_ENV_PREFIX "GPUSLICE_DEVICE_"
-/* DRA: the kind of a claim's CDI device, and the env entry naming the claim (its UID) */
+/* DRA: the kind of a claim's CDI devices; each device of a share sets one env
+ * entry with this prefix, "<claim UID>/<share>", so a container names exactly
+ * the shares it was given.  GS_ENV_CLAIM=<UID> (every share of the claim)
+ * is what specs written before per-share devices set. */
 #define GS_CDI_CLAIM_KIND "gpuslice.io/claim"
+#define GS_ENV_SHARE_PREFIX "GPUSLICE_SHARE_"
 #define GS_ENV_CLAIM "GPUSLICE_CLAIM"
 /* the daemon's container ID of a claim's slice: this prefix and the claim's UID */
 #define GS_CLAIM_SLICE_PREFIX "claim-"
