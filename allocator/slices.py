@@ -427,7 +427,7 @@ class SliceManager:
         if not shares:
             raise errors.InvalidArgument(f"container {container_id}: no claim share to join")
         with self._lock:
-            wanted = self._claim_shares(container_id, shares)
+            wanted = self._claim_shares(shares)
             key = ledger_key(list(wanted))
             existing = self.index.by_container.get(container_id)
             if existing is not None:
@@ -435,7 +435,7 @@ class SliceManager:
                 if ledger is not None and existing.member_of == ledger.id and existing.pid == pid:
                     return existing
                 raise Conflict(f"container {container_id} already holds slice {existing.id}")
-            self._no_other_ledger(container_id, key, set(wanted))
+            self._no_other_ledger(key, set(wanted))
 
             def tx(store: SliceStore) -> tuple[SliceRecord | None, SliceRecord]:
                 ledger = self.index.by_container.get(key)
@@ -456,24 +456,24 @@ class SliceManager:
             self.index.put(member)
             return member
 
-    def _claim_shares(self, container_id: str, refs: list[ShareRef]) -> dict[str, Allocation]:
+    def _claim_shares(self, refs: list[ShareRef]) -> dict[str, Allocation]:
         """The claim shares the refs name ('<claim>/<share>': its allocation), each prepared here."""
         found: dict[str, Allocation] = {}
         for ref in refs:
             claim = self.index.by_container.get(constants.claim_slice_key(ref.claim))
             if claim is None or claim.kind is not OwnerKind.CLAIM:
                 raise errors.NotFound(
-                    f"container {container_id}: the slice of claim {ref.claim} is not on this node "
+                    f"the slice of claim {ref.claim} is not on this node "
                     "(the DRA plugin prepares it before the pod's containers start)"
                 )
             named = [a for a in claim.allocations if ref.share is None or a.share == ref.share]
             if not named:
-                raise errors.NotFound(f"container {container_id}: claim {ref.claim} has no share {ref.share}")
+                raise errors.NotFound(f"claim {ref.claim} has no share {ref.share} on this node")
             for a in named:
                 found[f"{ref.claim}/{a.share}"] = a
         return found
 
-    def _no_other_ledger(self, container_id: str, key: str, wanted: set[str]) -> None:
+    def _no_other_ledger(self, key: str, wanted: set[str]) -> None:
         """A share is charged through one ledger at a time: two containers given
         overlapping but different sets of shares cannot both hold them exactly."""
         for rec in self.index.by_container.values():
@@ -482,7 +482,7 @@ class SliceManager:
                 if overlap:
                     users = ", ".join(sorted(self.index.members.get(rec.id, ())))
                     raise Conflict(
-                        f"container {container_id}: claim share {overlap[0]} is in use by container(s) {users} "
+                        f"claim share {overlap[0]} is in use by container(s) {users} "
                         "with other shares of the claim; give containers that share a claim either the same "
                         "requests of it or requests that do not overlap"
                     )

@@ -140,25 +140,21 @@ class Preparer:
         self.spec_path(uid).unlink(missing_ok=True)
         self.admin_spec_path(uid).unlink(missing_ok=True)
 
-    def _capacity(self, index: int) -> int:
-        """The GPU's memory as the ResourceSlice publishes it."""
-        gpus = {g.index: g for g in self.daemon.inventory().gpus}
-        total = gpus[index].memory_total if index in gpus else 0
-        return total - total % MEMORY_STEP
-
     def _shares(self, claim: claim_model.Claim) -> list[pb.Share]:
         """The claim's non-admin results as the scheduler booked them: each
-        exactly its consumedCapacity (the daemon checks the GPUs and their
-        room); a result that consumed nothing (an exclusive device) is the
-        whole GPU."""
+        exactly its consumedCapacity (the daemon checks the room); a result
+        that consumed nothing (an exclusive device) is the whole GPU."""
+        # each GPU's memory as the ResourceSlice publishes it
+        published = {g.index: g.memory_total - g.memory_total % MEMORY_STEP for g in self.daemon.inventory().gpus}
         shares = []
         for r in claim.results:
             index = index_of(r.device)
-            if index is None:
-                raise claim_model.ClaimError(f"device {r.device} is not a GPU of this node")
+            if index not in published:
+                have = ", ".join(f"gpu-{i}" for i in sorted(published))
+                raise claim_model.ClaimError(f"device {r.device} is not a GPU of this node (it has {have})")
             if r.admin:
                 continue  # the scheduler leaves admin access out of its books: so does the daemon
-            if r.config.whole and r.memory is not None and r.memory < self._capacity(index):
+            if r.config.whole and r.memory is not None and r.memory < published[index]:
                 raise claim_model.ClaimError(
                     f"request {r.request}: wholeGPU: true, but it consumed {r.memory} bytes of {r.device}; "
                     "a whole GPU consumes all of its memory (leave memory out of the request)"

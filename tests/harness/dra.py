@@ -12,9 +12,9 @@ from pathlib import Path
 from gpuslice.cli.sim_daemon import RunningDaemon
 from tests.harness import CLIENTS, REPO
 from tests.harness.kubelet_api import write_descriptor_sets
-from tools.dra_node import NODE, PluginNode, allocated, listening
+from tools.dra_node import NODE, PluginNode, Result, allocated, listening
 
-__all__ = ["NODE", "DraNode", "allocated", "listening"]
+__all__ = ["NODE", "DraNode", "Result", "allocated", "listening"]
 
 
 class DraNode(PluginNode):

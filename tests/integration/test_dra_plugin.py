@@ -16,13 +16,14 @@ import uuid
 import pytest
 import yaml
 
-from gpuslice import errors
+from gpuslice import constants, errors
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cli import sim_daemon
+from gpuslice.dra import claims as claim_model
 from gpuslice.dra.checkpoint import Checkpoint
 from gpuslice.dra.plugin import base_spec
 from gpuslice.dra.prepare import ClaimRef, Preparer
-from tests.harness.dra import NODE, DraNode, allocated
+from tests.harness.dra import NODE, DraNode, Result, allocated
 from tests.harness.machine import gpu
 from tests.harness.references import schema_validator
 
@@ -92,24 +93,26 @@ def test_a_claim_becomes_a_slice_of_exactly_what_was_allocated_and_goes_away(nod
     assert answer.get("error", "") == ""
     (device,) = answer["devices"]
     assert device["request_names"] == ["gpu"] and device["pool_name"] == NODE and device["device_name"] == "gpu-1"
-    assert device["cdi_device_ids"] == [f"gpuslice.io/claim={uid}"]
+    assert device["cdi_device_ids"] == [f"gpuslice.io/claim={uid}-0"]
     result = claim["status"]["allocation"]["devices"]["results"][0]
     assert device.get("share_id") == (result["shareID"] if version == "v1" else None)
 
     s = node.slices()[f"claim-{uid}"]
     uuid1 = node.d.client().inventory().gpus[1].uuid
-    assert [(g.uuid, g.memory_limit, g.cores) for g in s.gpus] == [(uuid1, 4 * GiB, 30)]
+    assert [(g.uuid, g.memory_limit, g.cores, g.share_id) for g in s.gpus] == [(uuid1, 4 * GiB, 30, result["shareID"])]
     assert s.policy == "hard" and s.priority == "high"
 
     spec_file = node.claim_specs / f"gpuslice.io-claim_{uid}.json"
     data = json.loads(spec_file.read_text())
     schema_validator("cdi", "schema.json").validate(data)
-    claim_device = cdi_spec.load(spec_file).device(uid)
-    assert f"GPUSLICE_CLAIM={uid}" in claim_device.edits.env
-    assert f"GPUSLICE_DEVICE_1={uuid1}" in claim_device.edits.env and not any(
-        e.startswith("GPUSLICE_DEVICE_0=") for e in claim_device.edits.env
+    spec = cdi_spec.load(spec_file)
+    claim_device = spec.device(f"{uid}-0")
+    assert claim_device.edits.env == (
+        f"GPUSLICE_DEVICE_1={uuid1}",
+        f"GPUSLICE_SHARE_{uid.replace('-', '')}_0={uid}/{result['shareID']}",
     )
-    assert any(m.container_path.endswith("wrap/libcuda.so.1") for m in claim_device.edits.mounts)
+    assert any(m.container_path.endswith("wrap/libcuda.so.1") for m in spec.edits.mounts)  # once per container
+    assert [h.hook_name for h in spec.edits.hooks].count("createRuntime") == 1
 
     assert node.prepare(claim, version=version)[uid] == answer  # again: the same answer, one slice
     assert len(node.slices()) == 1
@@ -136,7 +139,7 @@ def test_two_claims_share_a_gpu_and_a_two_gpu_claim_takes_both(node):
 
 
 def test_a_failing_claim_leaves_nothing_and_the_others_stand(node):
-    too_big = allocated("huge", ("gpu-0", "20Gi", None))
+    too_big = allocated("lost", ("gpu-7", "2Gi", None))  # a GPU the node had when the scheduler placed it
     elsewhere = allocated("other-node", ("gpu-0", "1Gi", None))
     elsewhere["status"]["allocation"]["devices"]["results"][0]["pool"] = "node-b"
     params = {"apiVersion": "gpuslice.io/v1", "computePolicy": "strict"}
@@ -151,7 +154,7 @@ def test_a_failing_claim_leaves_nothing_and_the_others_stand(node):
     answers = node.prepare(too_big, elsewhere, bad_config, good, missing)
     errors = {c["metadata"]["name"]: answers[c["metadata"]["uid"]].get("error", "")
               for c in (too_big, elsewhere, bad_config, good, missing)}  # fmt: skip
-    assert errors["huge"] == "claim ml/huge: request needs 20.0 GiB per GPU, more than any GPU holds", errors
+    assert errors["lost"] == "claim ml/lost: device gpu-7 is not a GPU of this node (it has gpu-0, gpu-1)"
     assert errors["other-node"] == "claim ml/other-node: devices of pool node-b, not of this node (node-a)"
     assert errors["typo"] == "claim ml/typo: computePolicy 'strict': accepted hard, elastic"
     assert "404" in errors["never-created"]
@@ -178,14 +181,26 @@ def test_a_restart_between_prepare_and_unprepare_keeps_the_claim(node):
 
 
 def test_a_whole_gpu_class_gives_the_claim_the_whole_gpu(node):
+    """The whole.gpuslice.io class (or the gpuslice.io/gpu extended resource)
+    names no capacity: the allocator books the requestPolicy defaults, all the
+    memory and 0 cores, and so does the daemon; wholeGPU with less is refused."""
     whole = {"apiVersion": "gpuslice.io/v1", "kind": "SliceConfig", "wholeGPU": True}
     config = [{"source": "FromClass", "opaque": {"driver": "gpuslice.io", "parameters": whole}}]
-    claim = allocated("legacy", ("gpu-0", None, None), config=config)
-    node.api.put_claim(claim)
+    claim = allocated("legacy", ("gpu-0", "16Gi", "0"), config=config)
+    part = allocated("part", ("gpu-1", "4Gi", "0"), config=config)
+    for c in (claim, part):
+        node.api.put_claim(c)
     uid = claim["metadata"]["uid"]
-    assert node.prepare(claim)[uid].get("error", "") == ""
+    answers = node.prepare(claim, part)
+    assert answers[uid].get("error", "") == ""
     s = node.slices()[f"claim-{uid}"]
-    assert s.whole and [g.memory_limit for g in s.gpus] == [16 * GiB]
+    assert [(g.memory_limit, g.cores) for g in s.gpus] == [(16 * GiB, 0)]
+    gpu0 = node.d.client().inventory().gpus[0]
+    assert (gpu0.memory_reserved, gpu0.cores_reserved) == (16 * GiB, 0)  # as the scheduler booked it
+    assert answers[part["metadata"]["uid"]]["error"] == (
+        f"claim ml/part: request gpu: wholeGPU: true, but it consumed {4 * GiB} bytes of gpu-1; a whole GPU "
+        "consumes all of its memory (leave memory out of the request)"
+    )
     assert node.unprepare(claim)[uid] == {"error": ""}
 
 
@@ -249,34 +264,150 @@ def test_the_daemons_error_kind_reaches_the_plugin_and_nothing_stays(node, tmp_p
     assert list(node.slices()) == ["held"]
 
 
-def test_a_claim_of_two_sizes_is_prepared_exactly(node):
-    """Each allocated share keeps its own size (the plugin refused this
-    before the daemon's typed claims: "one size on every GPU")."""
-    claim = allocated("sizes", ("gpu-0", "8Gi", "60"), ("gpu-1", "2Gi", "50"))
-    node.api.put_claim(claim)
-    uid = claim["metadata"]["uid"]
-    assert node.prepare(claim)[uid].get("error", "") == ""
-    s = node.slices()[f"claim-{uid}"]
-    assert s.kind == "claim" and [(g.index, g.memory_limit, g.cores) for g in s.gpus] == [
-        (0, 8 * GiB, 60),
-        (1, 2 * GiB, 50),
-    ]
-    assert node.unprepare(claim)[uid].get("error", "") == "" and node.slices() == {}
+def booked(node: DraNode) -> dict[int, tuple[int, int]]:
+    return {g.index: (g.memory_reserved, g.cores_reserved) for g in node.d.client().inventory().gpus}
 
 
-def test_two_shares_of_one_gpu_in_one_claim_are_prepared_as_allocated(node):
-    """kube-scheduler puts two shares of one claim on the same device, each
-    with its own shareID and both capacities: each is booked as allocated,
-    and the slice's limit on that GPU is their sum."""
-    claim = allocated("twice", ("gpu-0", "4Gi", "30"), ("gpu-0", "2Gi", "20"))
+def scheduler_books(claims: list[dict]) -> dict[int, tuple[int, int]]:
+    """What kube-scheduler holds against each GPU: the consumedCapacity of
+    every result but admin access (foreachAllocatedDevice leaves those out)."""
+    books = {0: (0, 0), 1: (0, 0)}
+    for c in claims:
+        for r in c["status"]["allocation"]["devices"]["results"]:
+            if not r.get("adminAccess"):
+                i, (m, k) = int(r["device"].split("-")[1]), books[int(r["device"].split("-")[1])]
+                used = r["consumedCapacity"]
+                books[i] = (m + claim_model.quantity(used["memory"], "memory"), k + int(used["cores"]))
+    return books
+
+
+def test_one_request_per_size_each_with_its_own_config(node):
+    """docs/dra.md's advice: one request per size. The allocator puts 8Gi/60
+    and 2Gi/50 on two GPUs; each is its own share with its own entry of the
+    claim's config (the plugin refused this before: "different memory or cores")."""
+    cfg = [{"source": "FromClaim", "requests": ["big"], "opaque": {"driver": "gpuslice.io", "parameters": {
+               "apiVersion": "gpuslice.io/v1", "kind": "SliceConfig", "computePolicy": "hard", "priority": "high"}}},
+           {"source": "FromClaim", "requests": ["small"], "opaque": {"driver": "gpuslice.io", "parameters": {
+               "apiVersion": "gpuslice.io/v1", "kind": "SliceConfig", "priority": "low"}}}]  # fmt: skip
+    claim = allocated("sizes", Result("gpu-0", "8Gi", "60", "big"), Result("gpu-1", "2Gi", "50", "small"), config=cfg)
     node.api.put_claim(claim)
     uid = claim["metadata"]["uid"]
     answer = node.prepare(claim)[uid]
-    assert answer.get("error", "") == "" and len(answer["devices"]) == 2
+    assert answer.get("error", "") == ""
+    assert [(d["request_names"], d["cdi_device_ids"]) for d in answer["devices"]] == [
+        (["big"], [f"gpuslice.io/claim={uid}-0"]), (["small"], [f"gpuslice.io/claim={uid}-1"])]  # fmt: skip
     s = node.slices()[f"claim-{uid}"]
-    shares = {r["shareID"] for r in claim["status"]["allocation"]["devices"]["results"]}
-    assert sorted((g.index, g.memory_limit, g.cores) for g in s.gpus) == [(0, 2 * GiB, 20), (0, 4 * GiB, 30)]
-    assert {g.share_id for g in s.gpus} == shares
-    gpu0 = node.d.client().inventory().gpus[0]
-    assert (gpu0.memory_reserved, gpu0.cores_reserved) == (6 * GiB, 50)
+    assert [(g.index, g.memory_limit, g.cores, g.policy, g.priority) for g in s.gpus] == [
+        (0, 8 * GiB, 60, "hard", "high"), (1, 2 * GiB, 50, "elastic", "low")]  # fmt: skip
+    assert booked(node) == scheduler_books([claim])
     assert node.unprepare(claim)[uid].get("error", "") == "" and node.slices() == {}
+
+
+def test_two_requests_of_one_claim_on_one_gpu_are_two_shares_and_two_devices(node):
+    """kube-scheduler 1.36 puts two requests of one claim on gpu-0, each with
+    its own shareID (each request searches from the first device): two shares
+    booked as allocated, one CDI device each, so that a container naming one
+    request gets that share's device only (the plugin refused this before:
+    "one GPU allocated twice")."""
+    claim = allocated("pair", Result("gpu-0", "4Gi", "30", "a"), Result("gpu-0", "2Gi", "20", "b"))
+    node.api.put_claim(claim)
+    uid = claim["metadata"]["uid"]
+    answer = node.prepare(claim)[uid]
+    assert answer.get("error", "") == "" and [d["request_names"] for d in answer["devices"]] == [["a"], ["b"]]
+    results = claim["status"]["allocation"]["devices"]["results"]
+    spec = cdi_spec.load(node.claim_specs / f"gpuslice.io-claim_{uid}.json")
+    for n, r in enumerate(results):
+        env = spec.device(f"{uid}-{n}").edits.env
+        assert [e for e in env if e.startswith("GPUSLICE_SHARE_")] == [
+            f"GPUSLICE_SHARE_{uid.replace('-', '')}_{n}={uid}/{r['shareID']}"]  # fmt: skip
+    s = node.slices()[f"claim-{uid}"]
+    assert sorted((g.memory_limit, g.cores, g.share_id) for g in s.gpus) == sorted(
+        [(4 * GiB, 30, results[0]["shareID"]), (2 * GiB, 20, results[1]["shareID"])])  # fmt: skip
+    assert booked(node)[0] == (6 * GiB, 50)
+    assert node.unprepare(claim)[uid].get("error", "") == "" and node.slices() == {}
+
+
+def test_one_request_given_the_same_gpu_twice_is_refused_naming_the_fix(node):
+    """Kubernetes 1.34-1.35 can give a count: 2 request one shared GPU twice."""
+    claim = allocated("twice", ("gpu-0", "4Gi", "30"), ("gpu-0", "4Gi", "30"))
+    node.api.put_claim(claim)
+    error = node.prepare(claim)[claim["metadata"]["uid"]]["error"]
+    assert error == (
+        "claim ml/twice: request gpu was given GPU gpu-0 twice (a scheduler before Kubernetes 1.36 does this for "
+        "count > 1); ask for count: 1 per request, or run Kubernetes 1.36 or later"
+    )
+    assert node.slices() == {} and not list(node.claim_specs.glob("*.json"))
+
+
+def test_admin_access_books_nothing_and_gives_the_gpu_for_monitoring(node):
+    """An admin-access request gets a share ID and consumedCapacity from the
+    allocator, which the scheduler leaves out of its books: so does the
+    daemon, and a fourth 4Gi/25 claim the scheduler placed beside it fits."""
+    monitor = allocated("monitor", Result("gpu-0", "16Gi", "0", "watch", admin=True))  # the defaults, unbooked
+    fours = [allocated(f"four-{i}", ("gpu-0", "4Gi", "25")) for i in range(4)]
+    for c in (monitor, *fours):
+        node.api.put_claim(c)
+    answers = node.prepare(monitor, *fours)
+    assert all(a.get("error", "") == "" for a in answers.values()), answers
+    uid = monitor["metadata"]["uid"]
+    assert f"claim-{uid}" not in node.slices()  # nothing reserved
+    assert booked(node) == scheduler_books([monitor, *fours]) == {0: (16 * GiB, 100), 1: (0, 0)}
+    assert not (node.claim_specs / f"gpuslice.io-claim_{uid}.json").exists()
+    admin = cdi_spec.load(node.claim_specs / f"gpuslice.io-claim_{uid}_admin.json")
+    assert [d.name for d in admin.devices] == [f"{uid}-0"]
+    assert not admin.edits.hooks and f"LD_LIBRARY_PATH={constants.CONTAINER_DRIVER_DIR}" in admin.edits.env
+    assert not any("/wrap/" in m.container_path or m.container_path == constants.SLICE_SOCKET_DIR
+                   for m in admin.edits.mounts)  # fmt: skip
+    assert any(m.container_path.endswith("driver/libnvidia-ml.so.1") for m in admin.edits.mounts)
+    assert "monitoring, nothing reserved" in node.log()
+    assert node.unprepare(monitor, *fours) == {c["metadata"]["uid"]: {"error": ""} for c in (monitor, *fours)}
+    assert not list(node.claim_specs.glob("*.json")) and node.slices() == {}
+
+
+def test_a_subrequest_is_answered_under_its_parent_request(node):
+    """firstAvailable: the result names "gpu/small"; a container names "gpu"
+    (the kubelet matches its request against request_names)."""
+    claim = allocated("either", Result("gpu-1", "2Gi", "10", "gpu/small"))
+    node.api.put_claim(claim)
+    uid = claim["metadata"]["uid"]
+    answer = node.prepare(claim)[uid]
+    assert answer.get("error", "") == "" and answer["devices"][0]["request_names"] == ["gpu"]
+    assert node.unprepare(claim)[uid] == {"error": ""}
+
+
+def test_the_books_equal_the_schedulers_after_every_step(node):
+    """After each prepare and unprepare of claims of every shape the
+    allocator writes (shares of both sizes, two requests on one GPU, a
+    memory-only claim at the default 0 cores, admin access, a whole GPU),
+    the daemon's reserved memory and cores per GPU equal the sum of the
+    non-admin consumedCapacity of the claims prepared."""
+    whole = [{"source": "FromClass", "opaque": {"driver": "gpuslice.io", "parameters": {
+        "apiVersion": "gpuslice.io/v1", "kind": "SliceConfig", "wholeGPU": True}}}]  # fmt: skip
+    shapes = [
+        allocated("memory-only-a", ("gpu-0", "3Gi", "0")),
+        allocated("memory-only-b", ("gpu-0", "3Gi", "0")),  # shares the GPU: 0 cores each
+        allocated("two-requests", Result("gpu-0", "2Gi", "30", "a"), Result("gpu-0", "1Gi", "20", "b")),
+        allocated("full-compute", ("gpu-1", "4Gi", "100")),
+        allocated("watch", Result("gpu-1", "16Gi", "0", "m", admin=True)),
+        allocated("sizes", Result("gpu-0", "256Mi", "10", "x"), Result("gpu-1", "8Gi", "0", "y")),
+    ]
+    whole_gpu = allocated("whole", ("gpu-1", "16Gi", "0"), config=whole)
+    for c in (*shapes, whole_gpu):
+        node.api.put_claim(c)
+    prepared: list[dict] = []
+    for c in shapes:
+        assert node.prepare(c)[c["metadata"]["uid"]].get("error", "") == "", c["metadata"]["name"]
+        prepared.append(c)
+        assert booked(node) == scheduler_books(prepared), c["metadata"]["name"]
+    for c in shapes[::2]:
+        assert node.unprepare(c)[c["metadata"]["uid"]] == {"error": ""}
+        prepared.remove(c)
+        assert booked(node) == scheduler_books(prepared), c["metadata"]["name"]
+    for c in list(prepared):
+        node.unprepare(c)
+        prepared.remove(c)
+        assert booked(node) == scheduler_books(prepared)
+    assert node.prepare(whole_gpu)[whole_gpu["metadata"]["uid"]].get("error", "") == ""
+    assert booked(node) == scheduler_books([whole_gpu]) == {0: (0, 0), 1: (16 * GiB, 0)}
+    node.unprepare(whole_gpu)
+    assert booked(node) == {0: (0, 0), 1: (0, 0)}

@@ -202,20 +202,22 @@ def test_the_hook_follows_the_pods_container_list_and_reads_request_variables(tm
 
 @needs_root
 def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_path, daemon, containers):
-    """A DRA claim's slice (reserved by the kubelet plugin) and two containers
-    whose CDI device names the claim: both join it, their processes charge one
-    ledger, and the slice outlives them until the claim is unprepared."""
+    """A DRA claim's share (reserved by the kubelet plugin) and two containers
+    given its CDI device: both join its ledger, their processes charge it
+    together, and the claim outlives them until it is unprepared."""
 
     d = daemon(reservation_timeout=0.5)
     client = d.client()
-    client.reserve_claim("0f0e", [pb.Share(gpu_index=0, memory=2 << 30)], owner="dra ml/train")
+    client.reserve_claim("0f0e", [pb.Share(gpu_index=0, memory=2 << 30, share_id="s1")], owner="dra ml/train")
     boxes = {name: containers() for name in ("c1", "c2")}
-    b = bundle(tmp_path, {}, env=["GPUSLICE_CLAIM=0f0e"])
+    b = bundle(tmp_path, {}, env=["GPUSLICE_SHARE_0f0e_0=0f0e/s1"])
     for name, box in boxes.items():
         r = hook("createRuntime", {"id": name, "pid": box.init_pid, "bundle": str(b)}, d.socket)
         assert r.returncode == 0, r.stderr
     members = {s.container_id: s for s in client.list()}
-    assert set(members) == {"claim-0f0e", "c1", "c2"} and members["c1"].state == "bound"
+    ledger = next(k for k, s in members.items() if s.kind == "shares")
+    assert set(members) == {"claim-0f0e", ledger, "c1", "c2"} and members["c1"].state == "bound"
+    assert members["c1"].member_of == members["c2"].member_of == ledger
     first = run_client(boxes["c1"], d.slice_socket, 1536 << 20, linger=10)
     assert json.loads(first.stdout.readline())["charged"] is True
     second = run_client(boxes["c2"], d.slice_socket, 1 << 30)
@@ -225,12 +227,56 @@ def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_pat
     first.kill()
     first.wait(10)
 
-    time.sleep(1.5)  # three sweeps past the reservation timeout: a claim's slice is not a stale reservation
-    assert client.get("claim-0f0e").state == "reserved"
+    time.sleep(1.5)  # three sweeps past the reservation timeout: neither the claim nor its ledger is stale
+    assert client.get("claim-0f0e").state == "reserved" and client.get(ledger).kind == "shares"
     assert hook("poststop", {"id": "c1", "pid": boxes["c1"].init_pid, "bundle": str(b)}, d.socket).returncode == 0
-    assert {s.container_id for s in client.list()} == {"claim-0f0e", "c2"}
-    assert client.release("claim-0f0e")  # unprepared: its containers' records go with it
+    assert {s.container_id for s in client.list()} == {"claim-0f0e", ledger, "c2"}
+    assert client.release("claim-0f0e")  # unprepared: its ledger and its containers' records go with it
     assert client.list() == []
+
+
+@needs_root
+def test_each_container_gets_the_shares_it_was_given_and_no_other(tmp_path, daemon, containers):
+    """One claim, two requests on one GPU (kube-scheduler 1.36 puts both on
+    gpu-0, each with its share ID): a container given request a sees and
+    charges a's 1 GiB only, one given b b's 2 GiB only; their ledgers are
+    separate, the books hold 3 GiB. A container given both while they are in
+    use apart is refused in one line (a share is charged through one ledger),
+    and takes both once they are free."""
+    d = daemon()
+    client = d.client()
+    client.reserve_claim("ab", [pb.Share(gpu_index=0, memory=1 << 30, cores=20, share_id="a"),
+                                pb.Share(gpu_index=0, memory=2 << 30, cores=30, share_id="b")])  # fmt: skip
+    gets = {"ca": ["GPUSLICE_SHARE_ab_0=ab/a"], "cb": ["GPUSLICE_SHARE_ab_1=ab/b"],
+            "both": ["GPUSLICE_SHARE_ab_0=ab/a", "GPUSLICE_SHARE_ab_1=ab/b"]}  # fmt: skip
+    boxes = {name: containers() for name in gets}
+    bundles = {name: bundle(tmp_path / name, {}, env=env) for name, env in gets.items()}
+    for name in ("ca", "cb"):
+        r = hook("createRuntime", {"id": name, "pid": boxes[name].init_pid, "bundle": str(bundles[name])}, d.socket)
+        assert r.returncode == 0, r.stderr
+    seen = {}
+    for name, size in (("ca", 1 << 30), ("cb", 2 << 30)):
+        over = run_client(boxes[name], d.slice_socket, size + (1 << 20))  # one MiB past its share
+        seen[name] = json.loads(over.stdout.readline())
+        over.wait(10)
+    assert (seen["ca"]["limit"], seen["ca"]["charged"]) == (1 << 30, False)
+    assert (seen["cb"]["limit"], seen["cb"]["charged"]) == (2 << 30, False)
+    gpu0 = client.inventory().gpus[0]
+    assert (gpu0.memory_reserved, gpu0.cores_reserved) == (3 << 30, 50)  # the claim's books; ledgers book nothing
+
+    r = hook("createRuntime", {"id": "both", "pid": boxes["both"].init_pid, "bundle": str(bundles["both"])}, d.socket)
+    [line] = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and "claim share ab/a is in use by container(s) ca with other shares" in line
+    for name in ("ca", "cb"):
+        assert hook("poststop", {"id": name, "pid": 1, "bundle": str(bundles[name])}, d.socket).returncode == 0
+    assert {s.container_id for s in client.list()} == {"claim-ab"}  # the last member took each ledger along
+    r = hook("createRuntime", {"id": "both", "pid": boxes["both"].init_pid, "bundle": str(bundles["both"])}, d.socket)
+    assert r.returncode == 0, r.stderr
+    both = run_client(boxes["both"], d.slice_socket, 3 << 30)
+    out = json.loads(both.stdout.readline())
+    both.wait(10)
+    assert out["limit"] == 3 << 30 and out["charged"] is True  # both shares, on the one GPU
+    assert client.release("claim-ab") and client.list() == []
 
 
 @needs_root
