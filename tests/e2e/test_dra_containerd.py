@@ -21,7 +21,7 @@ import pytest
 from gpuslice.cli import rootfs
 from tests.clients.cri import Kubelet, compile_api
 from tests.harness.containerd import HOLD, Pod, containerd_bin, cri_node
-from tests.harness.dra import DraNode, allocated
+from tests.harness.dra import DraNode, Result, allocated
 from tests.harness.gpu_node import GpuNode
 from tests.harness.gpu_node import gpu_node as sim_gpu_node
 
@@ -59,7 +59,7 @@ def dra(gpu_node, tmp_path) -> Iterator[DraNode]:
     node.start_plugin()
     yield node
     node.close()
-    for left in CDI_DIR.glob("gpuslice.io-claim_*.json"):
+    for left in CDI_DIR.glob("gpuslice.io-claim_*.json"):  # the admin specs too
         left.unlink()
     for s in gpu_node.slices():
         gpu_node.daemon.client().release(s.container_id)
@@ -79,7 +79,9 @@ def pods(kubelet, tmp_path):
         pod.close()
 
 
-def prepared(dra: DraNode, *claims: dict) -> list[str]:
+def devices_of(dra: DraNode, *claims: dict) -> list[list[str]]:
+    """Each claim's CDI device IDs, as the kubelet passes them to a container
+    that names the whole claim."""
     for c in claims:
         dra.api.put_claim(c)
     answers = dra.prepare(*claims)
@@ -87,8 +89,12 @@ def prepared(dra: DraNode, *claims: dict) -> list[str]:
     for c in claims:
         answer = answers[c["metadata"]["uid"]]
         assert answer.get("error", "") == "", answer
-        ids.append(answer["devices"][0]["cdi_device_ids"][0])
+        ids.append([i for d in answer["devices"] for i in d["cdi_device_ids"]])
     return ids
+
+
+def prepared(dra: DraNode, *claims: dict) -> list[list[str]]:
+    return devices_of(dra, *claims)
 
 
 def json_lines(pod: Pod, name: str) -> list[dict]:
@@ -112,15 +118,16 @@ def test_a_claims_containers_get_exactly_its_memory_and_share_and_it_goes_away(d
     config = [{"source": "FromClaim", "opaque": {"driver": "gpuslice.io", "parameters": {
         "apiVersion": "gpuslice.io/v1", "kind": "SliceConfig", "computePolicy": "hard"}}}]  # fmt: skip
     claim = allocated("train", ("gpu-0", "4Gi", "30"), config=config)
-    [device] = prepared(dra, claim)
+    [devices] = prepared(dra, claim)
     pod = pods("train")
-    probe = pod.run("probe", cdi_devices=[device])
-    load = pod.run("load", [rootfs.LOAD, "7", "100"], cdi_devices=[device])
+    probe = pod.run("probe", cdi_devices=devices)
+    load = pod.run("load", [rootfs.LOAD, "7", "100"], cdi_devices=devices)
     out = pod.probe("probe")
     assert out["total"] == 4 * GiB and out["allocated"] == 4 * GiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
     uid = claim["metadata"]["uid"]
-    held = {s.container_id for s in gpu_node.slices()}
-    assert held == {f"claim-{uid}", probe, load}  # the claim's slice, and its two containers in it
+    held = {s.container_id: s for s in gpu_node.slices()}
+    ledger = held[probe].member_of
+    assert set(held) == {f"claim-{uid}", ledger, probe, load} and held[load].member_of == ledger  # one ledger
     used = share_of(pod, "load", 7)
     print(f"a hard 30 % claim's container: {used:.1f} %")
     assert abs(used - 30) <= 3
@@ -132,12 +139,12 @@ def test_a_claims_containers_get_exactly_its_memory_and_share_and_it_goes_away(d
 
 def test_two_containers_of_one_claim_share_its_memory(dra, pods, gpu_node):
     claim = allocated("shared", ("gpu-0", "3Gi", None))
-    [device] = prepared(dra, claim)
+    [devices] = prepared(dra, claim)
     pod = pods("shared")
     holding = [rootfs.PROBE, "64", "600"]  # allocates to the limit, then keeps it
-    pod.run("first", holding, cdi_devices=[device])
+    pod.run("first", holding, cdi_devices=devices)
     first = pod.probe("first")
-    pod.run("second", holding, cdi_devices=[device])
+    pod.run("second", holding, cdi_devices=devices)
     second = pod.probe("second")
     assert first["total"] == second["total"] == 3 * GiB
     assert first["allocated"] + second["allocated"] == 3 * GiB  # one ledger: the first holds what it took
@@ -151,7 +158,7 @@ def test_two_claims_on_one_gpu_and_a_two_gpu_claim(dra, pods, gpu_node):
     devices = prepared(dra, small, large, pair)
     pod = pods("three")
     for name, device in zip(("small", "large", "pair"), devices, strict=True):
-        pod.run(name, cdi_devices=[device])
+        pod.run(name, cdi_devices=device)
     totals = {name: pod.probe(name)["total"] for name in ("small", "large", "pair")}
     assert totals == {"small": 1 * GiB, "large": 5 * GiB, "pair": 2 * GiB}
     claim_slice = {s.container_id: s for s in gpu_node.slices()}[f"claim-{pair['metadata']['uid']}"]
@@ -163,9 +170,9 @@ def test_two_claims_on_one_gpu_and_a_two_gpu_claim(dra, pods, gpu_node):
 
 def test_a_plugin_restart_between_prepare_and_unprepare(dra, pods, gpu_node):
     claim = allocated("steady", ("gpu-0", "2Gi", None))
-    [device] = prepared(dra, claim)
+    [devices] = prepared(dra, claim)
     pod = pods("steady")
-    pod.run("app", HOLD, cdi_devices=[device])
+    pod.run("app", HOLD, cdi_devices=devices)
     assert pod.probe("app")["total"] == 2 * GiB
     dra.stop_plugin(signal.SIGKILL)
     dra.start_plugin()
@@ -175,9 +182,39 @@ def test_a_plugin_restart_between_prepare_and_unprepare(dra, pods, gpu_node):
     assert gpu_node.wait_slices(0) == [] and not (CDI_DIR / f"gpuslice.io-claim_{uid}.json").exists()
 
 
-def test_a_claim_the_gpu_cannot_hold_reserves_nothing(dra, gpu_node):
-    claim = allocated("huge", ("gpu-0", "20Gi", None))
+def test_two_containers_naming_the_two_requests_of_one_claim_on_one_gpu(dra, pods, gpu_node):
+    """kube-scheduler 1.36 puts both requests of one claim on gpu-0. Each
+    container names one request (resources.claims[].request): the kubelet
+    passes it that request's CDI device only (pkg/kubelet/cm/dra
+    claiminfo.go cdiDevicesAsList), and inside it sees and hits exactly its
+    own request's memory, never the other's."""
+    claim = allocated("two", Result("gpu-0", "3Gi", "20", "a"), Result("gpu-0", "1Gi", "10", "b"))
+    dra.api.put_claim(claim)
+    answer = dra.prepare(claim)[claim["metadata"]["uid"]]
+    assert answer.get("error", "") == "", answer
+    by_request = {d["request_names"][0]: d["cdi_device_ids"] for d in answer["devices"]}
+    pod = pods("two")
+    pod.run("a", cdi_devices=by_request["a"])
+    pod.run("b", cdi_devices=by_request["b"])
+    got = {name: pod.probe(name) for name in ("a", "b")}
+    for name, size in (("a", 3 * GiB), ("b", 1 * GiB)):
+        out = got[name]
+        assert (out["total"], out["allocated"], out["then"]) == (size, size, "CUDA_ERROR_OUT_OF_MEMORY"), (name, out)
+    gpu0 = gpu_node.daemon.client().inventory().gpus[0]
+    assert (gpu0.memory_reserved, gpu0.cores_reserved) == (4 * GiB, 30)  # the scheduler's books
+    pod.close()
+    uid = claim["metadata"]["uid"]
+    assert dra.unprepare(claim)[uid] == {"error": ""}
+    assert gpu_node.wait_slices(0) == [] and not list(CDI_DIR.glob(f"gpuslice.io-claim_{uid}*.json"))
+
+
+def test_a_claim_the_gpu_has_no_room_for_reserves_nothing(dra, gpu_node):
+    """The daemon's books hold a container's 10 GiB the scheduler does not
+    see (the RuntimeClass path beside DRA): the claim fails in one line."""
+    gpu_node.daemon.client().reserve("beside", {"gpuslice.io/memory": "10Gi", "gpuslice.io/device": "0"})
+    claim = allocated("late", ("gpu-0", "8Gi", "0"))
     dra.api.put_claim(claim)
     error = dra.prepare(claim)[claim["metadata"]["uid"]]["error"]
-    assert error == "claim ml/huge: request needs 20.0 GiB per GPU, more than any GPU holds"
-    assert gpu_node.slices() == [] and not list(CDI_DIR.glob("gpuslice.io-claim_*.json"))
+    assert error.startswith("claim ml/late: no room for 8.0 GiB and 0 cores: GPU 0"), error
+    assert [s.container_id for s in gpu_node.slices()] == ["beside"]
+    assert not list(CDI_DIR.glob("gpuslice.io-claim_*.json"))
