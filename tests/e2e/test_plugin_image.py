@@ -54,7 +54,7 @@ def test_the_image_runs_the_plugin_as_the_daemonset_would(node):
     node.api.put_claim(claim)
     uid = claim["metadata"]["uid"]
     answer = node.prepare(claim)[uid]
-    assert answer.get("error", "") == "" and answer["devices"][0]["cdi_device_ids"] == [f"gpuslice.io/claim={uid}"]
+    assert answer.get("error", "") == "" and answer["devices"][0]["cdi_device_ids"] == [f"gpuslice.io/claim={uid}-0"]
     [s] = node.d.client().list()
     assert s.container_id == f"claim-{uid}" and [(g.memory_limit, g.cores) for g in s.gpus] == [(2 * GiB, 25)]
     assert (node.claim_specs / f"gpuslice.io-claim_{uid}.json").is_file()  # written through the mount

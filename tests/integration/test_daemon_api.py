@@ -126,8 +126,6 @@ def test_resize_when_capacity_allows(daemon):
     code, _ = code_of(lambda: c.resize("r", {GPUS: "2"}))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     # the slice's shared ledger carries the new limit for its processes
-    from gpuslice.allocator.slice_files import SliceFiles
-
     files = SliceFiles(d.slice_files_dir, grown.id)
     assert files.limits.gpu[0].memory_limit == 8 * GiB and files.limits.gpu[0].cores == 60
 
@@ -194,8 +192,9 @@ def test_bad_daemon_config_names_each_problem(tmp_path):
 
 def test_a_claim_is_reserved_share_by_share_each_of_its_own_size(daemon):
     """ReserveClaim: the shares the scheduler allocated, typed (no annotation
-    strings), each its own size, policy and priority; two shares of one GPU
-    add up in the slice's limits; a kind of its own, kept as the daemon's
+    strings), each its own size, policy and priority, booked on their GPUs; a
+    kind of its own with no files (its containers charge ledgers of the shares
+    they were given, tests/integration/test_hook.py), kept as the daemon's
     error kinds through the client."""
     d = daemon([gpu("16Gi"), gpu("16Gi")])
     c = d.client()
@@ -208,9 +207,7 @@ def test_a_claim_is_reserved_share_by_share_each_of_its_own_size(daemon):
         (0, 8 * GiB, 60, "a", "hard", "normal"), (0, 1 * GiB, 10, "c", "elastic", "low"),
         (1, 2 * GiB, 50, "b", "elastic", "normal")]  # fmt: skip
     assert [(g.memory_reserved, g.cores_reserved) for g in c.inventory().gpus] == [(9 * GiB, 70), (2 * GiB, 50)]
-    limits = SliceFiles(d.slice_files_dir, s.id).limits  # what the interposer reads: one entry per GPU
-    assert [(limits.gpu[i].memory_limit, limits.gpu[i].cores) for i in range(limits.gpu_count)] == [
-        (9 * GiB, 70), (2 * GiB, 50)]  # fmt: skip
+    assert not list(d.slice_files_dir.glob(f"{s.id}.*"))  # no ledger until a container is given its shares
     assert c.reserve_claim("u1", shares).id == s.id  # the kubelet asks again: the same slice
     with pytest.raises(errors.FailedPrecondition, match="claim u1 already holds slice"):
         c.reserve_claim("u1", shares[:1])

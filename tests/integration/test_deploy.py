@@ -73,7 +73,7 @@ def test_the_device_classes_select_our_devices_and_the_whole_gpu_class_is_an_ext
     claim = {"metadata": {"uid": "u", "namespace": "ns", "name": "c"}, "status": {"allocation": {"devices": {
         "results": [{"request": "r", "driver": "gpuslice.io", "pool": "n", "device": "gpu-0"}],
         "config": [{"source": "FromClass", **whole["spec"]["config"][0]}]}}}}  # fmt: skip
-    assert claims.parse(claim, "n").whole is True
+    assert claims.parse(claim, "n").results[0].config.whole is True
 
 
 def test_the_runtime_class_names_the_handler_install_configures():
