@@ -120,6 +120,7 @@ class Index:
     by_container: dict[str, SliceRecord] = field(default_factory=dict)
     by_id: dict[str, SliceRecord] = field(default_factory=dict)
     members: dict[str, set[str]] = field(default_factory=dict)  # ledger id -> its members' container ids
+    ledgers: dict[str, set[str]] = field(default_factory=dict)  # claim uid -> its shares' ledgers (container ids)
     tally: dict[str, GpuTally] = field(default_factory=dict)
     # bound slices, oldest first (containers of a pod may share a namespace)
     by_pid_ns: dict[int, list[SliceRecord]] = field(default_factory=dict)
@@ -131,6 +132,8 @@ class Index:
         self.by_id[rec.id] = rec
         if rec.member_of:
             self.members.setdefault(rec.member_of, set()).add(rec.container_id)
+        for uid in _claims_of(rec):
+            self.ledgers.setdefault(uid, set()).add(rec.container_id)
         for a in rec.allocations if rec.books else ():
             self.tally.setdefault(a.gpu_uuid, GpuTally()).add(a, rec.whole, 1)
         if rec.state == "bound":
@@ -146,12 +149,19 @@ class Index:
         del self.by_id[rec.id]
         if rec.member_of:
             _remove(self.members, rec.member_of, container_id)
+        for uid in _claims_of(rec):
+            _remove(self.ledgers, uid, container_id)
         for a in rec.allocations if rec.books else ():
             self.tally[a.gpu_uuid].add(a, rec.whole, -1)
         if rec.state == "bound":
             _remove(self.by_pid_ns, rec.pid_ns, rec)
             _remove(self.by_cgroup, rec.cgroup, rec)
         return rec
+
+
+def _claims_of(rec: SliceRecord) -> set[str]:
+    """The claims (UIDs) whose shares a ledger charges: its allocations' shares are '<uid>/<share>'."""
+    return {a.share.split("/", 1)[0] for a in rec.allocations} if rec.kind is OwnerKind.SHARES else set()
 
 
 def _insert(recs: list[SliceRecord], rec: SliceRecord) -> None:
@@ -476,15 +486,22 @@ class SliceManager:
     def _no_other_ledger(self, key: str, wanted: set[str]) -> None:
         """A share is charged through one ledger at a time: two containers given
         overlapping but different sets of shares cannot both hold them exactly."""
-        for rec in self.index.by_container.values():
-            if rec.kind is OwnerKind.SHARES and rec.container_id != key:
-                overlap = sorted(wanted & {a.share for a in rec.allocations})
+        for uid in sorted({name.split("/", 1)[0] for name in wanted}):
+            claim = self.index.by_container[constants.claim_slice_key(uid)]
+            if self.index.members.get(claim.id):
+                # members joined before ledgers (an upgrade) charge the claim's own files, all its shares
+                others = [(claim, {f"{uid}/{a.share}" for a in claim.allocations})]
+            else:
+                ledgers = [self.index.by_container[k] for k in sorted(self.index.ledgers.get(uid, ())) if k != key]
+                others = [(r, {a.share for a in r.allocations}) for r in ledgers]
+            for rec, held in others:
+                overlap = sorted(wanted & held)
                 if overlap:
                     users = ", ".join(sorted(self.index.members.get(rec.id, ())))
                     raise Conflict(
-                        f"claim share {overlap[0]} is in use by container(s) {users} "
-                        "with other shares of the claim; give containers that share a claim either the same "
-                        "requests of it or requests that do not overlap"
+                        f"claim share {overlap[0]} is in use by container(s) {users} with other shares of the "
+                        "claim; give containers that share a claim either the same requests of it or requests "
+                        "that do not overlap"
                     )
 
     def _insert_ledger(self, store: SliceStore, key: str, wanted: dict[str, Allocation]) -> SliceRecord:
@@ -534,10 +551,7 @@ class SliceManager:
 
     def _ledgers_of(self, claim: SliceRecord) -> list[SliceRecord]:
         uid = claim.container_id.removeprefix(constants.claim_slice_key(""))
-        return [
-            r for r in self.index.by_container.values()
-            if r.kind is OwnerKind.SHARES and any(a.share.split("/", 1)[0] == uid for a in r.allocations)
-        ]  # fmt: skip
+        return [self.index.by_container[k] for k in sorted(self.index.ledgers.get(uid, ()))]
 
     def _forget(self, rec: SliceRecord) -> None:
         """A slice whose row is gone: its members, files and driver limits too."""
