@@ -4,8 +4,8 @@ daemon, with an OCI state on stdin and a bundle on disk, as a runtime runs it.""
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -267,8 +267,11 @@ def test_each_container_gets_the_shares_it_was_given_and_no_other(tmp_path, daem
 
     r = hook("createRuntime", {"id": "both", "pid": boxes["both"].init_pid, "bundle": str(bundles["both"])}, d.socket)
     [line] = r.stderr.strip().splitlines()
-    assert r.returncode == 1 and re.search(r"claim share ab/(a is in use by container\(s\) ca|b is in use by "
-                                           r"container\(s\) cb) with other shares of the claim", line), line
+    assert r.returncode == 1 and re.search(
+        r"claim share ab/(a is in use by container\(s\) ca|b is in use by "
+        r"container\(s\) cb) with other shares of the claim",
+        line,
+    ), line
     for name in ("ca", "cb"):
         assert hook("poststop", {"id": name, "pid": 1, "bundle": str(bundles[name])}, d.socket).returncode == 0
     assert {s.container_id for s in client.list()} == {"claim-ab"}  # the last member took each ledger along
