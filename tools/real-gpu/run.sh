@@ -72,12 +72,11 @@ rc=0
 "$gs" selftest --config "$cfg" --cdi-spec "$spec" --json >"$out/selftest.json" 2>>"$out/kit.log" || rc=$?
 "$py" - "$out/selftest.json" <<'PY' | tee -a "$out/kit.log"
 import json, sys
-checks = json.load(open(sys.argv[1]))
-rows = checks if isinstance(checks, list) else checks.get("checks", [])
-bad = [c for c in rows if c.get("result") == "FAIL"]
+rows = json.load(open(sys.argv[1]))["checks"]
+bad = [c for c in rows if c["verdict"] == "FAIL"]
 print(f"selftest: {len(rows)} checks, {len(bad)} failed")
 for c in bad:
-    print(f"  FAIL {c.get('check')}: expected {c.get('expected')}, observed {c.get('observed')}")
+    print(f"  FAIL {c['name']}: expected {c['expected']}, observed {c['observed']}")
 PY
 log "selftest exit status $rc"
 exit $rc
