@@ -164,6 +164,14 @@ def _claims_of(rec: SliceRecord) -> set[str]:
     return {a.share.split("/", 1)[0] for a in rec.allocations} if rec.kind is OwnerKind.SHARES else set()
 
 
+def _agreed(allocs: list[Allocation]) -> tuple[str, str]:
+    """A slice's own policy and priority: its shares' where they agree (each share keeps its own)."""
+    policies, priorities = {a.policy for a in allocs}, {a.priority for a in allocs}
+    policy = policies.pop() if len(policies) == 1 else requests.ComputePolicy.ELASTIC.value
+    priority = priorities.pop() if len(priorities) == 1 else requests.Priority.NORMAL.value
+    return policy, priority
+
+
 def _insert(recs: list[SliceRecord], rec: SliceRecord) -> None:
     bisect.insort(recs, rec, key=lambda r: (r.created_ms, r.id))
 
@@ -348,11 +356,7 @@ class SliceManager:
                 if existing.kind is not OwnerKind.CLAIM or existing.allocations != tuple(allocs):
                     raise Conflict(f"claim {uid} already holds slice {existing.id} of other shares")
                 return existing
-            policies = {a.policy for a in allocs}
-            priorities = {a.priority for a in allocs}
-            # the slice's own policy and priority where its shares agree; each share keeps its own
-            policy = policies.pop() if len(policies) == 1 else requests.ComputePolicy.ELASTIC.value
-            priority = priorities.pop() if len(priorities) == 1 else requests.Priority.NORMAL.value
+            policy, priority = _agreed(allocs)
             whole = all(s.request().whole_gpus for s in shares)
             rec = self.store.transaction(
                 lambda store: store.insert(key, {}, policy, priority, whole, owner, allocs, OwnerKind.CLAIM)
@@ -507,10 +511,7 @@ class SliceManager:
     def _insert_ledger(self, store: SliceStore, key: str, wanted: dict[str, Allocation]) -> SliceRecord:
         copies = [dataclasses.replace(a, share=name) for name, a in sorted(wanted.items())]
         copies.sort(key=lambda a: (a.gpu_index, a.share))
-        policies = {a.policy for a in copies}
-        priorities = {a.priority for a in copies}
-        policy = policies.pop() if len(policies) == 1 else requests.ComputePolicy.ELASTIC.value
-        priority = priorities.pop() if len(priorities) == 1 else requests.Priority.NORMAL.value
+        policy, priority = _agreed(copies)
         claims = sorted({name.split("/", 1)[0] for name in wanted})
         return store.insert(key, {}, policy, priority, False, f"shares of claim {', '.join(claims)}", copies,
                             OwnerKind.SHARES)  # fmt: skip
