@@ -58,7 +58,7 @@ def _run(opts: Options, view: Path) -> list[Check]:
     gpus = [g for g in inv.gpus if not opts.gpus or g.index in opts.gpus]
     with AllocatorClient(opts.cfg.socket, timeout=10) as client:
         for gpu in gpus:
-            checks += slices.memory_checks(client, gpu, layout, opts.memory)
+            checks += slices.memory_checks(client, gpu, layout, opts.memory, opts.cfg.context_reserve)
             if opts.shares:
-                checks += slices.share_checks(client, gpu, layout, opts.seconds)
+                checks += slices.share_checks(client, gpu, layout, opts.seconds, opts.cfg.context_reserve)
     return checks

@@ -99,19 +99,23 @@ def slice_box(client: AllocatorClient, gpu: Gpu, layout: Layout, annotations: di
         ns.stop()
 
 
-def memory_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, limit: int) -> list[Check]:
+def memory_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, limit: int, reserve: int = 0) -> list[Check]:
+    """`reserve`: the daemon's context_reserve, which each worker's one context costs the slice."""
     tag = f"GPU {gpu.index}"
+    if limit < reserve + 4 * CHUNK:
+        return [failed(f"{tag} slice", f"a {format_bytes(limit)} slice runs the checks",
+                       f"--memory must be at least context_reserve ({format_bytes(reserve)}) + 256Mi")]  # fmt: skip
     try:
         with slice_box(client, gpu, layout, {request.MEMORY: str(limit)}) as box:
             enforcement = client.get(box.name).enforcement
             checks = [Check(f"{tag} enforcement", "the driver's limit where it has one", enforcement, None)]
-            return checks + _in_slice(client, box, gpu, layout, limit)
+            return checks + _in_slice(client, box, gpu, layout, limit, reserve)
     except (grpc.RpcError, WorkerError, OSError, subprocess.TimeoutExpired) as e:
         why = (e.details() or "") if isinstance(e, grpc.RpcError) else str(e)
         return [failed(f"{tag} slice", f"a {format_bytes(limit)} slice runs the checks", why)]
 
 
-def _in_slice(client: AllocatorClient, box: Box, gpu: Gpu, layout: Layout, limit: int) -> list[Check]:
+def _in_slice(client: AllocatorClient, box: Box, gpu: Gpu, layout: Layout, limit: int, reserve: int) -> list[Check]:
     tag = f"GPU {gpu.index}"
     view = box.run("view")
     interposer = (native_dir() / "wrap" / "libcuda.so.1").resolve()
@@ -123,14 +127,15 @@ def _in_slice(client: AllocatorClient, box: Box, gpu: Gpu, layout: Layout, limit
         Check(f"{tag} NVML memory", f"total {limit}", f"total {view['nvml_total']}, used {view['nvml_used']}",
               view["nvml"] == 0 and view["nvml_total"] == limit),
     ]  # fmt: skip
+    room = limit - reserve  # the worker's context costs the slice the reserve
     for path in PATHS:
         r = box.run("fill", path, str(CHUNK))
-        exact = r["then"] == "CUDA_ERROR_OUT_OF_MEMORY" and limit - r["charge"] < r["allocated"] <= limit
-        back = r["freed"] == "CUDA_SUCCESS" and r["free_after"] == r["total"] == limit
-        expected = f"OOM after {limit - limit % r['charge']}, all freed"
+        exact = r["then"] == "CUDA_ERROR_OUT_OF_MEMORY" and room - r["charge"] < r["allocated"] <= room
+        back = r["freed"] == "CUDA_SUCCESS" and r["free_after"] == room and r["total"] == limit
+        expected = f"OOM after {room - room % r['charge']}, all freed"
         observed = f"{r['then']} after {r['allocated']}; {r['free_after']} free after"
         checks.append(Check(f"{tag} {path} to the limit", expected, observed, exact and back))
-    checks.append(_kill_gives_back(client, box, gpu, limit // 2))
+    checks.append(_kill_gives_back(client, box, gpu, room // 2, reserve))
     r = box.run("procaddr")
     # the worker compares with the exports of the libcuda.so.1 it loaded: the interposer's only if it is the one
     observed = f"{r['hooked']} of {r['checked']}" + (f"; not: {r['not_hooked']}" if r["not_hooked"] else "")
@@ -143,9 +148,9 @@ def _in_slice(client: AllocatorClient, box: Box, gpu: Gpu, layout: Layout, limit
     return checks
 
 
-def _kill_gives_back(client: AllocatorClient, box: Box, gpu: Gpu, size: int) -> Check:
+def _kill_gives_back(client: AllocatorClient, box: Box, gpu: Gpu, size: int, reserve: int) -> Check:
     name = box.name
-    expected = f"its {format_bytes(size)} back within {KILL_GIVES_BACK_S:g} s"
+    expected = f"its {format_bytes(size + reserve)} back within {KILL_GIVES_BACK_S:g} s"
     proc = box.start("hold", str(size))
     try:
         assert proc.stdout is not None
@@ -153,7 +158,7 @@ def _kill_gives_back(client: AllocatorClient, box: Box, gpu: Gpu, size: int) -> 
         _reply(line, "", "hold")
         pid = worker_pid(proc)
         deadline = time.monotonic() + 5
-        while client.get(name).memory_used < size and time.monotonic() < deadline:
+        while client.get(name).memory_used < size + reserve and time.monotonic() < deadline:
             time.sleep(0.01)
         held = client.get(name).memory_used
         os.kill(pid, signal.SIGKILL)
@@ -167,7 +172,7 @@ def _kill_gives_back(client: AllocatorClient, box: Box, gpu: Gpu, size: int) -> 
         proc.wait(10)
     observed = f"{held} held; {left} left after {took:.2f} s"
     return Check(f"GPU {gpu.index} SIGKILL gives memory back", expected, observed,
-                 held == size and left == 0 and took <= KILL_GIVES_BACK_S)  # fmt: skip
+                 held == size + reserve and left == 0 and took <= KILL_GIVES_BACK_S)  # fmt: skip
 
 
 def _launch_overhead(box: Box, layout: Layout, tag: str, rounds: int = 7, launches: int = 16000) -> Check:
@@ -187,13 +192,13 @@ def _launch_overhead(box: Box, layout: Layout, tag: str, rounds: int = 7, launch
                  added <= LAUNCH_BUDGET_NS + noise)  # fmt: skip
 
 
-def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: float) -> list[Check]:
+def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: float, reserve: int = 0) -> list[Check]:
     """Two processes spinning under hard shares; each one's SM use from NVML."""
     tag = f"GPU {gpu.index}"
     try:
         with (
-            slice_box(client, gpu, layout, _share(SHARES[0])) as a,
-            slice_box(client, gpu, layout, _share(SHARES[1])) as b,
+            slice_box(client, gpu, layout, _share(SHARES[0], reserve)) as a,
+            slice_box(client, gpu, layout, _share(SHARES[1], reserve)) as b,
         ):
             procs = [
                 box.start("spin", f"{SETTLE_S + seconds + 1:.1f}", str(SPIN_WAVES), str(SPIN_CYCLES)) for box in (a, b)
@@ -219,8 +224,8 @@ def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: flo
     ]  # fmt: skip
 
 
-def _share(cores: int) -> dict[str, str]:
-    return {request.MEMORY: str(256 << 20), request.CORES: str(cores), request.POLICY: "hard"}
+def _share(cores: int, reserve: int) -> dict[str, str]:
+    return {request.MEMORY: str((256 << 20) + reserve), request.CORES: str(cores), request.POLICY: "hard"}
 
 
 def sm_use(gpu_uuid: str, pids: list[int], seconds: float) -> list[float]:

@@ -129,3 +129,26 @@ def test_a_bad_memory_size_is_one_line_and_reserves_nothing(daemon, memory):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "--memory" in r.stderr or "lots" in r.stderr
     assert d.client().list() == []
+
+
+@pytest.mark.measure  # the shares run too: their slices must have room for the context
+def test_a_node_that_charges_each_context_passes_with_the_context_counted(daemon, tmp_path):
+    # a driver whose contexts cost 300 MiB, charged by the daemon as context_reserve (as on a real
+    # GPU): each worker's slice holds its context besides what it allocates
+    d = daemon([gpu("16Gi", context_memory="300Mi")], context_reserve="300Mi")
+    rc, report = selftest(d, "--seconds", "3", spec=spec_for(d, tmp_path))
+    got = verdicts(report)
+    assert rc == 0 and report["passed"], [c for c in report["checks"] if c["verdict"] == "FAIL"]
+    for name in ("SIGKILL gives memory back", "hard share 30 %", *(f"{p} to the limit" for p in PATHS)):
+        assert got[f"GPU 0 {name}"] == "PASS", name
+    killed = next(c for c in report["checks"] if c["name"] == "GPU 0 SIGKILL gives memory back")
+    assert killed["observed"].startswith(f"{((1024 - 300) // 2 + 300) << 20} held")  # half the room, and the context
+    assert d.client().list() == []
+
+
+def test_a_slice_too_small_for_the_context_is_one_failed_check(daemon, tmp_path):
+    d = daemon([gpu("16Gi", context_memory="300Mi")], context_reserve="1000Mi")
+    rc, report = selftest(d, "--no-shares", spec=spec_for(d, tmp_path))
+    row = next(c for c in report["checks"] if c["name"] == "GPU 0 slice")
+    assert rc == 1 and "context_reserve" in row["observed"]
+    assert d.client().list() == []

@@ -11,7 +11,8 @@ pyver=${PYVER:-3.12}  # the GPU machine's; another only to try the kit here (run
 abi=cp$(echo "$pyver" | tr -d .)
 python=${PYTHON:-python3}
 mkdir -p "$out"
-# the node's runtime dependencies (pyproject.toml [project] dependencies), and
+# the node's runtime dependencies (pyproject.toml [project] dependencies), NVIDIA's
+# driver-API client the probes use (the GPU machine has it; the simulator run needs it), and
 # what building it there needs (setuptools, wheel: pip --no-build-isolation)
 "$python" -m pip download --quiet --dest "$out" --python-version "$pyver" --implementation cp --abi "$abi" \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \

@@ -1,82 +1,57 @@
 #!/bin/sh
-# The real-GPU kit, stage 1, run on the GPU machine from the repository root:
-#   sh tools/real-gpu/run.sh            # the node's driver (nvml: driver)
-#   sh tools/real-gpu/run.sh --sim      # here, on the simulator: the kit's own check
-# It installs gpuslice into a venv that sees the machine's packages (PyTorch,
-# JAX, ...) from the wheels prepare.sh fetched (no network), builds the C parts,
-# writes the CDI spec from the driver's files, starts the daemon and runs
-# `gpuslice selftest --json`. Results go to $OUT (the device tool's folder that
-# comes back), else build/real-gpu.
+# The real-GPU kit, from the repository root on the GPU machine (root, no network):
+#   sh tools/real-gpu/run.sh [kit.py options]        on the node's driver
+#   sh tools/real-gpu/run.sh --sim [kit.py options]  on the simulator: the kit's own check, here
+# It installs gpuslice from the wheels prepare.sh fetched into a venv that sees
+# this Python's packages (PyTorch, JAX, CuPy, ...), building the C parts, then
+# runs kit.py: the context's cost measured, the CDI spec, the daemon on the
+# driver, `gpuslice selftest`, and the frameworks in slices. One call fits in
+# 9 minutes; steps done are kept under build/real-gpu, so calling again resumes.
+# Reports go to $OUT (what the device tool brings back), else build/real-gpu/out.
 set -eu
+start=$(date +%s)
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-out=${OUT:-$repo/build/real-gpu}
-work=${GPUSLICE_KIT_DIR:-/tmp/gpuslice-kit}
-driver=nvidia
-[ "${1:-}" = "--sim" ] && driver=sim
-mkdir -p "$out" "$work"
-log() { echo "real-gpu: $*" | tee -a "$out/kit.log"; }
-
-log "installing gpuslice ($driver) into $work/venv"
-python3 -m venv --system-site-packages "$work/venv"
-py="$work/venv/bin/python"
+kitdir=${GPUSLICE_KIT_STATE:-$repo/build/real-gpu}
+out=${OUT:-$kitdir/out}
+work=${GPUSLICE_KIT_DIR:-/tmp/gpuslice-kit}  # sockets: a short path
 wheels=${WHEELS:-$repo/tools/real-gpu/wheels}
-[ -d "$wheels" ] || { log "no $wheels: run tools/real-gpu/prepare.sh where there is network, and carry it"; exit 2; }
-"$py" -m pip install --quiet --no-index --find-links "$wheels" setuptools wheel >>"$out/kit.log" 2>&1
-extra=""
-[ "$driver" = sim ] && extra="$repo/sim"
-# shellcheck disable=SC2086 # extra is one path or nothing
-"$py" -m pip install --quiet --no-index --find-links "$wheels" --no-build-isolation "$repo" $extra \
-    >>"$out/kit.log" 2>&1 || { log "pip install failed (kit.log)"; exit 1; }
-gs="$work/venv/bin/gpuslice"
-hook=$("$py" -c 'from gpuslice.paths import built_executable; print(built_executable("gpuslice-hook"))')
+mkdir -p "$out" "$kitdir" "$work"
+log() { echo "real-gpu: $*" | tee -a "$out/kit.log"; }
+sim=""
+[ "${1:-}" = "--sim" ] && sim=1
 
-cfg="$work/daemon.yaml"
-{
-    echo "socket: $work/gpuslice.sock"
-    echo "slice_socket: $work/slice/slice.sock"
-    echo "state_dir: $work/state"
-    echo "slice_files_dir: $work/slices"
-    echo "metrics: {port: 0}"
-    if [ "$driver" = sim ]; then
-        echo "nvml: sim"
-        echo "sim: {config: $work/sim.yaml, state_dir: $work/sim}"
-    else
-        echo "nvml: driver"
-    fi
-} >"$cfg"
-spec="$work/cdi/gpuslice.json"
-simargs=""
-if [ "$driver" = sim ]; then
-    printf 'gpus:\n  - {memory: 16Gi}\n' >"$work/sim.yaml"
-    mkdir -p "$work/sim"
-    simargs="--sim-config $work/sim.yaml --sim-state-dir $work/sim"
-    eval "$("$gs" sim env --config "$work/sim.yaml" --state-dir "$work/sim" 2>/dev/null || true)"
+# what the install depends on: this script and the sources (the probes and the kit are read in place)
+stamp=$(cd "$repo" && { cat tools/real-gpu/run.sh; find . \( -path ./build -o -path ./tools/real-gpu -o -path ./.git -o -path ./.venv \
+        -o -name '*.egg-info' -o -name _native -o -name __pycache__ \) -prune -o -type f \
+        \( -name '*.py' -o -name '*.c' -o -name '*.h' -o -name '*.S' -o -name '*.def' -o -name '*.mk' \
+        -o -name Makefile -o -name '*.toml' \) -print | LC_ALL=C sort | xargs cat; } | sha256sum | cut -c1-16)
+stamp="$stamp${sim:+-sim}"
+venv="$kitdir/venv"
+py="$venv/bin/python"
+if [ "$(cat "$venv/.gpuslice-stamp" 2>/dev/null)" != "$stamp" ]; then
+    [ -d "$wheels" ] || { log "no $wheels: run tools/real-gpu/prepare.sh where there is network, and carry it"; exit 2; }
+    log "installing gpuslice${sim:+ and the simulator} into $venv"
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    # python3 may itself be a venv (the GPU machine's is): --system-site-packages would see
+    # the interpreter's base, not it. A .pth line per site directory of python3 sees what it has,
+    # after what the kit installs.
+    site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    python3 -c 'import site; print("\n".join(site.getsitepackages()))' >"$site/zz-host-python.pth"
+    "$py" -m pip install --quiet --no-index --find-links "$wheels" setuptools wheel >>"$out/kit.log" 2>&1
+    extra=""
+    [ -n "$sim" ] && extra="$repo/sim"
+    # shellcheck disable=SC2086 # extra is one path or nothing
+    "$py" -m pip install --quiet --no-index --find-links "$wheels" --no-build-isolation "$repo" cuda-bindings $extra \
+        >>"$out/kit.log" 2>&1 || { log "pip install failed (kit.log)"; exit 2; }
+    echo "$stamp" >"$venv/.gpuslice-stamp"
+    log "installed in $(($(date +%s) - start)) s"
 fi
-# shellcheck disable=SC2086
-"$gs" cdi generate --driver "$driver" --output "$spec" --hook "$hook" --daemon-socket "$work/gpuslice.sock" \
-    --slice-dir "$work/slice" $simargs >>"$out/kit.log" 2>&1 || { log "cdi generate failed (kit.log)"; exit 1; }
-cp "$spec" "$out/cdi-spec.json"
-
-"$gs" daemon --config "$cfg" >"$out/daemon.log" 2>&1 &
-daemon=$!
-trap 'kill $daemon 2>/dev/null; wait $daemon 2>/dev/null' EXIT INT TERM
-i=0
-until [ -S "$work/gpuslice.sock" ]; do
-    i=$((i + 1))
-    [ $i -gt 300 ] && { log "the daemon did not start (daemon.log)"; exit 1; }
-    kill -0 $daemon 2>/dev/null || { log "the daemon exited (daemon.log)"; exit 1; }
-    sleep 0.1
-done
-log "daemon up; selftest"
-rc=0
-"$gs" selftest --config "$cfg" --cdi-spec "$spec" --json >"$out/selftest.json" 2>>"$out/kit.log" || rc=$?
-"$py" - "$out/selftest.json" <<'PY' | tee -a "$out/kit.log"
-import json, sys
-rows = json.load(open(sys.argv[1]))["checks"]
-bad = [c for c in rows if c["verdict"] == "FAIL"]
-print(f"selftest: {len(rows)} checks, {len(bad)} failed")
-for c in bad:
-    print(f"  FAIL {c['name']}: expected {c['expected']}, observed {c['observed']}")
-PY
-log "selftest exit status $rc"
-exit $rc
+budget=$((540 - ($(date +%s) - start)))
+rm -f "$work/rc"
+{
+    PYTHONUNBUFFERED=1 "$py" "$repo/tools/real-gpu/kit.py" --state "$kitdir/state" --out "$out" --work "$work" \
+        --budget "$budget" "$@" 2>&1
+    echo $? >"$work/rc"
+} | tee -a "$out/kit.log"
+exit "$(cat "$work/rc" 2>/dev/null || echo 2)"

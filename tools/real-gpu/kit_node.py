@@ -1,0 +1,137 @@
+"""The kit's node: what one CUDA context costs on this driver (measured, then
+charged per context by the daemon so that a slice's total is honest about
+it), the daemon's config, the CDI spec from the driver's files, and the
+daemon itself for the length of one call."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kit_slices import PROBES, process_used
+
+MiB = 1 << 20
+
+
+class NodeError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    work: Path  # sockets, the daemon's state, the CDI spec: short paths (sockets)
+    sim: bool
+
+    @property
+    def config(self) -> Path:
+        return self.work / "daemon.yaml"
+
+    @property
+    def socket(self) -> Path:
+        return self.work / "gpuslice.sock"
+
+    @property
+    def spec(self) -> Path:
+        return self.work / "cdi" / "gpuslice.json"
+
+    @property
+    def sim_config(self) -> Path:
+        return self.work / "sim.yaml"
+
+    @property
+    def sim_state(self) -> Path:
+        return self.work / "sim"
+
+
+#: the simulated GPU the kit tries itself on: one context costs what a small real one does
+SIM_CONFIG = "gpus:\n  - {memory: 16Gi, context_memory: 300Mi}\n"
+
+
+def context_cost(gpu_uuid: str, timeout: float = 120) -> int:
+    """Bytes the driver counts for a process with one context and 2 MiB, less
+    the 2 MiB: run on the driver directly (no slice, no interposer)."""
+    argv = [sys.executable, str(PROBES / "cuda_driver.py"), "context"]
+    pipe = subprocess.PIPE
+    proc = subprocess.Popen(argv, cwd=str(PROBES), stdin=pipe, stdout=pipe, stderr=pipe, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        line = proc.stdout.readline()  # the probe holds after one line; bounded by the kill below
+        said = json.loads(line) if line.strip() else {"error": (proc.stderr.read() if proc.stderr else "")[-300:]}
+        if "error" in said:
+            raise NodeError(f"a bare context did not start: {said['error']}")
+        used = process_used(gpu_uuid, proc.pid)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        proc.wait(timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    if used is None:
+        raise NodeError("NVML does not give this driver's per-process memory")
+    return max(0, used - 2 * MiB)
+
+
+def write_config(paths: NodePaths, context_reserve: int) -> None:
+    lines = [
+        f"socket: {paths.socket}",
+        f"slice_socket: {paths.work}/slice/slice.sock",
+        f"state_dir: {paths.work}/state",
+        f"slice_files_dir: {paths.work}/slices",
+        "metrics: {port: 0}",
+        f"context_reserve: {context_reserve}",
+    ]
+    if paths.sim:
+        lines += ["nvml: sim", f"sim: {{config: {paths.sim_config}, state_dir: {paths.sim_state}}}"]
+    else:
+        lines.append("nvml: driver")
+    paths.config.write_text("\n".join(lines) + "\n")
+
+
+def generate_spec(paths: NodePaths, gpuslice: Path, hook: Path, log: Path) -> None:
+    argv = [str(gpuslice), "cdi", "generate", "--driver", "sim" if paths.sim else "nvidia",
+            "--output", str(paths.spec), "--hook", str(hook), "--daemon-socket", str(paths.socket),
+            "--slice-dir", f"{paths.work}/slice"]  # fmt: skip
+    if paths.sim:
+        argv += ["--sim-config", str(paths.sim_config), "--sim-state-dir", str(paths.sim_state)]
+    with log.open("a") as out:
+        r = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, timeout=120)
+    if r.returncode:
+        raise NodeError(f"gpuslice cdi generate failed (exit {r.returncode}; {log.name})")
+
+
+class Daemon:
+    """The daemon on this node's driver for the length of one call."""
+
+    def __init__(self, paths: NodePaths, gpuslice: Path, log: Path) -> None:
+        self.paths = paths
+        shutil.rmtree(paths.work / "state", ignore_errors=True)  # no slices left from a cut call
+        paths.socket.unlink(missing_ok=True)
+        self.log = log.open("a")
+        self.proc = subprocess.Popen([str(gpuslice), "daemon", "--config", str(paths.config)],
+                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        deadline = time.monotonic() + 30
+        while not paths.socket.exists():
+            if self.proc.poll() is not None:
+                raise NodeError(f"the daemon exited {self.proc.returncode} ({log.name})")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise NodeError(f"the daemon did not start within 30 s ({log.name})")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.log.close()

@@ -1,0 +1,169 @@
+"""Probes in slices: a probe (probes/*.py) runs in a temporary slice's pid
+namespace with the CDI layout's environment, as `gpuslice selftest` runs its
+worker; at each of its holds the kit samples what the daemon charges the slice
+and what the driver counts for the process (NVML, read outside the slice)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pynvml
+
+from gpuslice.cli.selftest_slices import Box, worker_pid
+from gpuslice.client import AllocatorClient
+from gpuslice.paths import native_dir
+
+PROBES = Path(__file__).resolve().parent / "probes"
+RECLAIM_S = 1.0  # the selftest's figure: a dead process's memory is back within a second
+
+
+class ProbeError(RuntimeError):
+    pass
+
+
+@dataclass
+class Sample:
+    """The slice at one of the probe's holds."""
+
+    tag: str
+    said: dict  # what the probe said with the hold
+    charge: int  # the daemon's charge for the slice
+    nvml_used: int | None  # the driver's count for the probe's process (None: NVML does not say)
+
+
+@dataclass
+class Outcome:
+    result: dict
+    samples: dict[str, Sample] = field(default_factory=dict)
+    exit_charge: int = -1  # the slice's charge once the process is gone
+    exit_reclaim_s: float = -1.0
+
+
+def process_used(gpu_uuid: str, pid: int) -> int | None:
+    """What the driver counts on this GPU for the host pid (None when it does not say)."""
+    handle = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid.encode())
+    try:
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except pynvml.NVMLError:
+        return None
+    for p in procs:
+        if p.pid == pid:
+            used = p.usedGpuMemory
+            return None if used is None or used >= (1 << 63) else int(used)  # NVML_VALUE_NOT_AVAILABLE
+    return 0
+
+
+def without_interposer(env: dict[str, str]) -> dict[str, str]:
+    """The layout's environment with the interposer's directory left off the
+    library path: the loader then finds the driver's libcuda (the cost runs)."""
+    wrap = (native_dir() / "wrap" / "libcuda.so.1").resolve()
+    keep = [d for d in env.get("LD_LIBRARY_PATH", "").split(":")
+            if d and (Path(d) / "libcuda.so.1").resolve() != wrap]  # fmt: skip
+    return {**env, "LD_LIBRARY_PATH": ":".join(keep)}
+
+
+class Probe:
+    """One probe process in a box; its JSON lines read by a thread, so every wait is bounded."""
+
+    def __init__(self, box: Box, script: str, args: list[str], env: dict[str, str], timeout: float) -> None:
+        self.box = box
+        self.timeout = timeout
+        argv = box.ns.command([sys.executable, str(PROBES / script), *args])
+        self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, cwd=str(PROBES))  # fmt: skip
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.errors: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._drain, daemon=True).start()
+        self.pid = worker_pid(self.proc)  # type: ignore[arg-type]
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:  # frameworks log much; the tail says why one died
+            self.errors.append(line)
+            del self.errors[:-40]
+
+    def message(self, deadline: float) -> dict:
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise ProbeError(f"no answer within {self.timeout:g} s") from None
+            if line is None:
+                tail = "".join(self.errors).strip().splitlines()
+                raise ProbeError(f"exited {self.proc.wait(10)}: {tail[-1][:300] if tail else 'no output'}")
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                continue  # a framework's own print on stdout
+            if "error" in msg:
+                raise ProbeError(msg["error"][:300])
+            return dict(msg)
+
+    def answer(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+            self.proc.kill()
+        self.proc.wait(10)
+
+
+def run_probe(
+    client: AllocatorClient,
+    box: Box,
+    gpu_uuid: str,
+    script: str,
+    args: list[str],
+    env: dict[str, str],
+    timeout: float,
+    on_hold: Callable[[Probe, Sample], None] | None = None,
+    reclaim: bool = True,
+) -> Outcome:
+    """The probe to its result, sampling at each hold, then how fast the slice
+    gets its memory back once the process is gone."""
+    probe = Probe(box, script, args, env, timeout)
+    deadline = time.monotonic() + timeout
+    samples: dict[str, Sample] = {}
+    try:
+        while True:
+            msg = probe.message(deadline)
+            if "hold" in msg:
+                tag = msg.pop("hold")
+                s = Sample(tag, msg, client.get(box.name).memory_used, process_used(gpu_uuid, probe.pid))
+                samples[tag] = s
+                if on_hold:
+                    on_hold(probe, s)
+                probe.answer()
+            elif "result" in msg:
+                result = msg["result"]
+                break
+        try:
+            probe.proc.wait(max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise ProbeError("did not exit after its result") from None
+    finally:
+        probe.kill()
+    gone = time.monotonic()
+    while reclaim and client.get(box.name).memory_used and time.monotonic() - gone < 5:
+        time.sleep(0.01)
+    return Outcome(result, samples, client.get(box.name).memory_used, time.monotonic() - gone)

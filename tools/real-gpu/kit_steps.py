@@ -1,0 +1,451 @@
+"""The kit's steps, in order. Each runs its probes in temporary slices and
+turns what it saw into rows; the rules that judge are the pure functions at
+the top (tested on recorded outcomes, tests/unit/test_real_gpu_kit.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from kit_report import SKIP, Row, StepResult, check, skipped
+from kit_slices import RECLAIM_S, Outcome, Probe, ProbeError, Sample, run_probe, without_interposer
+
+from gpuslice import request
+from gpuslice.cli.selftest_node import Layout
+from gpuslice.cli.selftest_slices import WorkerError, slice_box, sm_use
+from gpuslice.client import AllocatorClient
+from gpuslice.inventory import Gpu
+
+MiB, GiB = 1 << 20, 1 << 30
+CHUNK = 64 * MiB  # probes allocate this much at a time: the tolerance at the limit
+SHARE_POINTS = 3.0  # the selftest's tolerance for a share, in percentage points
+FAILURES = (ProbeError, WorkerError, grpc.RpcError, OSError, subprocess.TimeoutExpired, KeyError, ValueError)
+NO_CUDART = "cudart does not run on the simulator: frameworks run on a real GPU only"
+
+
+def mib(n: int) -> str:
+    return f"{n / MiB:.0f} MiB"
+
+
+# -- the rules --------------------------------------------------------------
+
+
+def view_row(step: str, label: str, limit: int, view: dict) -> Row:
+    return check(step, f"{label}: the slice's view", f"total {mib(limit)}",
+                 f"total {mib(view['total'])}, free {mib(view['free'])}", view["total"] == limit)  # fmt: skip
+
+
+def oom_row(step: str, label: str, limit: int, out: Outcome) -> Row:
+    refusal, charge = out.result["refusal"], out.samples["full"].charge
+    refused = not refusal.startswith("no OOM")
+    return check(step, f"{label}: OOM at the limit", f"its OOM error, the slice charged within 64 MiB of {mib(limit)}",
+                 f"{refusal} after {mib(out.result['allocated'])}; slice charged {mib(charge)}",
+                 refused and limit - CHUNK < charge <= limit)  # fmt: skip
+
+
+def given_back_row(step: str, label: str, out: Outcome, freed: str | None = "freed") -> Row:
+    """Freed memory comes off the charge; all of it once the process is gone."""
+    warm = out.samples["warm"].charge
+    observed = f"warm {mib(warm)}"
+    ok = out.exit_charge == 0 and 0 <= out.exit_reclaim_s <= RECLAIM_S
+    if freed:
+        after = out.samples[freed].charge
+        observed += f", after freeing {mib(after)}"
+        ok = ok and after <= warm + CHUNK
+    observed += f", {mib(out.exit_charge)} {out.exit_reclaim_s:.2f} s after exit"
+    return check(step, f"{label}: memory given back", f"freed comes off the charge; 0 within {RECLAIM_S:g} s of exit",
+                 observed, ok)  # fmt: skip
+
+
+def accounting_row(step: str, label: str, sample: Sample, reserve: int) -> Row:
+    """The driver's own count for the process against the slice's charge: the
+    charge must not be less (the context is charged as `context_reserve`)."""
+    expected = f"the driver's count ≤ the slice's charge + 64 MiB ({mib(reserve)} charged per context)"
+    if sample.nvml_used is None:
+        return check(step, f"{label}: accounting", expected, "NVML gives no per-process figure here", None)
+    gap = sample.nvml_used - sample.charge
+    observed = f"driver {mib(sample.nvml_used)}, slice {mib(sample.charge)}, driver - slice {gap / MiB:+.0f} MiB"
+    return check(step, f"{label}: accounting", expected, observed, gap <= CHUNK)
+
+
+def memory_rows(step: str, label: str, limit: int, reserve: int, out: Outcome) -> list[Row]:
+    return [
+        view_row(step, label, limit, out.result["view"]),
+        oom_row(step, label, limit, out),
+        given_back_row(step, label, out),
+        accounting_row(step, label, out.samples["warm"], reserve),
+    ]
+
+
+def jax_rows(step: str, label: str, limit: int, reserve: int, out: Outcome, prealloc: bool) -> list[Row]:
+    """XLA's allocator takes a fraction of what the driver says the GPU has: here, of the slice."""
+    view, warm, full = out.result["view"], out.samples["warm"], out.samples["full"]
+    rows = [check(step, f"{label}: its limit is a fraction of the slice", f"0 < limit ≤ {mib(limit)}",
+                  f"limit {mib(view['total'])}", 0 < view["total"] <= limit)]  # fmt: skip
+    if prealloc:
+        taken = warm.charge - reserve
+        rows.append(check(step, f"{label}: preallocates 75 % of the slice", f"{mib(int(0.75 * limit))} ± 64 MiB",
+                          f"{mib(taken)} charged besides the context", abs(taken - 0.75 * limit) <= CHUNK))  # fmt: skip
+    refused = not out.result["refusal"].startswith("no OOM")
+    reach = min(view["total"], limit - warm.charge)
+    rows.append(check(step, f"{label}: OOM at its limit", f"its OOM error past {mib(reach)}, never past {mib(limit)}",
+                      f"{out.result['refusal']} after {mib(out.result['allocated'])}; slice charged {mib(full.charge)}",
+                      refused and full.charge <= limit and out.result["allocated"] >= reach - 2 * CHUNK))  # fmt: skip
+    rows.append(given_back_row(step, label, out, freed=None))
+    rows.append(accounting_row(step, label, warm, reserve))
+    return rows
+
+
+def share_rows(step: str, label: str, target: float, windows: list[float], rates: list[float],
+               alone: float) -> list[Row]:  # fmt: skip
+    """A tenant's share from NVML (per 1 s window and over them all), and from
+    its own throughput against its rate alone."""
+    over = statistics.fmean(windows) if windows else 0.0
+    spread = f"1 s windows {min(windows):.1f}-{max(windows):.1f}" if windows else "no windows"
+    thr = [100 * r / alone for r in rates] if alone else []
+    thr_all = statistics.fmean(thr) if thr else 0.0
+    return [
+        check(step, f"{label}: NVML", f"{target:g} ± {SHARE_POINTS:g} % over {len(windows)} s",
+              f"{over:.1f} % ({spread})", abs(over - target) <= SHARE_POINTS),
+        check(step, f"{label}: throughput", f"{target:g} ± {SHARE_POINTS:g} % of its rate alone",
+              f"{thr_all:.1f} % ({len(thr)} s; per second {min(thr, default=0):.1f}-{max(thr, default=0):.1f})",
+              abs(thr_all - target) <= SHARE_POINTS),
+    ]  # fmt: skip
+
+
+def cost_rows(step: str, gated: list[dict], direct: list[dict]) -> list[Row]:
+    g_step, d_step = min(r["step_ms"] for r in gated), min(r["step_ms"] for r in direct)
+    g_ns, d_ns = min(r["launch_ns"] for r in gated), min(r["launch_ns"] for r in direct)
+    noise = max(r["launch_ns"] for r in direct) - d_ns
+    return [
+        check(step, "training step through the interposer", "≤ 1.03 x without",
+              f"{g_step:.3f} ms against {d_step:.3f} ms: x{g_step / d_step:.3f} ({len(gated)} runs each, interleaved)",
+              g_step <= 1.03 * d_step),
+        check(step, "kernel launch through the interposer", "≤ 20 ns added (DESIGN's budget), beyond the noise",
+              f"{g_ns:.0f} ns against {d_ns:.0f} ns: {g_ns - d_ns:+.0f} ns, x{g_ns / d_ns:.3f} (noise {noise:.0f} ns)",
+              g_ns - d_ns <= 20 + noise),
+    ]  # fmt: skip
+
+
+# -- running them ----------------------------------------------------------
+
+
+@dataclass
+class Kit:
+    client: AllocatorClient
+    gpu: Gpu
+    layout: Layout
+    sim: bool
+    reserve: int  # what the daemon charges per context: the measured context cost
+    deadline: float  # monotonic: this call's end
+    config: Path
+    spec: Path
+    gpuslice: Path
+    out: Path
+
+    @property
+    def limit(self) -> int:
+        return (1 if self.sim else 4) * GiB
+
+    def timeout(self, cap: float) -> float:
+        return max(30.0, min(cap, self.deadline - time.monotonic() + 30))
+
+
+def _why(e: BaseException) -> str:
+    return (e.details() or "") if isinstance(e, grpc.RpcError) else f"{type(e).__name__}: {e}"
+
+
+def memory_case(kit: Kit, step: str, label: str, script: str, args: list[str], env: dict[str, str],
+                judge: Callable[[Outcome], list[Row]] | None = None) -> tuple[list[Row], dict]:  # fmt: skip
+    try:
+        with slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(kit.limit)}) as box:
+            out = run_probe(kit.client, box, kit.gpu.uuid, script, [str(kit.limit), *args], {**box.env, **env},
+                            kit.timeout(300))  # fmt: skip
+        rows = judge(out) if judge else memory_rows(step, label, kit.limit, kit.reserve, out)
+        return rows, {"result": out.result, "charges": {t: s.charge for t, s in out.samples.items()},
+                      "nvml": {t: s.nvml_used for t, s in out.samples.items()}}  # fmt: skip
+    except FAILURES as e:
+        return [check(step, label, "runs in a slice", _why(e), False)], {}
+
+
+def selftest(kit: Kit) -> StepResult:
+    argv = [str(kit.gpuslice), "selftest", "--config", str(kit.config), "--cdi-spec", str(kit.spec), "--json",
+            "--seconds", "3" if kit.sim else "10"]  # fmt: skip
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=kit.timeout(420))
+    (kit.out / "selftest.json").write_text(r.stdout)
+    try:
+        checks = json.loads(r.stdout)["checks"]
+    except (ValueError, KeyError):
+        return StepResult("selftest", [check("selftest", "gpuslice selftest", "its JSON report",
+                                             (r.stderr or r.stdout).strip()[-300:], False)], 0)  # fmt: skip
+    rows = [Row("selftest", c["name"], c["expected"], c["observed"], c["verdict"]) for c in checks]
+    return StepResult("selftest", rows, 0, {"exit": r.returncode})
+
+
+def driver_api(kit: Kit) -> StepResult:
+    rows, facts = [], {}
+    for path, label in (("mem", "cuMemAlloc"), ("vmm", "cuMemCreate (VMM)")):
+        label = f"cuda.bindings {label}"
+        got, facts[path] = memory_case(kit, "driver-api", label, "cuda_driver.py", [path], {})
+        rows += got
+    return StepResult("driver-api", rows, 0, facts)
+
+
+def nvml_view(kit: Kit) -> StepResult:
+    step, size = "nvml-view", 512 * MiB
+    try:
+        with slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(kit.limit)}) as box:
+            holder = Probe(box, "cuda_driver.py", ["hold", str(size)], box.env, kit.timeout(120))
+            try:
+                said = holder.message(time.monotonic() + holder.timeout)
+                charge = kit.client.get(box.name).memory_used
+                view = run_probe(kit.client, box, kit.gpu.uuid, "nvml_view.py", [], box.env, kit.timeout(60),
+                                 reclaim=False).result  # fmt: skip
+                os.kill(holder.pid, signal.SIGKILL)
+                killed = time.monotonic()
+                while kit.client.get(box.name).memory_used and time.monotonic() - killed < 5:
+                    time.sleep(0.01)
+                took, left = time.monotonic() - killed, kit.client.get(box.name).memory_used
+            finally:
+                holder.kill()
+    except FAILURES as e:
+        return StepResult(step, [check(step, "NVML inside a slice", "runs in a slice", _why(e), False)], 0)
+    pids = {holder.pid, said.get("pid")}
+    observed = f"{mib(charge)} held; {mib(left)} left after {took:.2f} s"
+    reclaim_row = check(step, "SIGKILL gives the holder's memory back", f"0 within {RECLAIM_S:g} s", observed,
+                        left == 0 and took <= RECLAIM_S)  # fmt: skip
+    facts = {"view": view, "charge": charge, "holder_pids": sorted(p for p in pids if p)}
+    return StepResult(step, [*view_rows(step, kit.limit, charge, pids, view), reclaim_row], 0, facts)
+
+
+def view_rows(step: str, limit: int, charge: int, pids: set, view: dict) -> list[Row]:
+    nv = view["nvml"]
+    listed = [p["pid"] for p in nv["processes"]]
+    rows = [
+        check(step, "NVML inside the slice: memory", f"total {mib(limit)}, used {mib(charge)} (the slice's charge)",
+              f"total {mib(nv['total'])}, used {mib(nv['used'])}", nv["total"] == limit and nv["used"] == charge),
+        check(step, "NVML inside the slice: processes", "the slice's one process",
+              f"{listed} (the holder: {sorted(p for p in pids if p)})", len(listed) == 1 and listed[0] in pids),
+    ]  # fmt: skip
+    smi = view.get("nvidia_smi")
+    if smi is None:
+        rows.append(skipped(step, "nvidia-smi inside the slice", "no nvidia-smi on this machine"))
+    elif "error" in smi:
+        rows.append(check(step, "nvidia-smi inside the slice", "runs", smi["error"], False))
+    else:
+        apps = [p["pid"] for p in smi["processes"]]
+        rows.append(check(step, "nvidia-smi inside the slice",
+                          f"{limit // MiB} MiB total, {charge // MiB} MiB used, the slice's one process",
+                          f"{smi['total_mib']} MiB total, {smi['used_mib']} MiB used, processes {apps}",
+                          smi["total_mib"] == limit // MiB and abs(smi["used_mib"] - charge // MiB) <= 1
+                          and len(apps) == 1 and apps[0] in pids))  # fmt: skip
+    return rows
+
+
+def pytorch(kit: Kit) -> StepResult:
+    rows, facts = [], {}
+    for key, label, env in (("caching", "PyTorch caching allocator", {"PYTORCH_CUDA_ALLOC_CONF": ""}),
+                            ("expandable", "PyTorch expandable_segments (VMM)",
+                             {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})):  # fmt: skip
+        got, facts[key] = memory_case(kit, "pytorch", label, "torch_memory.py", [], env)
+        rows += got
+    return StepResult("pytorch", rows, 0, facts)
+
+
+def cupy(kit: Kit) -> StepResult:
+    rows, facts = [], {}
+    for pool, label in (("default", "CuPy default pool"), ("async", "CuPy MemoryAsyncPool")):
+        got, facts[pool] = memory_case(kit, "cupy", label, "cupy_memory.py", [pool], {})
+        rows += got
+    return StepResult("cupy", rows, 0, facts)
+
+
+def jax(kit: Kit) -> StepResult:
+    rows, facts = [], {}
+    for prealloc, label in ((False, "JAX, XLA_PYTHON_CLIENT_PREALLOCATE=false"), (True, "JAX, default preallocation")):
+        env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "true" if prealloc else "false"}
+        got, facts[label] = memory_case(
+            kit, "jax", label, "jax_memory.py", [], env,
+            judge=lambda out, p=prealloc, lb=label: jax_rows("jax", lb, kit.limit, kit.reserve, out, p))  # fmt: skip
+        rows += got
+    return StepResult("jax", rows, 0, facts)
+
+
+def nccl(kit: Kit) -> StepResult:
+    step, label = "nccl", "NCCL all-reduce (one rank, NCCL_CUMEM_ENABLE=1)"
+
+    def judge(out: Outcome) -> list[Row]:
+        warm = out.samples["warm"]
+        return [
+            check(step, f"{label}: result", "the sum right, no crash", f"right: {out.result['all_reduce_right']}, "
+                  f"NCCL {out.result['nccl']}", out.result["all_reduce_right"]),
+            check(step, f"{label}: charged", "the tensor and NCCL's buffers charged while up",
+                  f"{mib(warm.charge)} charged", warm.charge >= kit.reserve + 64 * MiB),
+            given_back_row(step, label, out),
+            accounting_row(step, label, warm, kit.reserve),
+        ]  # fmt: skip
+
+    rows, facts = memory_case(kit, step, label, "nccl_allreduce.py", [], {"NCCL_CUMEM_ENABLE": "1"}, judge)
+    return StepResult(step, rows, 0, facts)
+
+
+def transformers(kit: Kit) -> StepResult:
+    step, label, new = "transformers", "Llama, random weights, generate", 64
+
+    def judge(out: Outcome) -> list[Row]:
+        r, warm = out.result, out.samples["warm"]
+        return [
+            check(step, f"{label}: tokens", f"{new} new tokens x 4 in a {mib(kit.limit)} slice",
+                  f"{r['new_tokens']} x {r['batch']} in {r['seconds']:.2f} s ({r['parameters'] / 1e6:.0f} M "
+                  f"parameters, peak {mib(r['peak_allocated'])}; slice {mib(warm.charge)})", r["new_tokens"] == new),
+            given_back_row(step, label, out, freed=None),
+            accounting_row(step, label, warm, kit.reserve),
+        ]  # fmt: skip
+
+    rows, facts = memory_case(kit, step, label, "transformers_generate.py", [], {}, judge)
+    return StepResult(step, rows, 0, facts)
+
+
+def _hard(cores: int) -> dict[str, str]:
+    return {request.MEMORY: str(4 * GiB), request.CORES: str(cores), request.POLICY: "hard"}
+
+
+def cuda_graph(kit: Kit) -> StepResult:
+    step, share, seconds = "cuda-graph", 50, 8.0
+    try:
+        with slice_box(kit.client, kit.gpu, kit.layout, _hard(share)) as box:
+            probe = Probe(box, "cuda_graph.py", [str(seconds)], box.env, kit.timeout(180))
+            try:
+                probe.message(time.monotonic() + probe.timeout)
+                probe.answer()
+                time.sleep(2)  # the gate's budget settles
+                (use,) = sm_use(kit.gpu.uuid, [probe.pid], seconds - 3)
+                result = probe.message(time.monotonic() + 60)["result"]
+            finally:
+                probe.kill()
+    except FAILURES as e:
+        return StepResult(step, [check(step, "CUDA graph under a hard share", "runs in a slice", _why(e), False)], 0)
+    return StepResult(step, [
+        check(step, "CUDA graph replay", "the same as the eager run", f"same: {result['same_as_eager']}, "
+              f"{result['replays'] / result['seconds']:.0f} replays/s", result["same_as_eager"]),
+        check(step, f"CUDA graph under hard {share} %", f"{share} ± {SHARE_POINTS:g} % (NVML)", f"{use:.1f} %",
+              abs(use - share) <= SHARE_POINTS),
+    ], 0, {"result": result, "sm_use": use})  # fmt: skip
+
+
+def _tenants(kit: Kit, boxes: list, seconds: float, idle_after: list[float]) -> tuple[list[Probe], list[int]]:
+    probes = [Probe(b, "matmul_loop.py", [str(seconds), str(i)], b.env, kit.timeout(180))
+              for b, i in zip(boxes, idle_after, strict=True)]  # fmt: skip
+    for p in probes:
+        p.message(time.monotonic() + p.timeout)
+    for p in probes:
+        p.answer()
+    return probes, [p.pid for p in probes]
+
+
+def _windows(gpu_uuid: str, pids: list[int], first: int, last: int, started: float) -> list[list[float]]:
+    """Each process's SM use per 1 s window, from second `first` to `last` after `started`."""
+    time.sleep(max(0.0, started + first - time.monotonic()))
+    return [sm_use(gpu_uuid, pids, 1.0) for _ in range(last - first)]
+
+
+def shares(kit: Kit) -> StepResult:
+    step, facts, rows = "shares", {}, []
+    try:
+        with slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(4 * GiB)}) as box:
+            out = run_probe(kit.client, box, kit.gpu.uuid, "matmul_loop.py", ["6"], box.env, kit.timeout(120))
+        alone = statistics.fmean(out.result["per_second"][1:-1])
+        facts["alone_per_s"] = alone
+        for policy in ("hard", "elastic"):
+            idle = [12.0, 0.0] if policy == "elastic" else [0.0, 0.0]
+            with (
+                slice_box(kit.client, kit.gpu, kit.layout, {**_hard(30), request.POLICY: policy}) as a,
+                slice_box(kit.client, kit.gpu, kit.layout, {**_hard(70), request.POLICY: policy}) as b,
+            ):
+                probes, pids = _tenants(kit, [a, b], 25.0, idle)
+                started = time.monotonic()
+                try:
+                    busy = _windows(kit.gpu.uuid, pids, 3, 12 if policy == "elastic" else 23, started)
+                    after = _windows(kit.gpu.uuid, pids, 14, 24, started) if policy == "elastic" else []
+                    results = [p.message(time.monotonic() + 60)["result"]["per_second"] for p in probes]
+                finally:
+                    for p in probes:
+                        p.kill()
+            facts[policy] = {"busy": busy, "after_idle": after, "per_second": results}
+            span = slice(3, 12 if policy == "elastic" else 23)
+            for i, target in enumerate((30, 70)):
+                rows += share_rows(step, f"{policy} {target} %", target, [w[i] for w in busy],
+                                   results[i][span], alone)  # fmt: skip
+            if after:
+                got = [w[1] for w in after]
+                rows.append(check(step, "elastic 70 % once the 30 % tenant idles", "≥ 90 % (NVML), from 2 s after",
+                                  f"{statistics.fmean(got):.1f} % (1 s windows {min(got):.1f}-{max(got):.1f})",
+                                  statistics.fmean(got) >= 90))  # fmt: skip
+    except FAILURES as e:
+        rows.append(check(step, "two tenants' shares", "run in slices", _why(e), False))
+    return StepResult(step, rows, 0, facts)
+
+
+def cost(kit: Kit) -> StepResult:
+    step, gated, direct = "cost", [], []
+    try:
+        with slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(4 * GiB)}) as box:
+            for _ in range(4):
+                gated.append(run_probe(kit.client, box, kit.gpu.uuid, "cost.py", [], box.env, kit.timeout(120)).result)
+                direct.append(run_probe(kit.client, box, kit.gpu.uuid, "cost.py", [], without_interposer(box.env),
+                                        kit.timeout(120), reclaim=False).result)  # fmt: skip
+    except FAILURES as e:
+        return StepResult(step, [check(step, "cost", "runs in a slice", _why(e), False)], 0)
+    return StepResult(step, cost_rows(step, gated, direct), 0, {"gated": gated, "direct": direct})
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    seconds: float  # what it takes on a real GPU, about: a call starts no step it cannot finish
+    run: Callable[[Kit], StepResult]
+    on_sim: bool  # runs on the simulator too (the driver API); the rest need cudart
+    needs: tuple[str, ...] = ()  # Python modules, checked without importing them
+
+
+STEPS = (
+    Step("selftest", 150, selftest, True),
+    Step("driver-api", 40, driver_api, True, ("cuda.bindings",)),
+    Step("nvml-view", 30, nvml_view, True, ("pynvml",)),
+    Step("pytorch", 90, pytorch, False, ("torch",)),
+    Step("cupy", 60, cupy, False, ("cupy",)),
+    Step("jax", 90, jax, False, ("jax",)),
+    Step("nccl", 60, nccl, False, ("torch",)),
+    Step("transformers", 90, transformers, False, ("torch", "transformers")),
+    Step("cuda-graph", 45, cuda_graph, False, ("torch",)),
+    Step("shares", 110, shares, False, ("torch",)),
+    Step("cost", 120, cost, False, ("torch",)),
+)
+
+
+def not_runnable(step: Step, sim: bool) -> list[Row]:
+    """Rows saying why a step does not run here, or [] when it does."""
+    if sim and not step.on_sim:
+        return [skipped(step.name, step.name, NO_CUDART)]
+    missing = [m for m in step.needs if importlib.util.find_spec(m.split(".")[0]) is None]
+    return [skipped(step.name, step.name, f"{', '.join(missing)} not installed on this machine")] if missing else []
+
+
+def run_step(step: Step, kit: Kit) -> StepResult:
+    start = time.monotonic()
+    rows = not_runnable(step, kit.sim)
+    result = StepResult(step.name, rows, 0) if rows else step.run(kit)
+    result.seconds = time.monotonic() - start
+    return result
+
+
+__all__ = ["SKIP", "STEPS", "Kit", "Step", "run_step"]

@@ -1,0 +1,40 @@
+"""A tenant: bf16 matrix products back to back for SECONDS, counted per second
+of wall time; with IDLE_AFTER > 0 it stops launching after that many seconds
+and stays alive, idle (an elastic share's give-back). argv: SECONDS [IDLE_AFTER]."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from common import hold, main
+
+N = 4096
+SYNC_EVERY = 4  # products between synchronizations: each counted in the second it completed
+
+
+def run(argv: list[str]) -> dict:
+    seconds = float(argv[0])
+    idle_after = float(argv[1]) if len(argv) > 1 else 0.0
+    a = torch.randn(N, N, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, N, device="cuda", dtype=torch.bfloat16)
+    for _ in range(8):
+        a @ b
+    torch.cuda.synchronize()
+    hold("ready", pid=os.getpid())
+    per_second = [0] * (int(seconds) + 1)
+    start = time.monotonic()
+    while (now := time.monotonic() - start) < seconds:
+        if idle_after and now >= idle_after:
+            time.sleep(min(0.1, seconds - now))
+            continue
+        for _ in range(SYNC_EVERY):
+            a @ b
+        torch.cuda.synchronize()
+        per_second[min(int(time.monotonic() - start), len(per_second) - 1)] += SYNC_EVERY
+    return {"per_second": per_second[: int(seconds)], "n": N, "flop_per_product": 2 * N**3}
+
+
+if __name__ == "__main__":
+    main(run)

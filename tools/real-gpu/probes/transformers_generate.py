@@ -1,0 +1,34 @@
+"""A small Llama built from a config with random weights (no download),
+generating NEW tokens for a batch of 4 prompts. argv: NEW."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+import transformers
+from common import hold, main
+
+
+def run(argv: list[str]) -> dict:
+    new = int(argv[0])
+    cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
+                                   num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
+                                   max_position_embeddings=2048)  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    prompts = torch.randint(0, cfg.vocab_size, (4, 64), device="cuda")
+    start = time.monotonic()
+    with torch.no_grad():
+        out = model.generate(prompts, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+    torch.cuda.synchronize()
+    took = time.monotonic() - start
+    hold("warm", pid=os.getpid())
+    return {"new_tokens": int(out.shape[1] - prompts.shape[1]), "batch": 4, "seconds": took,
+            "parameters": sum(p.numel() for p in model.parameters()), "transformers": transformers.__version__,
+            "peak_allocated": torch.cuda.max_memory_allocated()}  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(run)
