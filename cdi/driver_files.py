@@ -19,7 +19,11 @@ from gpuslice import errors, simulator
 
 log = logging.getLogger(__name__)
 
-LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "lib64", "usr/lib", "lib")
+# the distributions' library directories, then the one GKE's and many GPU images' drivers
+# are installed or mounted under (/usr/local/nvidia, with the loader told of it)
+LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "lib64", "usr/lib", "lib",
+            "usr/local/nvidia/lib64", "usr/local/nvidia/lib")  # fmt: skip
+BIN_DIRS = ("usr/bin", "usr/sbin", "usr/local/nvidia/bin")
 CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools")
 # files a driver install or upgrade writes, which gpuslice-cdi.path watches
 # (packaging/systemd; a unit test holds the two lists together)
@@ -86,7 +90,7 @@ def _extra_deps(lib: Path) -> tuple[Path, ...]:
 
 def nvidia(root: Path, driver_version: str) -> DriverFiles:
     """The NVIDIA driver's files under a root (/ on a node, a fixture in tests)."""
-    smi = shutil.which("nvidia-smi", path=f"{root / 'usr/bin'}:{root / 'usr/sbin'}")
+    smi = shutil.which("nvidia-smi", path=":".join(str(root / d) for d in BIN_DIRS))
     return DriverFiles(
         libcuda=_find_lib(root, "libcuda", driver_version),
         libnvml=_find_lib(root, "libnvidia-ml", driver_version),

@@ -77,6 +77,20 @@ def test_node_spec_from_a_driver_root_is_the_golden_one_and_officially_valid(dri
     golden("node-spec.nvidia.json", normalized(spec, ROOT=driver_root, NATIVE=native_dir()))
 
 
+def test_a_driver_under_usr_local_nvidia_is_found(tmp_path):
+    # GKE's driver installer and many GPU machine images put the driver there, not in /usr/lib
+    libdir, bindir = tmp_path / "usr/local/nvidia/lib64", tmp_path / "usr/local/nvidia/bin"
+    libdir.mkdir(parents=True)
+    bindir.mkdir()
+    for lib in (f"libcuda.so.{DRIVER}", f"libnvidia-ml.so.{DRIVER}"):
+        (libdir / lib).write_bytes(b"\x7fELF")
+    (bindir / "nvidia-smi").write_text("#!/bin/sh\n")
+    (bindir / "nvidia-smi").chmod(0o755)
+    files = gen.driver_files.nvidia(tmp_path, DRIVER)
+    assert files.libcuda == libdir / f"libcuda.so.{DRIVER}" and files.libnvml == libdir / f"libnvidia-ml.so.{DRIVER}"
+    assert files.nvidia_smi == bindir / "nvidia-smi"
+
+
 def test_a_driver_root_without_the_driver_is_one_clear_error(tmp_path):
     with pytest.raises(gen.driver_files.DriverFilesError, match=f"libcuda.so.{DRIVER} not found under {tmp_path}"):
         gen.generate(inventory(), gen.Options("nvidia", tmp_path, "/usr/bin/gpuslice-hook"))

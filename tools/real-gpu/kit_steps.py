@@ -96,7 +96,8 @@ def jax_rows(step: str, label: str, limit: int, reserve: int, out: Outcome, prea
         rows.append(check(step, f"{label}: preallocates 75 % of the slice", f"{mib(int(0.75 * limit))} ± 64 MiB",
                           f"{mib(taken)} charged besides the context", abs(taken - 0.75 * limit) <= CHUNK))  # fmt: skip
     refused = not out.result["refusal"].startswith("no OOM")
-    reach = min(view["total"], limit - warm.charge)
+    # preallocated, arrays come out of XLA's pool; growing, each region is charged as it is taken
+    reach = view["free"] if prealloc else min(view["free"], limit - warm.charge)
     rows.append(check(step, f"{label}: OOM at its limit", f"its OOM error past {mib(reach)}, never past {mib(limit)}",
                       f"{out.result['refusal']} after {mib(out.result['allocated'])}; slice charged {mib(full.charge)}",
                       refused and full.charge <= limit and out.result["allocated"] >= reach - 2 * CHUNK))  # fmt: skip
@@ -253,10 +254,9 @@ def view_rows(step: str, limit: int, charge: int, pids: set, view: dict) -> list
 
 def pytorch(kit: Kit) -> StepResult:
     rows, facts = [], {}
-    for key, label, env in (("caching", "PyTorch caching allocator", {"PYTORCH_CUDA_ALLOC_CONF": ""}),
-                            ("expandable", "PyTorch expandable_segments (VMM)",
-                             {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})):  # fmt: skip
-        got, facts[key] = memory_case(kit, "pytorch", label, "torch_memory.py", [], env)
+    for segments, label in (("False", "PyTorch caching allocator"), ("True", "PyTorch expandable_segments (VMM)")):
+        env = {"PYTORCH_CUDA_ALLOC_CONF": f"expandable_segments:{segments}"}
+        got, facts[label] = memory_case(kit, "pytorch", label, "torch_memory.py", [], env)
         rows += got
     return StepResult("pytorch", rows, 0, facts)
 

@@ -1,0 +1,92 @@
+"""The real-GPU kit on the simulator (`kit.py --sim`, the entry point run.sh
+hands over to once it has installed gpuslice): its node set-up (the context's
+cost measured and charged), the selftest and the driver-API steps pass, the
+frameworks are skipped with the reason, and steps done are kept so that a
+call cut short resumes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import REPO
+from tests.harness.machine import needs_root
+
+pytestmark = needs_root
+KIT = REPO / "tools" / "real-gpu" / "kit.py"
+
+
+@pytest.fixture
+def kit_dirs(tmp_path: Path) -> Iterator[dict[str, Path]]:
+    work = Path(tempfile.mkdtemp(prefix="gskit-", dir="/tmp"))  # sockets: a short path
+    yield {"state": tmp_path / "state", "out": tmp_path / "out", "work": work}
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def kit(dirs: dict[str, Path], *args: str) -> tuple[int, str, dict]:
+    argv = [sys.executable, str(KIT), "--sim", *(f"--{k}={v}" for k, v in dirs.items()), *args]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert "Traceback" not in r.stdout + r.stderr, r.stdout + r.stderr
+    report = json.loads((dirs["out"] / "report.json").read_text()) if (dirs["out"] / "report.json").exists() else {}
+    return r.returncode, r.stdout + r.stderr, report
+
+
+def rows_of(report: dict, step: str) -> dict[str, dict]:
+    return {r["name"]: r for r in report["rows"] if r["step"] == step}
+
+
+@pytest.mark.measure  # the selftest inside measures shares over seconds
+def test_the_kit_on_the_simulator_passes_its_driver_steps_and_skips_the_frameworks_with_the_reason(kit_dirs):
+    rc, out, report = kit(kit_dirs)
+    assert rc == 0, out
+    assert report["summary"]["FAIL"] == 0 and report["pending"] == []
+    assert report["machine"]["context cost"].startswith("300 MiB")  # the simulated GPU's context, measured
+    config = (kit_dirs["work"] / "daemon.yaml").read_text()
+    assert f"context_reserve: {300 << 20}" in config  # ... and charged by the daemon per context
+    selftest = rows_of(report, "selftest")
+    assert selftest["GPU 0 mem to the limit"]["verdict"] == selftest["GPU 0 hard share 70 %"]["verdict"] == "PASS"
+    assert all(r["verdict"] in ("PASS", "INFO") for r in selftest.values())
+    api = rows_of(report, "driver-api")
+    for path in ("cuMemAlloc", "cuMemCreate (VMM)"):
+        for what in ("the slice's view", "OOM at the limit", "memory given back", "accounting"):
+            assert api[f"cuda.bindings {path}: {what}"]["verdict"] == "PASS", what
+    view = rows_of(report, "nvml-view")
+    assert view["NVML inside the slice: processes"]["verdict"] == "PASS"
+    assert view["NVML inside the slice: memory"]["verdict"] == "PASS"
+    assert view["SIGKILL gives the holder's memory back"]["verdict"] == "PASS"
+    for step in ("pytorch", "cupy", "jax", "nccl", "transformers", "cuda-graph", "shares", "cost"):
+        (row,) = rows_of(report, step).values()
+        assert row["verdict"] == "SKIP" and "cudart does not run on the simulator" in row["observed"]
+    md = (kit_dirs["out"] / "report.md").read_text()
+    assert "| driver-api | cuda.bindings cuMemAlloc: OOM at the limit |" in md
+    for name in ("selftest.json", "cdi-spec.json", "daemon.log"):
+        assert (kit_dirs["out"] / name).is_file(), name
+    assert subprocess.run(["pgrep", "-f", str(kit_dirs["work"] / "daemon.yaml")]).returncode == 1  # daemon gone
+
+    # called again, it resumes: the steps kept are not run again
+    rc, out, again = kit(kit_dirs, "--only", "driver-api", "--only", "nvml-view")
+    assert rc == 0 and "driver-api ..." not in out and "nvml-view ..." not in out, out
+    assert rows_of(again, "driver-api") == api
+
+
+def test_a_call_without_the_time_for_a_step_leaves_it_for_the_next(kit_dirs):
+    rc, out, report = kit(kit_dirs, "--only", "driver-api", "--only", "pytorch", "--budget", "30")
+    assert rc == 3, out  # driver-api needs about 40 s on a GPU: not started in a 30 s call
+    assert report["pending"] == ["driver-api"] and "call again to resume" in out
+    assert rows_of(report, "pytorch")["pytorch"]["verdict"] == "SKIP"  # a skip costs no time: done
+    assert not (kit_dirs["state"] / "steps" / "driver-api.json").exists()
+    rc, out, report = kit(kit_dirs, "--only", "driver-api")
+    assert rc == 0 and report["pending"] == [], out
+
+
+def test_a_bad_option_is_one_line(kit_dirs):
+    r = subprocess.run([sys.executable, str(KIT), "--sim", "--state", "s", "--out", "o", "--work", "w",
+                        "--only", "nonesuch"], capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2 and "nonesuch" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,148 @@
+"""The real-GPU kit's judgement, on outcomes as its probes report them: what
+passes on a right slice and what each kind of wrong one fails at. (The kit
+itself runs on the simulator in tests/integration/test_real_gpu_kit.py; the
+frameworks only where a GPU is.)"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from tests.harness import REPO
+
+sys.path.insert(0, str(REPO / "tools" / "real-gpu"))
+
+import kit_report
+import kit_steps as ks
+from kit_slices import Outcome, Sample
+
+pytestmark = pytest.mark.unit
+
+MiB, GiB = 1 << 20, 1 << 30
+L, RESERVE = 4 * GiB, 500 * MiB
+
+
+def outcome(*, total: int = L, full: int = L - 20 * MiB, refusal: str = "OutOfMemoryError: CUDA out of memory",
+            driver: int | None = 520 * MiB, exit_charge: int = 0, reclaim_s: float = 0.05,
+            freed: int = 510 * MiB) -> Outcome:  # fmt: skip
+    warm = 520 * MiB
+    return Outcome(
+        {"view": {"total": total, "free": total - warm}, "allocated": full - warm, "refusal": refusal},
+        {
+            "warm": Sample("warm", {}, warm, driver),
+            "full": Sample("full", {}, full, None),
+            "freed": Sample("freed", {}, freed, None),
+        },
+        exit_charge,
+        reclaim_s,
+    )
+
+
+def verdicts(rows: list[kit_report.Row]) -> list[str]:
+    return [r.verdict for r in rows]
+
+
+def test_a_right_slice_passes_every_memory_row():
+    rows = ks.memory_rows("pytorch", "PyTorch", L, RESERVE, outcome())
+    assert verdicts(rows) == ["PASS"] * 4, rows
+
+
+@pytest.mark.parametrize(
+    ("wrong", "row"),
+    [
+        ({"total": 80 * GiB}, 0),  # the framework sees the whole GPU
+        ({"full": L - 300 * MiB}, 1),  # refused long before the limit
+        ({"refusal": "no OOM before twice the limit"}, 1),  # the limit was lost
+        ({"freed": 3 * GiB}, 2),  # freeing gave nothing back
+        ({"exit_charge": 64 * MiB}, 2),  # a dead process left memory charged
+        ({"reclaim_s": 3.0}, 2),  # ... or took seconds to give it back
+        ({"driver": 700 * MiB}, 3),  # the driver counts more than the slice is charged
+    ],
+)
+def test_each_wrong_slice_fails_at_its_row(wrong, row):
+    rows = ks.memory_rows("pytorch", "PyTorch", L, RESERVE, outcome(**wrong))
+    assert rows[row].verdict == "FAIL", rows[row]
+    assert [r.verdict for i, r in enumerate(rows) if i != row] == ["PASS"] * 3
+
+
+def test_no_per_process_figure_from_the_driver_is_a_fact_not_a_failure():
+    row = ks.memory_rows("cupy", "CuPy", L, RESERVE, outcome(driver=None))[3]
+    assert row.verdict == "INFO" and "no per-process figure" in row.observed
+
+
+def jax_outcome(limit_seen: int, warm: int, full: int, allocated: int) -> Outcome:
+    return Outcome(
+        {
+            "view": {"total": limit_seen, "free": limit_seen - 4 * MiB},
+            "allocated": allocated,
+            "refusal": "XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory",
+        },
+        {"warm": Sample("warm", {}, warm, warm), "full": Sample("full", {}, full, None)},
+        0,
+        0.1,
+    )
+
+
+def test_jax_preallocating_three_quarters_of_the_slice_passes():
+    pool = 3 * GiB
+    out = jax_outcome(pool, RESERVE + pool, RESERVE + pool, pool - 64 * MiB)
+    assert verdicts(ks.jax_rows("jax", "JAX", L, RESERVE, out, prealloc=True)) == ["PASS"] * 5
+
+
+def test_jax_preallocating_three_quarters_of_the_gpu_fails():
+    pool = 60 * GiB  # 75 % of an 80 GiB GPU: the slice was not what it saw
+    out = jax_outcome(pool, RESERVE, RESERVE, 0)
+    got = ks.jax_rows("jax", "JAX", L, RESERVE, out, prealloc=True)
+    assert got[0].verdict == "FAIL" and got[1].verdict == "FAIL"
+
+
+def test_jax_growing_to_the_slice_passes():
+    out = jax_outcome(3 * GiB, RESERVE + 8 * MiB, L - 30 * MiB, L - 30 * MiB - RESERVE - 8 * MiB)
+    assert verdicts(ks.jax_rows("jax", "JAX", L, RESERVE, out, prealloc=False)) == ["PASS"] * 4
+
+
+def test_shares_within_three_points_pass_and_a_loose_one_fails():
+    alone = 100.0
+    good = ks.share_rows("shares", "hard 30 %", 30, [29.0, 31.5, 30.2], [30.0, 29.0, 31.0], alone)
+    bad = ks.share_rows("shares", "hard 30 %", 30, [40.0, 41.0, 39.0], [41.0, 40.0, 40.0], alone)
+    assert verdicts(good) == ["PASS", "PASS"] and verdicts(bad) == ["FAIL", "FAIL"]
+    assert "1 s windows 29.0-31.5" in good[0].observed
+
+
+def test_cost_is_judged_on_the_fastest_run_of_each_side_interleaved():
+    direct = [{"step_ms": 10.0, "launch_ns": 5000.0}, {"step_ms": 10.4, "launch_ns": 5030.0}]
+    cheap = [{"step_ms": 10.1, "launch_ns": 5010.0}, {"step_ms": 10.9, "launch_ns": 5400.0}]
+    dear = [{"step_ms": 11.0, "launch_ns": 5200.0}, {"step_ms": 11.5, "launch_ns": 5300.0}]
+    assert verdicts(ks.cost_rows("cost", cheap, direct)) == ["PASS", "PASS"]
+    assert verdicts(ks.cost_rows("cost", dear, direct)) == ["FAIL", "FAIL"]
+
+
+def test_steps_that_cannot_run_here_say_why():
+    by_name = {s.name: s for s in ks.STEPS}
+    assert ks.not_runnable(by_name["driver-api"], sim=True) == []
+    (row,) = ks.not_runnable(by_name["pytorch"], sim=True)
+    assert row.verdict == "SKIP" and row.observed == ks.NO_CUDART
+    missing = ks.Step("x", 1, ks.cost, False, ("no_such_framework_here",))
+    (row,) = ks.not_runnable(missing, sim=False)
+    assert row.verdict == "SKIP" and "no_such_framework_here not installed" in row.observed
+
+
+def test_a_step_kept_is_read_back_and_the_report_lists_what_is_left(tmp_path):
+    rows = [kit_report.check("cupy", "CuPy | async", "e", "o", True), kit_report.skipped("jax", "jax", "why")]
+    kit_report.save(kit_report.StepResult("cupy", rows, 12.5, {"x": 1}), tmp_path)
+    back = kit_report.load("cupy", tmp_path)
+    assert back is not None and back.rows == rows and back.facts == {"x": 1}
+    assert kit_report.load("jax", tmp_path) is None
+    md = kit_report.as_markdown({"gpu": "H100"}, [back], ["shares"])
+    assert "CuPy \\| async" in md and "Not run yet (call the kit again to resume): shares" in md
+    assert kit_report.as_json({}, [back], ["shares"])["summary"] == {
+        "PASS": 1, "FAIL": 0, "INFO": 0, "SKIP": 1, "pending_steps": 1}  # fmt: skip
+
+
+def test_every_step_has_a_probe_or_a_command_that_exists():
+    probes = {p.name for p in (REPO / "tools/real-gpu/probes").glob("*.py")}
+    source = (REPO / "tools/real-gpu/kit_steps.py").read_text()
+    named = set(re.findall(r'"(\w+\.py)"', source))
+    assert named and named <= probes, named - probes
