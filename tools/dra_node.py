@@ -50,6 +50,7 @@ class PluginNode:
         self.registry = tmp / "plugins_registry"
         self.claim_specs = claim_specs
         self.proc: subprocess.Popen | None = None
+        self.umask = -1  # the plugin's umask; -1: this process's
 
     @property
     def endpoint(self) -> Path:
@@ -61,7 +62,7 @@ class PluginNode:
                 "--registry-dir", str(self.registry), "--cdi-dir", str(self.claim_specs),
                 "--cdi-spec", str(self.spec), *self.plugin_args]  # fmt: skip
         log = open(self.tmp / "plugin.log", "a")  # noqa: SIM115 - the child's
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, umask=self.umask)
         deadline = time.monotonic() + 30
         while not (listening(self.registry / "gpuslice.io-reg.sock") and listening(self.endpoint)):
             assert self.proc.poll() is None, self.log()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import time
 import uuid
 
@@ -57,6 +58,25 @@ def test_the_kubelet_registers_it_and_picks_v1(node):
                            "supported_versions": ["v1.DRAPlugin", "v1beta1.DRAPlugin"]}  # fmt: skip
     assert got["chosen"] == "v1.DRAPlugin" and got["error"] == ""
     assert "registered with the kubelet" in node.log()
+
+
+def test_its_sockets_are_for_root_alone_whatever_umask_it_inherits(daemon, tmp_path):
+    # whoever reaches the DRA socket can unprepare any claim: at umask 000 the sockets were 0777
+    d = daemon([gpu("16Gi")])
+    n = DraNode(d, tmp_path / "no-spec-needed.json", tmp_path, tmp_path / "run-cdi")
+    n.plugin_dir.mkdir(parents=True, mode=0o777)
+    os.chmod(n.plugin_dir, 0o777)  # an earlier install's, too open
+    n.umask = 0
+    sim_daemon.cdi_generate(d, n.spec)
+    n.start_plugin()
+    try:
+        assert stat.S_IMODE(os.stat(n.endpoint).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(n.registry / "gpuslice.io-reg.sock").st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(n.plugin_dir).st_mode) == 0o700
+        got = n.kubelet("register", str(n.registry / "gpuslice.io-reg.sock"))  # root still reaches it
+        assert got["error"] == ""
+    finally:
+        n.close()
 
 
 def test_the_resource_slice_offers_each_gpu_as_shareable_capacity(node):
