@@ -6,6 +6,7 @@ daemon itself for the length of one call."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 from kit_slices import PROBES, process_used
 
 MiB = 1 << 20
+log = logging.getLogger("real-gpu")
 
 
 class NodeError(RuntimeError):
@@ -76,6 +78,8 @@ def context_cost(gpu_uuid: str, timeout: float = 120) -> int:
             proc.wait(10)
     if used is None:
         raise NodeError("NVML does not give this driver's per-process memory")
+    if used == 0:
+        log.warning("NVML does not list the process that made a context: no reserve (the accounting rows say more)")
     return max(0, used - 2 * MiB)
 
 
@@ -112,11 +116,14 @@ class Daemon:
 
     def __init__(self, paths: NodePaths, gpuslice: Path, log: Path) -> None:
         self.paths = paths
+        _stop_earlier(paths.work / "daemon.pid")
         shutil.rmtree(paths.work / "state", ignore_errors=True)  # no slices left from a cut call
         paths.socket.unlink(missing_ok=True)
         self.log = log.open("a")
+        # in the call's session: a call the device tool cuts takes the daemon with it
         self.proc = subprocess.Popen([str(gpuslice), "daemon", "--config", str(paths.config)],
-                                     stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+                                     stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
+        (paths.work / "daemon.pid").write_text(str(self.proc.pid))
         deadline = time.monotonic() + 30
         while not paths.socket.exists():
             if self.proc.poll() is not None:
@@ -128,10 +135,26 @@ class Daemon:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.terminate()
             try:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.kill()
                 self.proc.wait(10)
+        (self.paths.work / "daemon.pid").unlink(missing_ok=True)
         self.log.close()
+
+
+def _stop_earlier(pidfile: Path) -> None:
+    """A daemon an earlier call left (a machine kept warm, a call killed before it stopped it)."""
+    try:
+        pid = int(pidfile.read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return
+    if b"daemon" not in cmdline:
+        return  # the pid is another process's now
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pynvml
 
-from gpuslice.cli.selftest_slices import Box, worker_pid
+from gpuslice.cli.selftest_slices import Box, WorkerError, worker_pid
 from gpuslice.client import AllocatorClient
 from gpuslice.paths import native_dir
 
@@ -85,7 +85,14 @@ class Probe:
         self.errors: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._drain, daemon=True).start()
-        self.pid = worker_pid(self.proc)  # type: ignore[arg-type]
+        try:
+            self.pid = worker_pid(self.proc)  # type: ignore[arg-type]
+        except WorkerError:
+            self.proc.kill()
+            self.proc.wait(10)
+            time.sleep(0.1)  # the drain thread's last lines
+            tail = "".join(self.errors).strip().splitlines()
+            raise ProbeError(f"{script} did not start: {tail[-1][:300] if tail else 'no output'}") from None
 
     def _read(self) -> None:
         assert self.proc.stdout is not None

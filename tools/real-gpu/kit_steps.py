@@ -180,7 +180,7 @@ def memory_case(kit: Kit, step: str, label: str, script: str, args: list[str], e
 
 def selftest(kit: Kit) -> StepResult:
     argv = [str(kit.gpuslice), "selftest", "--config", str(kit.config), "--cdi-spec", str(kit.spec), "--json",
-            "--seconds", "3" if kit.sim else "10"]  # fmt: skip
+            "--seconds", "3" if kit.sim else "10", "--memory", str(GiB + -(-kit.reserve // CHUNK) * CHUNK)]  # fmt: skip
     r = subprocess.run(argv, capture_output=True, text=True, timeout=kit.timeout(420))
     (kit.out / "selftest.json").write_text(r.stdout)
     try:
