@@ -49,17 +49,28 @@ class Checkpoint:
         with self._lock:
             return self.claims.get(uid)
 
+    # memory follows disk: a change is made in memory only once the file holding it is on disk,
+    # so a failed write leaves both as they were (never an answer for a claim not prepared)
     def put(self, prepared: Prepared) -> None:
         with self._lock:
-            self.claims[prepared.uid] = prepared
-            self._save()
+            claims = {**self.claims, prepared.uid: prepared}
+            self._save(claims)
+            self.claims = claims
 
     def drop(self, uid: str) -> None:
         with self._lock:
-            if self.claims.pop(uid, None) is not None:
-                self._save()
+            if uid not in self.claims:
+                return
+            claims = {k: v for k, v in self.claims.items() if k != uid}
+            self._save(claims)
+            self.claims = claims
 
-    def _save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        data = {"version": VERSION, "claims": {uid: asdict(c) for uid, c in sorted(self.claims.items())}}
-        write_text_atomically(self.path, json.dumps(data, indent=1) + "\n", 0o600)
+    def _save(self, claims: dict[str, Prepared]) -> None:
+        data = {"version": VERSION, "claims": {uid: asdict(c) for uid, c in sorted(claims.items())}}
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            write_text_atomically(self.path, json.dumps(data, indent=1) + "\n", 0o600, durable=True)
+        except OSError as e:
+            raise errors.Unavailable(
+                f"checkpoint {self.path}: {e.strerror or e} on {self.path.parent}; nothing was changed"
+            ) from e

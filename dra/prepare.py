@@ -89,7 +89,11 @@ class Preparer:
         """The devices to answer for the claim; raises GpusliceError with one line."""
         done = self.checkpoint.get(ref.uid)
         if done is not None:
-            return done.devices  # the kubelet asks again after a restart: the same answer
+            if self._still_there(done):
+                return done.devices  # the kubelet asks again after a restart: the same answer
+            self._remove_specs(ref.uid)  # what is left of it goes before it is prepared anew
+            if done.slice_id:
+                self.daemon.release(done.slice_id)
         claim = self.read_claim(ref.namespace, ref.name)
         uid = (claim.get("metadata") or {}).get("uid")
         if uid != ref.uid:
@@ -125,6 +129,20 @@ class Preparer:
                          ref.namespace, ref.name, r.device, r.request)  # fmt: skip
         log.info("prepared claim %s/%s (%s): %d shares", ref.namespace, ref.name, ref.uid, len(shares))
         return devices
+
+    def _still_there(self, done: Prepared) -> bool:
+        """An answer kept is given again only while what it names exists: the
+        claim's slice in the daemon and its spec file. Else it is prepared anew."""
+        missing = [] if Path(done.spec).is_file() else [f"spec {done.spec}"]
+        if done.slice_id:
+            try:
+                self.daemon.get(done.slice_id)
+            except errors.NotFound:
+                missing.append(f"slice {done.slice_id}")
+        if missing:
+            log.warning("claim %s/%s (%s): the checkpoint's answer names what is gone (%s): preparing it again",
+                        done.namespace, done.name, done.uid, ", ".join(missing))  # fmt: skip
+        return not missing
 
     def unprepare(self, ref: ClaimRef) -> None:
         done = self.checkpoint.get(ref.uid)

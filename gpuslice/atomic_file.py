@@ -8,14 +8,25 @@ import tempfile
 from pathlib import Path
 
 
-def write_text_atomically(path: Path, text: str, mode: int = 0o644) -> None:
+def write_text_atomically(path: Path, text: str, mode: int = 0o644, durable: bool = False) -> None:
+    """`durable`: on disk before it returns (the file, then the rename in its
+    directory), for records whose loss after a crash would be answered as kept."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    if durable:
+        dirfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dirfd)
+        finally:
+            os.close(dirfd)

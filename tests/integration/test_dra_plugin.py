@@ -7,10 +7,12 @@ slices."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import stat
+import subprocess
 import time
 import uuid
 
@@ -25,7 +27,7 @@ from gpuslice.dra.checkpoint import Checkpoint
 from gpuslice.dra.plugin import base_spec
 from gpuslice.dra.prepare import ClaimRef, Preparer
 from tests.harness.dra import NODE, DraNode, Result, allocated
-from tests.harness.machine import gpu
+from tests.harness.machine import gpu, needs_root
 from tests.harness.references import schema_validator
 
 GiB = 1 << 30
@@ -282,6 +284,73 @@ def test_the_daemons_error_kind_reaches_the_plugin_and_nothing_stays(node, tmp_p
         preparer.prepare(ClaimRef(claim["metadata"]["uid"], "ml", "big"))
     assert checkpoint.get(claim["metadata"]["uid"]) is None and not (tmp_path / "claim-specs").exists()
     assert list(node.slices()) == ["held"]
+
+
+@pytest.fixture
+def full_fs(tmp_path):  # type: ignore[no-untyped-def]
+    """A 64 KiB tmpfs for the checkpoint, and how to fill it and free it again."""
+    where = tmp_path / "plugin-fs"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(where)], check=True)
+    filler = where / "filler"
+
+    def fill(full: bool) -> None:
+        if full:
+            with open(filler, "wb") as f, contextlib.suppress(OSError):
+                f.write(b"\0" * (1 << 20))  # ENOSPC once the 64 KiB are taken
+        else:
+            filler.unlink(missing_ok=True)
+
+    yield where, fill
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@needs_root
+def test_a_full_disk_fails_the_prepare_in_words_and_the_retry_prepares_for_real(node, tmp_path, full_fs):
+    """The checkpoint kept a claim in memory though its file could not be
+    written; the kubelet's retry was then answered with a device and no slice
+    and no spec existed. Memory now follows disk."""
+    where, fill = full_fs
+    claim = allocated("disk", ("gpu-0", "2Gi", "20"))
+    uid = claim["metadata"]["uid"]
+    checkpoint = Checkpoint(where / "checkpoint.json")
+    preparer = Preparer(NODE, node.d.client(), lambda namespace, name: claim, base_spec(node.spec),
+                        tmp_path / "claim-specs", checkpoint)  # fmt: skip
+    fill(True)
+    with pytest.raises(errors.Unavailable, match=rf"^checkpoint {where}/checkpoint.json: No space left on device"):
+        preparer.prepare(ClaimRef(uid, "ml", "disk"))
+    assert checkpoint.get(uid) is None and node.slices() == {}
+    assert not preparer.spec_path(uid).exists()
+    fill(False)
+    (device,) = preparer.prepare(ClaimRef(uid, "ml", "disk"))  # the kubelet's retry
+    assert device["cdi_device_ids"] == [f"gpuslice.io/claim={uid}-0"]
+    assert list(node.slices()) and preparer.spec_path(uid).is_file()
+    assert list(json.loads((where / "checkpoint.json").read_text())["claims"]) == [uid]
+    # an unprepare that cannot write keeps the entry in memory and on disk alike; its retry ends it
+    fill(True)
+    with pytest.raises(errors.Unavailable, match="No space left on device"):
+        preparer.unprepare(ClaimRef(uid, "ml", "disk"))
+    assert checkpoint.get(uid) is not None
+    fill(False)
+    preparer.unprepare(ClaimRef(uid, "ml", "disk"))
+    assert checkpoint.get(uid) is None and node.slices() == {} and Checkpoint(where / "checkpoint.json").claims == {}
+
+
+@pytest.mark.parametrize("lost", ["slice", "spec"])
+def test_a_kept_answer_whose_slice_or_spec_is_gone_is_prepared_again(node, lost):
+    claim = allocated("kept", ("gpu-0", "2Gi", "20"))
+    node.api.put_claim(claim)
+    uid = claim["metadata"]["uid"]
+    first = node.prepare(claim)[uid]
+    (slice_id,) = node.slices()
+    if lost == "slice":
+        node.d.client().release(slice_id)  # e.g. a daemon whose store was lost
+    else:
+        (node.claim_specs / f"gpuslice.io-claim_{uid}.json").unlink()
+    again = node.prepare(claim)[uid]
+    assert again == first and len(node.slices()) == 1
+    assert (node.claim_specs / f"gpuslice.io-claim_{uid}.json").is_file()
+    assert "the checkpoint's answer names what is gone" in node.log()
 
 
 def booked(node: DraNode) -> dict[int, tuple[int, int]]:
