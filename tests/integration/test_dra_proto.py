@@ -1,8 +1,8 @@
-"""Wire compatibility of gpuslice's own declarations of the kubelet's DRA and
-plugin-registration services with the kubelet's official api.proto files
-(reference "kubelet", fetched from Debian): the same packages, services and
-methods, and for every message of ours the same fields by number, name, type
-and label."""
+"""Wire compatibility of gpuslice's own declarations of the kubelet's DRA,
+plugin-registration, device-plugin and pod-resources services with the
+kubelet's official api.proto files (reference "kubelet", fetched from Debian):
+the same packages, services and methods, and for every message of ours the
+same fields by number, name, type and label."""
 
 from __future__ import annotations
 
@@ -79,7 +79,9 @@ def differences(mine: descriptor_pb2.FileDescriptorProto, theirs: descriptor_pb2
 
 
 @pytest.mark.parametrize(("ours", "which"), [("kubelet_dra_v1beta1", "v1beta1"),
-                                             ("kubelet_pluginregistration", "reg")])  # fmt: skip
+                                             ("kubelet_pluginregistration", "reg"),
+                                             ("kubelet_deviceplugin_v1beta1", "deviceplugin"),
+                                             ("kubelet_podresources_v1", "podresources")])  # fmt: skip
 def test_our_declarations_match_the_kubelets_on_the_wire(tmp_path, ours, which):
     assert differences(our_descriptor(OURS / f"{ours}.proto", tmp_path / "ours.pb"),
                        official(which, tmp_path / "official.pb")) == set()  # fmt: skip
