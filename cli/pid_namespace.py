@@ -21,9 +21,16 @@ def first_child(pid: int, seconds: float = 5) -> int:
 
 
 class PidNamespace:
+    """Made from a thread that outlives it: the parent-death signal follows the
+    thread that started it, not the process."""
+
     def __init__(self) -> None:
-        # its own mount namespace too, as every container has; gone after 10 min if leaked
-        self.proc = subprocess.Popen(["unshare", "--pid", "--mount", "--fork", "--kill-child", "sleep", "600"])
+        # its own mount namespace too, as every container has. It dies with its parent (setpriv's
+        # parent-death signal on unshare, whose --kill-child takes the namespace's init along, and
+        # the kernel every process in the namespace), so a SIGKILLed caller leaves no process
+        # holding a slice: the daemon's sweeper reclaims the slices within its interval
+        self.proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "unshare", "--pid", "--mount", "--fork",
+                                      "--kill-child", "sleep", "600"])  # fmt: skip
         self.init_pid = first_child(self.proc.pid)
         if not self.init_pid:
             self.proc.kill()

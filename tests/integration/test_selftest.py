@@ -152,3 +152,29 @@ def test_a_slice_too_small_for_the_context_is_one_failed_check(daemon, tmp_path)
     row = next(c for c in report["checks"] if c["name"] == "GPU 0 slice")
     assert rc == 1 and "context_reserve" in row["observed"]
     assert d.client().list() == []
+
+
+@pytest.mark.parametrize("at", [0.25, 0.5, 0.75])
+def test_killed_with_sigkill_it_leaves_no_process_and_its_slices_are_reclaimed(daemon, tmp_path, at):
+    """Its pid namespaces outlived a SIGKILLed selftest by up to 600 s, their
+    workers still loading the GPU and their slices bound."""
+    d = daemon([gpu("16Gi")], sweep_interval=0.2, reservation_timeout=1)
+    spec = spec_for(d, tmp_path)
+    run_s = 9.0  # about what `--seconds 5` takes here: the memory checks, then 3 s settling and 5 s of shares
+    argv = [sys.executable, "-m", "gpuslice.cli", "selftest", "--config", str(d.config), "--cdi-spec", str(spec),
+            "--seconds", "5", "--json"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    time.sleep(run_s * at)
+    assert proc.poll() is None
+    proc.kill()
+    proc.wait(10)
+    deadline = time.monotonic() + 5
+    while (d.client().list() or namespaces_of(proc.pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert d.client().list() == [] and namespaces_of(proc.pid) == []
+
+
+def namespaces_of(sid: int) -> list[str]:
+    """The selftest's session's processes still alive (its pid namespaces and their workers)."""
+    r = subprocess.run(["ps", "-o", "pid=,args=", "--sid", str(sid)], capture_output=True, text=True)
+    return [line for line in r.stdout.splitlines() if line.strip()]
