@@ -120,10 +120,11 @@ class Booted:
         return set(out.splitlines())
 
 
-def wait_for(what: str, check: Callable[[], bool], seconds: float = 30) -> None:
+def wait_for(what: str, check: Callable[[], bool], seconds: float = 30,
+             explain: Callable[[], str] = lambda: "") -> None:  # fmt: skip
     deadline = time.monotonic() + seconds
     while not check():
-        assert time.monotonic() < deadline, f"waited {seconds} s for {what}"
+        assert time.monotonic() < deadline, f"waited {seconds} s for {what}\n{explain()}"
         time.sleep(0.25)
 
 
@@ -210,7 +211,10 @@ def test_installed_before_the_driver_the_units_wait_for_it(node: Booted, debs: d
 
 def test_the_driver_appearing_writes_the_spec_and_starts_the_daemon(node: Booted, tmp_path: Path):
     install_driver(node, tmp_path, "580.95.05", gpus=2)
-    wait_for("the CDI spec", lambda: spec_devices(node) == ["0", "1", "all"])
+    units = "systemctl status --no-pager gpuslice-cdi.path gpuslice-cdi.service"
+    journal = "journalctl --no-pager -o short-precise -u gpuslice-cdi.service"
+    wait_for("the CDI spec", lambda: spec_devices(node) == ["0", "1", "all"],
+             explain=lambda: node.sh(f"{units}; {journal}").stdout)  # fmt: skip
     wait_for("the daemon", lambda: node.prop("gpuslice-daemon.service", "ActiveState") == "active")
     wait_for("the daemon's socket", lambda: node.sh("test -S /run/gpuslice/gpuslice.sock").returncode == 0)
     status = node.ok("gpuslice status")
