@@ -145,7 +145,7 @@ def _run(paths: NodePaths, state: Path, out: Path, deadline: float, only: tuple[
     (out / "cdi-spec.json").write_text(paths.spec.read_text())
     cfg = daemon_config.load(str(paths.config))
     facts = machine(inv, gpu, reserve, paths.sim)
-    daemon = Daemon(paths, gpuslice, out / "daemon.log")
+    daemon = Daemon(paths, out / "daemon.log")
     try:
         return _steps(paths, state, out, deadline, only, again, gpu, cfg, reserve, gpuslice, facts)
     finally:

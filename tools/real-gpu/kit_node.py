@@ -5,6 +5,7 @@ daemon itself for the length of one call."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kit_slices import PROBES, process_used
+
+from gpuslice.cli import sim_daemon
 
 MiB = 1 << 20
 log = logging.getLogger("real-gpu")
@@ -112,37 +115,36 @@ def generate_spec(paths: NodePaths, gpuslice: Path, hook: Path, log: Path) -> No
 
 
 class Daemon:
-    """The daemon on this node's driver for the length of one call."""
+    """The daemon on this node's driver for the length of one call, started as
+    the tests start theirs (`sim_daemon.start`: healthy before it returns). It
+    runs in the call's session: a call the device tool cuts takes it along."""
 
-    def __init__(self, paths: NodePaths, gpuslice: Path, log: Path) -> None:
+    def __init__(self, paths: NodePaths, log: Path) -> None:
         self.paths = paths
+        self.log = log
         _stop_earlier(paths.work / "daemon.pid")
         shutil.rmtree(paths.work / "state", ignore_errors=True)  # no slices left from a cut call
         paths.socket.unlink(missing_ok=True)
-        self.log = log.open("a")
-        # in the call's session: a call the device tool cuts takes the daemon with it
-        self.proc = subprocess.Popen([str(gpuslice), "daemon", "--config", str(paths.config)],
-                                     stdout=self.log, stderr=subprocess.STDOUT)  # fmt: skip
-        (paths.work / "daemon.pid").write_text(str(self.proc.pid))
-        deadline = time.monotonic() + 30
-        while not paths.socket.exists():
-            if self.proc.poll() is not None:
-                raise NodeError(f"the daemon exited {self.proc.returncode} ({log.name})")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise NodeError(f"the daemon did not start within 30 s ({log.name})")
-            time.sleep(0.05)
+        (paths.work / "daemon.log").unlink(missing_ok=True)
+        try:
+            self.running = sim_daemon.start(paths.work, paths.config)
+        except RuntimeError as e:
+            self._keep_log()
+            raise NodeError(f"the daemon did not start: {str(e).splitlines()[0]} ({log.name})") from None
+        (paths.work / "daemon.pid").write_text(str(self.running.proc.pid))
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        if self.running.proc.poll() is None:
             try:
-                self.proc.wait(15)
+                self.running.kill(signal.SIGTERM)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+                self.running.kill()
         (self.paths.work / "daemon.pid").unlink(missing_ok=True)
-        self.log.close()
+        self._keep_log()
+
+    def _keep_log(self) -> None:
+        with contextlib.suppress(OSError):
+            shutil.copyfile(self.paths.work / "daemon.log", self.log)
 
 
 def _stop_earlier(pidfile: Path) -> None:

@@ -91,8 +91,7 @@ class Probe:
             self.proc.kill()
             self.proc.wait(10)
             time.sleep(0.1)  # the drain thread's last lines
-            tail = "".join(self.errors).strip().splitlines()
-            raise ProbeError(f"{script} did not start: {tail[-1][:300] if tail else 'no output'}") from None
+            raise ProbeError(f"{script} did not start: {self.last_error()}") from None
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -106,6 +105,10 @@ class Probe:
             self.errors.append(line)
             del self.errors[:-40]
 
+    def last_error(self) -> str:
+        tail = "".join(self.errors).strip().splitlines()
+        return tail[-1][:300] if tail else "no output"
+
     def message(self, deadline: float) -> dict:
         while True:
             try:
@@ -113,8 +116,7 @@ class Probe:
             except queue.Empty:
                 raise ProbeError(f"no answer within {self.timeout:g} s") from None
             if line is None:
-                tail = "".join(self.errors).strip().splitlines()
-                raise ProbeError(f"exited {self.proc.wait(10)}: {tail[-1][:300] if tail else 'no output'}")
+                raise ProbeError(f"exited {self.proc.wait(10)}: {self.last_error()}")
             try:
                 msg = json.loads(line)
             except ValueError:
@@ -170,7 +172,13 @@ def run_probe(
             raise ProbeError("did not exit after its result") from None
     finally:
         probe.kill()
-    gone = time.monotonic()
-    while reclaim and client.get(box.name).memory_used and time.monotonic() - gone < 5:
+    took, left = wait_released(client, box.name) if reclaim else (0.0, client.get(box.name).memory_used)
+    return Outcome(result, samples, left, took)
+
+
+def wait_released(client: AllocatorClient, name: str, seconds: float = 5) -> tuple[float, int]:
+    """(how long until the slice's charge was 0, what was left at the end) from now."""
+    start = time.monotonic()
+    while client.get(name).memory_used and time.monotonic() - start < seconds:
         time.sleep(0.01)
-    return Outcome(result, samples, client.get(box.name).memory_used, time.monotonic() - gone)
+    return time.monotonic() - start, client.get(name).memory_used

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from kit_report import SKIP, Row, StepResult, check, skipped
-from kit_slices import RECLAIM_S, Outcome, Probe, ProbeError, Sample, run_probe, without_interposer
+from kit_report import Row, StepResult, check, skipped
+from kit_slices import RECLAIM_S, Outcome, Probe, ProbeError, Sample, run_probe, wait_released, without_interposer
+from probes.common import CHUNK  # what probes allocate at a time: the tolerance at the limit
 
 from gpuslice import request
 from gpuslice.cli.selftest_node import Layout
@@ -26,7 +27,6 @@ from gpuslice.client import AllocatorClient
 from gpuslice.inventory import Gpu
 
 MiB, GiB = 1 << 20, 1 << 30
-CHUNK = 64 * MiB  # probes allocate this much at a time: the tolerance at the limit
 SHARE_POINTS = 3.0  # the selftest's tolerance for a share, in percentage points
 FAILURES = (ProbeError, WorkerError, grpc.RpcError, OSError, subprocess.TimeoutExpired, KeyError, ValueError)
 NO_CUDART = "cudart does not run on the simulator: frameworks run on a real GPU only"
@@ -212,10 +212,7 @@ def nvml_view(kit: Kit) -> StepResult:
                 view = run_probe(kit.client, box, kit.gpu.uuid, "nvml_view.py", [], box.env, kit.timeout(60),
                                  reclaim=False).result  # fmt: skip
                 os.kill(holder.pid, signal.SIGKILL)
-                killed = time.monotonic()
-                while kit.client.get(box.name).memory_used and time.monotonic() - killed < 5:
-                    time.sleep(0.01)
-                took, left = time.monotonic() - killed, kit.client.get(box.name).memory_used
+                took, left = wait_released(kit.client, box.name)
             finally:
                 holder.kill()
     except FAILURES as e:
@@ -446,6 +443,3 @@ def run_step(step: Step, kit: Kit) -> StepResult:
     result = StepResult(step.name, rows, 0) if rows else step.run(kit)
     result.seconds = time.monotonic() - start
     return result
-
-
-__all__ = ["SKIP", "STEPS", "Kit", "Step", "run_step"]
