@@ -35,11 +35,32 @@ NVAPI nvmlDeviceGetTemperature(nvmlDevice_t d, nvmlTemperatureSensors_t sensor, 
     return NVML_SUCCESS;
 }
 
+/* The versioned form NVML 13 points callers to (the unversioned one is
+ * deprecated there): a struct carrying its version and the sensor asked. */
+NVAPI nvmlDeviceGetTemperatureV(nvmlDevice_t d, nvmlTemperature_t *t)
+{
+    if (!t)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (t->version != nvmlTemperature_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    unsigned int temp;
+    nvmlReturn_t r = nvmlDeviceGetTemperature(d, t->sensorType, &temp);
+    if (r == NVML_SUCCESS)
+        t->temperature = (int)temp;
+    return r;
+}
+
 NVAPI nvmlDeviceGetFanSpeed(nvmlDevice_t d, unsigned int *speed)
 {
     DEVICE(d, idx);
     (void)idx;
     return speed ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT; /* passively cooled (SXM) */
+}
+
+NVAPI nvmlDeviceGetFanSpeed_v2(nvmlDevice_t d, unsigned int fan, unsigned int *speed)
+{
+    (void)fan;
+    return nvmlDeviceGetFanSpeed(d, speed);
 }
 
 NVAPI nvmlDeviceGetPowerManagementLimit(nvmlDevice_t d, unsigned int *limit_mw)

@@ -115,6 +115,14 @@ typedef struct nvmlMemory_v2_st {
 
 #define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
 
+typedef struct {
+    unsigned int version;
+    nvmlTemperatureSensors_t sensorType;
+    int temperature;
+} nvmlTemperature_v1_t;
+typedef nvmlTemperature_v1_t nvmlTemperature_t;
+#define nvmlTemperature_v1 ((unsigned int)(sizeof(nvmlTemperature_v1_t) | (1u << 24)))
+
 typedef struct nvmlProcessInfo_v1_st {
     unsigned int pid;
     unsigned long long usedGpuMemory;

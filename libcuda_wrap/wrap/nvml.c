@@ -44,6 +44,28 @@ WRAP_API const char *nvmlErrorString(nvmlReturn_t r)
     return real ? real(r) : "Unknown Error";
 }
 
+/* A driver older than nvml.h lacks nvmlDeviceGetTemperatureV, but the
+ * interposer exports every name of the header, and clients take the V form
+ * because the name exists (nvitop): answer it through the unversioned call
+ * such a driver has, so the interposer is never worse than the driver. */
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, nvmlTemperatureSensors_t sensor, unsigned int *temp);
+nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t d, nvmlTemperature_t *t);
+
+WRAP_API nvmlReturn_t nvmlDeviceGetTemperatureV(nvmlDevice_t d, nvmlTemperature_t *t)
+{
+    if (gs_real_lookup("nvmlDeviceGetTemperatureV") || !gs_real_lookup("nvmlDeviceGetTemperature"))
+        return REAL(nvmlDeviceGetTemperatureV)(d, t);
+    if (!t)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (t->version != nvmlTemperature_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    unsigned int temp;
+    nvmlReturn_t r = REAL(nvmlDeviceGetTemperature)(d, t->sensorType, &temp);
+    if (r == NVML_SUCCESS)
+        t->temperature = (int)temp;
+    return r;
+}
+
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len);
 
 static int slice_gpu(nvmlDevice_t d)

@@ -4,6 +4,8 @@ exactly the variant the driver chose."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -184,3 +186,91 @@ def test_get_proc_address_hands_out_the_hook_of_the_drivers_variant(daemon, cont
         assert checked >= 20
     finally:
         a.close()
+
+
+# The interposer's stand-in for a name the driver lacks (real.c), per library.
+STUB_ANSWER = {"cuda_exports.def": "500", "nvml_exports.def": "13"}
+
+
+@pytest.mark.parametrize(
+    ("listing", "library", "init"),
+    [("cuda_exports.def", "libcuda.so.1", "cuInit"), ("nvml_exports.def", "libnvidia-ml.so.1", "nvmlInit_v2")],
+)
+def test_no_export_answers_not_found_where_the_driver_answers(make_machine, tmp_path, listing, library, init):
+    """Every export, called with zero arguments through the interposer and
+    straight on the simulator: the interposer's "not found" (CUDA 500, NVML
+    13, its stand-in for a name the driver lacks) appears only where the
+    driver gives the same answer.  Clients pick an API by the names a library
+    exports (nvitop takes nvmlDeviceGetTemperatureV when it exists), so a
+    stand-in where the driver has the function is worse than no interposer."""
+    names = re.findall(r"^FWD\((\w+)\)$", (WRAP / "symbols" / listing).read_text(), re.M)
+    listed = tmp_path / "names.txt"
+    listed.write_text("\n".join(names))
+    m = make_machine()
+    walker = [sys.executable, "-m", "tests.harness.export_walk"]
+
+    def answers(lib: str, env: dict[str, str]) -> dict[str, str]:
+        r = subprocess.run([*walker, lib, init, str(listed)], env=env, cwd=REPO, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return json.loads(r.stdout)
+
+    driver = answers(str(gpuslice_sim.lib_dir() / library), m.env)
+    wrapped = answers(
+        str(native_dir() / "wrap" / library), {**wrapped_env_for_machine(m), "GPUSLICE_ALLOW_UNSLICED": "1"}
+    )
+    stub = STUB_ANSWER[listing]
+    worse = {n: (driver[n], wrapped[n]) for n in names if wrapped[n] == stub and driver[n] != stub}
+    assert not worse, f"{len(worse)} answer {stub} where the driver answers otherwise: {sorted(worse.items())[:12]}"
+    assert sum(driver[n] != "absent" for n in names) == len(names), "the simulator lacks names the header declares"
+
+
+def test_temperature_through_pynvml_is_the_drivers(make_machine):
+    """nvmlDeviceGetTemperatureV (NVML 13's form; the unversioned one is
+    deprecated there) reads the same through the interposer as straight on
+    the simulator."""
+    m = make_machine()
+    code = (
+        "import pynvml\npynvml.nvmlInit()\nh = pynvml.nvmlDeviceGetHandleByIndex(0)\n"
+        "print(pynvml.nvmlDeviceGetTemperatureV(h, pynvml.NVML_TEMPERATURE_GPU),"
+        " pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU))\n"
+    )
+    seen = []
+    for env in (m.env, {**wrapped_env_for_machine(m), "GPUSLICE_ALLOW_UNSLICED": "1"}):
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr[-2000:]
+        seen.append(r.stdout.split())
+    assert seen[0] == seen[1] and seen[0][0] == seen[0][1] and int(seen[0][0]) > 0, seen
+
+
+OLD_NVML = """
+typedef int nvmlReturn_t;
+typedef void *nvmlDevice_t;
+static int device;
+nvmlReturn_t nvmlInit_v2(void) { return 0; }
+nvmlReturn_t nvmlShutdown(void) { return 0; }
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned i, nvmlDevice_t *d) { *d = &device; return i ? 2 : 0; }
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned *t)
+{ if (d != &device || sensor || !t) return 2; *t = 41; return 0; }
+"""
+
+
+def test_temperature_v_on_a_driver_without_it(tmp_path):
+    """A driver from before nvmlDeviceGetTemperatureV (a stand-in with the
+    unversioned call only): through the interposer, which exports the V name,
+    the V call answers from the unversioned one, as a client that takes the V
+    form because the name exists expects."""
+    (tmp_path / "old.c").write_text(OLD_NVML)
+    old = tmp_path / "libnvidia-ml.so.1"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(old), str(tmp_path / "old.c")], check=True)
+    code = (
+        "import ctypes\nlib = ctypes.CDLL('libnvidia-ml.so.1')\nassert lib.nvmlInit_v2() == 0\n"
+        "d = ctypes.c_void_p()\nassert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(d)) == 0\n"
+        "t = (ctypes.c_uint * 3)(12 | (1 << 24), 0, 0)\n"
+        "print(lib.nvmlDeviceGetTemperatureV(d, t), t[2])\n"
+        "t[0] = 8 | (1 << 24)\nprint(lib.nvmlDeviceGetTemperatureV(d, t))\n"
+    )
+    env = {**os.environ, "LD_LIBRARY_PATH": str(native_dir() / "wrap"), "GPUSLICE_ALLOW_UNSLICED": "1",
+           "GPUSLICE_REAL_LIBNVML": str(old)}  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["0", "41", "25"], r.stdout
