@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from gpuslice import constants, errors, inventory, simulator
-from gpuslice.allocator import metrics
+from gpuslice.allocator import metrics, slice_files
 from gpuslice.allocator.compute import ComputeController, NvmlUtilization
 from gpuslice.allocator.config import Config
 from gpuslice.allocator.driver_limits import DriverLimits
@@ -49,7 +49,7 @@ class Daemon:
         cfg.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.lock = StateLock(cfg.state_dir)  # before anything else: a second daemon touches nothing
         self.inventory = _load_nvml(cfg)
-        self.store = SliceStore(cfg.store_path)
+        self.store = SliceStore(cfg.store_path, slice_files.on_disk(cfg.slice_files_dir))
         limits = DriverLimits([g.uuid for g in self.inventory.gpus])
         self.manager = SliceManager(
             self.store, self.inventory, cfg.slice_files_dir, cfg.memory_oversubscription, cfg.context_reserve, limits
@@ -66,8 +66,15 @@ class Daemon:
         for files, slot, pid in self.manager.attached():
             self.watcher.watch(pid, files, slot)
 
-    def _sweeper(self, sockets: list[UnixSocketServer]) -> None:
+    def _sweeper(self, sockets: list[UnixSocketServer], health_servicer: health.HealthServicer) -> None:
         while not self._stop.wait(self.cfg.sweep_interval):
+            lost = self.store.lost()
+            if lost:
+                # every change would be refused: say so to the probes, once in the log
+                log.error("%s; NOT_SERVING until restarted", lost)
+                for service in ("", "gpuslice.v1.Allocator"):
+                    health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+                return
             try:
                 self.manager.sweep(self.cfg.reservation_timeout)
                 for server in sockets:
@@ -104,7 +111,7 @@ class Daemon:
         runtime_server = RuntimeSocketServer(constants.runtime_socket_beside(self.cfg.socket), self.manager)
         runtime_server.start()
         sockets = [slice_server, runtime_server]
-        threading.Thread(target=self._sweeper, args=(sockets,), name="sweeper", daemon=True).start()
+        threading.Thread(target=self._sweeper, args=(sockets, health_servicer), name="sweeper", daemon=True).start()
         self.compute.start()
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         health_servicer.set("gpuslice.v1.Allocator", health_pb2.HealthCheckResponse.SERVING)

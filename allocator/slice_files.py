@@ -73,6 +73,16 @@ PRIORITY_CONSTANT = {
 }
 
 
+def on_disk(directory: Path) -> dict[str, list[Path]]:
+    """The slices whose files are in `directory`: slice id -> its .limits and .usage."""
+    found: dict[str, list[Path]] = {}
+    if directory.is_dir():
+        for p in directory.iterdir():
+            if p.suffix in (".limits", ".usage"):
+                found.setdefault(p.stem, []).append(p)
+    return found
+
+
 class SliceFiles:
     """<dir>/<slice>.limits (daemon writes, processes read) and
     <dir>/<slice>.usage (processes and daemon update atomically)."""

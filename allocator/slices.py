@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gpuslice import constants, errors
 from gpuslice import request as requests
-from gpuslice.allocator import identity
+from gpuslice.allocator import identity, slice_files
 from gpuslice.allocator.placement import CannotFit, GpuCapacity, NoRoom, demand, describe, fits, place
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
 from gpuslice.allocator.store import Allocation, OwnerKind, SliceRecord, SliceStore, now_ms
@@ -299,7 +299,7 @@ class SliceManager:
                 log.error("slice %s of container %s: cannot make its files: %s", rec.id, rec.container_id, e)
                 continue
             self._driver_limit(rec)
-        stale = [p for p in self.files_dir.iterdir() if p.suffix in (".limits", ".usage") and p.stem not in keep]
+        stale = [p for sid, paths in slice_files.on_disk(self.files_dir).items() if sid not in keep for p in paths]
         if stale:
             # files of slices the store does not hold: kept aside, and said, not deleted
             aside = self.files_dir / "orphaned"

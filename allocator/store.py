@@ -13,8 +13,8 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Collection, Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -185,13 +185,22 @@ def _refuse(path: Path, what: str) -> StoreError:
 
 
 class SliceStore:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, slices_with_files: Collection[str] = ()) -> None:
+        """`slices_with_files`: the slices whose files are on disk; with any,
+        a missing store is a lost one, not a first start."""
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         # SQLite would take an empty file for a new store: a ledger that lost its
         # content must not start as one that holds no slices
         if path.exists() and path.stat().st_size == 0:
             raise _refuse(path, "the slice store is empty (0 bytes), not a store this daemon made")
+        if not path.exists() and slices_with_files:
+            raise StoreError(
+                f"{path}: the slice store is missing, but {len(slices_with_files)} slices have files "
+                f"({', '.join(sorted(slices_with_files)[:3])}...): the slices it held are unknown. Restore it "
+                f"(from {path.name}.recovered beside it, written when the daemon saw it go, or a backup), "
+                "or move the slice files directory aside to start with an empty ledger"
+            )
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
         try:
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -214,12 +223,44 @@ class SliceStore:
             self._db.close()
             raise
         self._lock = threading.RLock()  # reads take it too: one connection, no dirty reads
+        st = path.stat()
+        self._identity = (st.st_dev, st.st_ino)
+        self._lost: str | None = None
+
+    def lost(self) -> str | None:
+        """Why the store this daemon opened is no longer at its path (deleted,
+        or replaced by another file), or None. The first time, what the open
+        connection still holds is copied to <path>.recovered."""
+        if self._lost is None:
+            try:
+                st = self.path.stat()
+                gone = None if (st.st_dev, st.st_ino) == self._identity else "was replaced by another file"
+            except FileNotFoundError:
+                gone = "was deleted"
+            if gone is None:
+                return None
+            with self._lock:
+                self._lost = f"the slice store {self.path} {gone} while the daemon ran"
+                self._lost += self._save_copy()
+        return self._lost
+
+    def _save_copy(self) -> str:
+        copy = self.path.with_name(self.path.name + ".recovered")
+        try:
+            with closing(sqlite3.connect(copy)) as out:
+                self._db.backup(out)
+            return f"; what it held is in {copy}: stop the daemon, move that to {self.path}, start it"
+        except (sqlite3.Error, OSError) as e:
+            return f"; no copy could be kept ({e}): restart the daemon with the store restored from a backup"
 
     def close(self) -> None:
         self._db.close()
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        lost = self.lost()
+        if lost:
+            raise errors.Unavailable(f"{lost}; nothing was changed")
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")

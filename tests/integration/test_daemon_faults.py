@@ -147,6 +147,45 @@ def test_a_damaged_ledger_stops_the_start_with_one_line_and_keeps_the_slice_file
     assert sorted(p.name for p in d.slice_files_dir.iterdir()) == files_before
 
 
+def health_of(d) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(f"unix:{d.socket}") as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+
+
+def test_a_store_deleted_while_the_daemon_runs_is_noticed_and_refused_at_start(daemon):
+    """The store deleted under a running daemon: health stayed SERVING, and
+    the next start came up with 0 of 5 slices while their files stayed."""
+    from grpc_health.v1 import health_pb2
+
+    d = daemon(sweep_interval=0.2)
+    c = d.client()
+    for i in range(5):
+        c.reserve(f"c{i}", {"gpuslice.io/memory": "1Gi"})
+    store = d.dir / "state" / "state.db"
+    store.unlink()
+    with pytest.raises(Exception, match="was deleted while the daemon ran; what it held is in"):
+        c.reserve("c5", {"gpuslice.io/memory": "1Gi"})
+    deadline = time.monotonic() + 10
+    while health_of(d) != health_pb2.HealthCheckResponse.NOT_SERVING:
+        assert time.monotonic() < deadline, "health stayed SERVING"
+        time.sleep(0.1)
+    [line] = [x for x in d.log().splitlines() if "NOT_SERVING" in x]
+    assert str(store) in line
+    d.proc.terminate()
+    d.proc.wait(20)
+    r = subprocess.run([sys.executable, "-m", "gpuslice.cli", "daemon", "--config", str(d.config)],
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    [line] = r.stderr.strip().splitlines()
+    assert "the slice store is missing, but 5 slices have files" in line and "state.db.recovered" in line
+    # the copy the daemon kept brings the five back
+    (store.parent / "state.db.recovered").rename(store)
+    assert sorted(s.container_id for s in daemon.restart(d).client().list()) == [f"c{i}" for i in range(5)]
+
+
 def test_slice_files_of_slices_not_in_the_store_are_moved_aside_and_logged(daemon):
     d = daemon()
     d.client().reserve("kept", {"gpuslice.io/memory": "1Gi"})
