@@ -10,7 +10,6 @@ Root only, like the control socket beside it.  Request: the verb on a line,
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 import time
@@ -48,7 +47,9 @@ class Request:
 class RuntimeSocketServer(UnixSocketServer):
     name = "runtime-socket"
     deadline_s = TIMEOUT_S  # for the whole request: a client sending a byte now and then is cut off
-    per_uid = max_clients = 64  # root's hooks and shims: container starts in parallel
+    max_request = MAX_REQUEST
+    # root's hooks and shims, one per container start: a burst queues, never a reset
+    max_pending = per_uid_queue = 4096
 
     def __init__(self, path: Path, manager: SliceManager) -> None:
         self.manager = manager
@@ -60,27 +61,14 @@ class RuntimeSocketServer(UnixSocketServer):
         }
         super().__init__(path, 0o600)  # root only, like the control socket
 
-    def handle(self, conn: socket.socket, peer: identity.Peer, deadline: Deadline) -> None:
-        chunks, size = [], 0
-        while True:
-            deadline.arm(conn)
-            chunk = conn.recv(65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_REQUEST:
-                metrics.RPCS.labels("runtime.unknown", errors.Code.INVALID_ARGUMENT.name).inc()
-                conn.sendall(f"error runtime socket: a request is at most {MAX_REQUEST} bytes\n".encode())
-                conn.shutdown(socket.SHUT_WR)
-                with contextlib.suppress(OSError):  # read the rest away, so the client gets the line, not a reset
-                    while True:
-                        deadline.arm(conn)
-                        if not conn.recv(1 << 20):
-                            break
-                return
+    def respond(self, conn: socket.socket, peer: identity.Peer, request: bytes | None, deadline: Deadline) -> None:
+        if request is None:
+            metrics.RPCS.labels("runtime.unknown", errors.Code.INVALID_ARGUMENT.name).inc()
+            reply = f"error runtime socket: a request is at most {MAX_REQUEST} bytes"
+        else:
+            reply = self.answer(request)
         deadline.arm(conn)
-        conn.sendall((self.answer(b"".join(chunks)) + "\n").encode())
+        conn.sendall((reply + "\n").encode())
 
     def answer(self, data: bytes) -> str:
         start, verb, code = time.perf_counter(), "?", "OK"

@@ -2,8 +2,9 @@
 the interposer.  The caller is identified by the pidfd its connection carries
 (unix_socket, identity.peer_of), never by what it says nor by a bare pid; it
 learns only about its own container's slice and gets that slice's files as
-file descriptors (SCM_RIGHTS).  Any uid may connect: each client has 2 s for
-its request, and a uid at most 8 connections at once."""
+file descriptors (SCM_RIGHTS).  Any uid may connect, in any number: each
+client has 2 s for its request, silent ones never hold up an attach, and a
+uid's requests wait behind its own (unix_socket)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,11 @@ class SliceSocketServer(UnixSocketServer):
         self.ffi, _ = ffi_and_lib()
         path.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(path.parent, 0o755)
+        self.request_size = self.ffi.sizeof("struct gpuslice_request")
         super().__init__(path, 0o666)  # any uid inside a container may ask about its own slice
+
+    def complete(self, data: bytearray) -> bool:
+        return len(data) >= self.request_size
 
     def _reply(self, conn: socket.socket, status: str, message: str = "", slot: int = 0, gpus: int = 0,
                fds: tuple[int, ...] = ()) -> None:  # fmt: skip
@@ -47,9 +52,10 @@ class SliceSocketServer(UnixSocketServer):
         else:
             conn.sendall(data)
 
-    def handle(self, conn: socket.socket, peer: identity.Peer, deadline: Deadline) -> None:
-        size = self.ffi.sizeof("struct gpuslice_request")
-        raw = deadline.recv_exact(conn, size)
+    def respond(self, conn: socket.socket, peer: identity.Peer, request: bytes | None, deadline: Deadline) -> None:
+        deadline.arm(conn)
+        size = self.request_size
+        raw = (request or b"")[:size]
         req = self.ffi.from_buffer("struct gpuslice_request *", bytearray(raw)) if len(raw) == size else None
         if req is None or req.magic != constant("GPUSLICE_REQUEST_MAGIC") or req.op != constant("GPUSLICE_OP_ATTACH"):
             return self._reply(conn, "GPUSLICE_BAD_REQUEST", "expected an ATTACH request (gpuslice_slice.h)")

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 const char *gs_runtime_socket(char *buf, size_t cap)
@@ -77,6 +78,70 @@ static int no_answer(char *reply, size_t cap, const char *path, const char *what
     return -1;
 }
 
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+/* The daemon closed the connection without an answer (crowded out, or it
+ * restarted): nothing was done, and the same request again may be answered. */
+static int was_reset(void)
+{
+    return errno == ECONNRESET || errno == EPIPE || errno == EAGAIN || errno == ENODATA;
+}
+
+/* One connection: -1 with errno when there was no answer, else the bytes of
+ * the reply in reply (NUL-terminated). */
+static int attempt(const struct sockaddr_un *addr, double left, const char *verb, const char *const *keys,
+                   const char *payload, size_t n, char *reply, size_t cap, const char **what)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        *what = "socket";
+        return -1;
+    }
+    struct timeval tv = {(time_t)left, (suseconds_t)((left - (double)(time_t)left) * 1e6)};
+    if (tv.tv_sec == 0 && tv.tv_usec == 0)
+        tv.tv_usec = 1000;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    *what = "connect";
+    int bad = connect(fd, (const struct sockaddr *)addr, sizeof *addr) != 0;
+    if (!bad) {
+        *what = "send";
+        bad = write_all(fd, verb, strlen(verb)) || write_all(fd, "\n", 1);
+        for (const char *const *k = keys; k && *k && !bad; k++)
+            bad = write_all(fd, *k, strlen(*k)) || write_all(fd, "\n", 1);
+        bad = bad || write_all(fd, "\n", 1) || (n && write_all(fd, payload, n)) || shutdown(fd, SHUT_WR) != 0;
+    }
+    size_t len = 0;
+    while (!bad && len + 1 < cap) {
+        *what = "receive";
+        ssize_t r = recv(fd, reply + len, cap - 1 - len, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            bad = 1;
+        else if (r == 0)
+            break;
+        else
+            len += (size_t)r;
+    }
+    int saved = errno;
+    close(fd);
+    errno = saved;
+    if (bad)
+        return -1;
+    if (len == 0) {
+        errno = ENODATA; /* closed unanswered */
+        return -1;
+    }
+    reply[len] = 0;
+    return 0;
+}
+
 int gs_runtime_call(const char *verb, const char *const *keys, const char *payload, size_t n, char *reply,
                     size_t cap)
 {
@@ -88,39 +153,20 @@ int gs_runtime_call(const char *verb, const char *const *keys, const char *paylo
         return no_answer(reply, cap, path, "socket path");
     }
     strcpy(addr.sun_path, path);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return no_answer(reply, cap, path, "socket");
-    struct timeval tv = {GS_CALL_TIMEOUT_S, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-    if (connect(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
-        close(fd);
-        return no_answer(reply, cap, path, "connect");
-    }
-    int bad = write_all(fd, verb, strlen(verb)) || write_all(fd, "\n", 1);
-    for (const char *const *k = keys; k && *k && !bad; k++)
-        bad = write_all(fd, *k, strlen(*k)) || write_all(fd, "\n", 1);
-    bad = bad || write_all(fd, "\n", 1) || (n && write_all(fd, payload, n)) || shutdown(fd, SHUT_WR) != 0;
-    if (bad) {
-        close(fd);
-        return no_answer(reply, cap, path, "send");
-    }
-    size_t len = 0;
-    while (len + 1 < cap) {
-        ssize_t r = recv(fd, reply + len, cap - 1 - len, 0);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            close(fd);
-            return no_answer(reply, cap, path, "receive");
-        }
-        if (r == 0)
+    /* A connection closed unanswered is tried again, backing off, within the
+     * call's one deadline; a daemon that is not there (no socket, refused)
+     * fails at once. */
+    double until = now_s() + GS_CALL_TIMEOUT_S, pause = 0.005;
+    const char *what = "connect";
+    for (;;) {
+        if (attempt(&addr, until - now_s(), verb, keys, payload, n, reply, cap, &what) == 0)
             break;
-        len += (size_t)r;
+        if (!was_reset() || now_s() + pause >= until)
+            return no_answer(reply, cap, path, what);
+        struct timespec nap = {0, (long)(pause * 1e9)};
+        nanosleep(&nap, NULL);
+        pause = pause * 2 > 0.25 ? 0.25 : pause * 2;
     }
-    close(fd);
-    reply[len] = 0;
     reply[strcspn(reply, "\n")] = 0;
     if (strncmp(reply, "ok", 2) == 0 && (reply[2] == 0 || reply[2] == ' ')) {
         memmove(reply, reply + (reply[2] ? 3 : 2), strlen(reply + (reply[2] ? 3 : 2)) + 1);
