@@ -89,18 +89,23 @@ def _container_process(cid: str, pid: int) -> None:
 
 def shares_of(config: dict) -> list[ShareRef]:
     """The DRA claim shares whose CDI devices the container got, if any: one
-    env entry per device ("<claim UID>/<share>"), or a claim's UID alone from
-    a claim prepared before shares had devices of their own."""
+    env entry per device, "<claim UID>/<share>/<the share's membership key>".
+    The key is what proves the device was given (allocator/membership.py):
+    the UID and share alone are public."""
     found = []
     for entry in oci.process_env(config):
         name, _, value = entry.partition("=")
         if name.startswith(constants.ENV_SHARE_PREFIX) and value:
-            claim, _, share = value.partition("/")
+            claim, share, token = ([*value.split("/", 2), "", ""])[:3]
             if not claim or not share:
-                raise oci.OciError(f"{name}={value!r}: not a claim share; accepted <claim UID>/<share>")
-            found.append(ShareRef(claim, share))
+                raise oci.OciError(f"{name}={value!r}: not a claim share; accepted <claim UID>/<share>/<key>")
+            found.append(ShareRef(claim, share, token))
         elif name == constants.ENV_CLAIM and value:
-            found.append(ShareRef(value))
+            # what specs before per-share devices set: the UID alone, which anyone can write
+            raise oci.OciError(
+                f"{name}={value!r}: a claim is joined only through the share devices the DRA plugin prepares "
+                f"({constants.ENV_SHARE_PREFIX}*); a claim prepared by an older plugin must be prepared again"
+            )
     return list(dict.fromkeys(found))
 
 

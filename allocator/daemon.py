@@ -18,6 +18,7 @@ from gpuslice.allocator import metrics, slice_files
 from gpuslice.allocator.compute import ComputeController, NvmlUtilization
 from gpuslice.allocator.config import Config
 from gpuslice.allocator.driver_limits import DriverLimits
+from gpuslice.allocator.membership import MembershipKey
 from gpuslice.allocator.runtime_socket import RuntimeSocketServer
 from gpuslice.allocator.service import AllocatorService
 from gpuslice.allocator.slice_socket import SliceSocketServer
@@ -52,7 +53,13 @@ class Daemon:
         self.store = SliceStore(cfg.store_path, slice_files.on_disk(cfg.slice_files_dir))
         limits = DriverLimits([g.uuid for g in self.inventory.gpus])
         self.manager = SliceManager(
-            self.store, self.inventory, cfg.slice_files_dir, cfg.memory_oversubscription, cfg.context_reserve, limits
+            self.store,
+            self.inventory,
+            cfg.slice_files_dir,
+            cfg.memory_oversubscription,
+            cfg.context_reserve,
+            limits,
+            MembershipKey.load(cfg.state_dir),
         )
         self.watcher = ProcessWatcher()
         self.manager.on_release.append(self.watcher.forget)

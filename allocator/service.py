@@ -136,7 +136,10 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     @_rpc("ReserveClaim")
     def ReserveClaim(self, req, context):
         shares = [share_request(s) for s in req.shares]
-        return self._message(self.m.view(self.m.reserve_claim(req.uid, shares, req.owner)))
+        rec = self.m.reserve_claim(req.uid, shares, req.owner)
+        message = self._message(self.m.view(rec))
+        message.share_keys.update(self.m.share_keys(rec))
+        return message
 
     @_rpc("Bind")
     def Bind(self, request, context):

@@ -21,6 +21,7 @@ from pathlib import Path
 from gpuslice import constants, errors
 from gpuslice import request as requests
 from gpuslice.allocator import identity, slice_files
+from gpuslice.allocator.membership import MembershipKey, claim_share
 from gpuslice.allocator.placement import CannotFit, GpuCapacity, NoRoom, demand, describe, fits, place
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
 from gpuslice.allocator.store import Allocation, OwnerKind, SliceRecord, SliceStore, now_ms
@@ -63,14 +64,14 @@ class ShareRequest:
 @dataclass(frozen=True)
 class ShareRef:
     """A share of a prepared claim that a container was given (its claim
-    device's entry); share None: every share of the claim (a claim prepared
-    before shares had devices of their own)."""
+    device's entry), with the share's membership key from that device."""
 
     claim: str
-    share: str | None = None
+    share: str
+    token: str = ""
 
     def __str__(self) -> str:
-        return f"{self.claim}/{self.share}" if self.share is not None else self.claim
+        return f"{self.claim}/{self.share}"
 
 
 def ledger_key(shares: list[str]) -> str:
@@ -204,9 +205,10 @@ def _per_gpu(rec: SliceRecord) -> list[GpuLimit]:
 class SliceManager:
     def __init__(
         self, store: SliceStore, inventory: Inventory, files_dir: Path, oversubscription: float = 1.0,
-        context_reserve: int = 0, driver_limits=None,
+        context_reserve: int = 0, driver_limits=None, membership: MembershipKey | None = None,
     ) -> None:  # fmt: skip
         self.store = store
+        self.membership = membership or MembershipKey.ephemeral()
         self.inventory = inventory
         self.files_dir = files_dir
         self.oversubscription = oversubscription
@@ -474,13 +476,19 @@ class SliceManager:
         """The claim shares the refs name ('<claim>/<share>': its allocation), each prepared here."""
         found: dict[str, Allocation] = {}
         for ref in refs:
+            # before anything is looked up: a forged entry learns nothing, not even whether the claim is here
+            if not self.membership.admits(claim_share(ref.claim, ref.share), ref.token):
+                raise errors.FailedPrecondition(
+                    f"claim share {ref}: the container was not given its device (the entry lacks the share's key, "
+                    "which only the claim's CDI device carries)"
+                )
             claim = self.index.by_container.get(constants.claim_slice_key(ref.claim))
             if claim is None or claim.kind is not OwnerKind.CLAIM:
                 raise errors.NotFound(
                     f"the slice of claim {ref.claim} is not on this node "
                     "(the DRA plugin prepares it before the pod's containers start)"
                 )
-            named = [a for a in claim.allocations if ref.share is None or a.share == ref.share]
+            named = [a for a in claim.allocations if a.share == ref.share]
             if not named:
                 raise errors.NotFound(f"claim {ref.claim} has no share {ref.share} on this node")
             for a in named:
@@ -621,6 +629,11 @@ class SliceManager:
         with self._lock:
             recs = list(self.index.by_container.values())
         return sorted(recs, key=lambda r: (r.created_ms, r.id))
+
+    def share_keys(self, claim: SliceRecord) -> dict[str, str]:
+        """A claim's membership key per share, for the devices that give them."""
+        uid = claim.container_id.removeprefix(constants.CLAIM_SLICE_PREFIX)
+        return {a.share: self.membership.token(claim_share(uid, a.share)) for a in claim.allocations}
 
     def views(self) -> list[SliceView]:
         return [self.view(r) for r in self.records()]

@@ -52,10 +52,11 @@ def cdi_device_id(uid: str, n: int) -> str:
     return f"{constants.CDI_CLAIM_KIND}={device_name(uid, n)}"
 
 
-def share_env(uid: str, n: int, share: str) -> str:
+def share_env(uid: str, n: int, share: str, key: str) -> str:
     """The env entry by which a container names a share it was given (one per
-    device, so that a container given several has them all)."""
-    return f"{constants.ENV_SHARE_PREFIX}{uid.replace('-', '')}_{n}={uid}/{share}"
+    device, so that a container given several has them all), with the share's
+    membership key from the daemon: the proof that the device was given."""
+    return f"{constants.ENV_SHARE_PREFIX}{uid.replace('-', '')}_{n}={uid}/{share}/{key}"
 
 
 def monitoring_edits(base: cdi_spec.ContainerEdits) -> cdi_spec.ContainerEdits:
@@ -103,15 +104,16 @@ class Preparer:
             shares = self._shares(parsed)
         except claim_model.ClaimError as e:
             raise claim_model.ClaimError(f"claim {ref.namespace}/{ref.name}: {e}") from None
-        sid = ""
+        sid, keys = "", {}
         if shares:
             try:
                 owner = f"dra {ref.namespace}/{ref.name}"
-                sid = self.daemon.reserve_claim(ref.uid, shares, owner=owner).container_id
+                reserved = self.daemon.reserve_claim(ref.uid, shares, owner=owner)
+                sid, keys = reserved.container_id, dict(reserved.share_keys)
             except errors.GpusliceError as e:  # the daemon's kind (no room: RESOURCE_EXHAUSTED), named for the claim
                 raise _named(ref, e) from e
         try:
-            spec = self._write_specs(parsed)
+            spec = self._write_specs(parsed, keys)
             devices = [
                 {"request_names": [r.base_request], "pool_name": r.pool, "device_name": r.device,
                  "cdi_device_ids": [cdi_device_id(ref.uid, n)], **({"share_id": r.share_id} if r.share_id else {})}
@@ -182,7 +184,7 @@ class Preparer:
                                    share_id=r.share))  # fmt: skip
         return shares
 
-    def _write_specs(self, claim: claim_model.Claim) -> Path:
+    def _write_specs(self, claim: claim_model.Claim, keys: dict[str, str]) -> Path:
         """The claim's CDI devices: those of shares in one spec whose common
         edits are the interposer's, those of admin access in another whose
         common edits are the driver's alone."""
@@ -192,7 +194,7 @@ class Preparer:
             if r.admin:
                 admin.append(cdi_spec.Device(device_name(claim.uid, n), gpu))
             else:
-                env = (*gpu.env, share_env(claim.uid, n, r.share))
+                env = (*gpu.env, share_env(claim.uid, n, r.share, keys[r.share]))
                 shares.append(cdi_spec.Device(device_name(claim.uid, n), replace(gpu, env=env)))
         kind = constants.CDI_CLAIM_KIND
         path = self.spec_path(claim.uid)

@@ -37,9 +37,10 @@
 #define GS_CDI_KIND "gpuslice.io/gpu"
 #define GS_CDI_DEVICE_ENV_PREFIX "GPUSLICE_DEVICE_"
 /* DRA: the kind of a claim's CDI devices; each device of a share sets one env
- * entry with this prefix, "<claim UID>/<share>", so a container names exactly
- * the shares it was given.  GS_ENV_CLAIM=<UID> (every share of the claim)
- * is what specs written before per-share devices set. */
+ * entry with this prefix, "<claim UID>/<share>/<membership key>", so a
+ * container names exactly the shares it was given and proves it was given
+ * them.  GS_ENV_CLAIM=<UID>, what specs before per-share devices set, is
+ * refused: anyone can write a UID. */
 #define GS_CDI_CLAIM_KIND "gpuslice.io/claim"
 #define GS_ENV_SHARE_PREFIX "GPUSLICE_SHARE_"
 #define GS_ENV_CLAIM "GPUSLICE_CLAIM"

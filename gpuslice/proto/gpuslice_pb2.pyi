@@ -124,7 +124,14 @@ class SliceGpu(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., memory_limit: _Optional[int] = ..., cores: _Optional[int] = ..., compute_target: _Optional[float] = ..., compute_used: _Optional[float] = ..., share_id: _Optional[str] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
 
 class Slice(_message.Message):
-    __slots__ = ("id", "container_id", "state", "gpus", "policy", "priority", "whole", "created_unix_ms", "pid", "pid_ns", "cgroup", "memory_used", "processes", "enforcement", "kind", "member_of")
+    __slots__ = ("id", "container_id", "state", "gpus", "policy", "priority", "whole", "created_unix_ms", "pid", "pid_ns", "cgroup", "memory_used", "processes", "enforcement", "kind", "member_of", "share_keys")
+    class ShareKeysEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -141,6 +148,7 @@ class Slice(_message.Message):
     ENFORCEMENT_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MEMBER_OF_FIELD_NUMBER: _ClassVar[int]
+    SHARE_KEYS_FIELD_NUMBER: _ClassVar[int]
     id: str
     container_id: str
     state: str
@@ -157,7 +165,8 @@ class Slice(_message.Message):
     enforcement: str
     kind: str
     member_of: str
-    def __init__(self, id: _Optional[str] = ..., container_id: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[SliceGpu, _Mapping]]] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., whole: _Optional[bool] = ..., created_unix_ms: _Optional[int] = ..., pid: _Optional[int] = ..., pid_ns: _Optional[int] = ..., cgroup: _Optional[str] = ..., memory_used: _Optional[int] = ..., processes: _Optional[int] = ..., enforcement: _Optional[str] = ..., kind: _Optional[str] = ..., member_of: _Optional[str] = ...) -> None: ...
+    share_keys: _containers.ScalarMap[str, str]
+    def __init__(self, id: _Optional[str] = ..., container_id: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[SliceGpu, _Mapping]]] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., whole: _Optional[bool] = ..., created_unix_ms: _Optional[int] = ..., pid: _Optional[int] = ..., pid_ns: _Optional[int] = ..., cgroup: _Optional[str] = ..., memory_used: _Optional[int] = ..., processes: _Optional[int] = ..., enforcement: _Optional[str] = ..., kind: _Optional[str] = ..., member_of: _Optional[str] = ..., share_keys: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class BindRequest(_message.Message):
     __slots__ = ("container_id", "pid")

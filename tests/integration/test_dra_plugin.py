@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from gpuslice import constants, errors
+from gpuslice.allocator.membership import MembershipKey, claim_share
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cli import sim_daemon
 from gpuslice.dra import claims as claim_model
@@ -31,6 +32,11 @@ from tests.harness.machine import gpu, needs_root
 from tests.harness.references import schema_validator
 
 GiB = 1 << 30
+
+
+def share_key(d, uid: str, share: str) -> str:  # type: ignore[no-untyped-def]
+    """The membership key the daemon `d` gives a claim's share (its state directory holds the secret)."""
+    return MembershipKey.load(d.dir / "state").token(claim_share(uid, share))
 
 
 @pytest.fixture
@@ -131,7 +137,8 @@ def test_a_claim_becomes_a_slice_of_exactly_what_was_allocated_and_goes_away(nod
     claim_device = spec.device(f"{uid}-0")
     assert claim_device.edits.env == (
         f"GPUSLICE_DEVICE_1={uuid1}",
-        f"GPUSLICE_SHARE_{uid.replace('-', '')}_0={uid}/{result['shareID']}",
+        f"GPUSLICE_SHARE_{uid.replace('-', '')}_0={uid}/{result['shareID']}/"
+        + share_key(node.d, uid, result["shareID"]),
     )
     assert any(m.container_path.endswith("wrap/libcuda.so.1") for m in spec.edits.mounts)  # once per container
     assert [h.hook_name for h in spec.edits.hooks].count("createRuntime") == 1
@@ -408,7 +415,8 @@ def test_two_requests_of_one_claim_on_one_gpu_are_two_shares_and_two_devices(nod
     for n, r in enumerate(results):
         env = spec.device(f"{uid}-{n}").edits.env
         assert [e for e in env if e.startswith("GPUSLICE_SHARE_")] == [
-            f"GPUSLICE_SHARE_{uid.replace('-', '')}_{n}={uid}/{r['shareID']}"]  # fmt: skip
+            f"GPUSLICE_SHARE_{uid.replace('-', '')}_{n}={uid}/{r['shareID']}/{share_key(node.d, uid, r['shareID'])}"
+        ]
     s = node.slices()[f"claim-{uid}"]
     assert sorted((g.memory_limit, g.cores, g.share_id) for g in s.gpus) == sorted(
         [(4 * GiB, 30, results[0]["shareID"]), (2 * GiB, 20, results[1]["shareID"])])  # fmt: skip

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuslice.allocator.membership import MembershipKey, claim_share
 from gpuslice.paths import built_executable
 from gpuslice.proto import gpuslice_pb2 as pb
 from tests.harness.machine import needs_root, oci_bundle
@@ -209,9 +210,10 @@ def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_pat
 
     d = daemon(reservation_timeout=0.5)
     client = d.client()
-    client.reserve_claim("0f0e", [pb.Share(gpu_index=0, memory=2 << 30, share_id="s1")], owner="dra ml/train")
+    keys = client.reserve_claim("0f0e", [pb.Share(gpu_index=0, memory=2 << 30, share_id="s1")],
+                                owner="dra ml/train").share_keys  # fmt: skip
     boxes = {name: containers() for name in ("c1", "c2")}
-    b = bundle(tmp_path, {}, env=["GPUSLICE_SHARE_0f0e_0=0f0e/s1"])
+    b = bundle(tmp_path, {}, env=[f"GPUSLICE_SHARE_0f0e_0=0f0e/s1/{keys['s1']}"])
     for name, box in boxes.items():
         r = hook("createRuntime", {"id": name, "pid": box.init_pid, "bundle": str(b)}, d.socket)
         assert r.returncode == 0, r.stderr
@@ -246,10 +248,15 @@ def test_each_container_gets_the_shares_it_was_given_and_no_other(tmp_path, daem
     and takes both once they are free."""
     d = daemon()
     client = d.client()
-    client.reserve_claim("ab", [pb.Share(gpu_index=0, memory=1 << 30, cores=20, share_id="a"),
-                                pb.Share(gpu_index=0, memory=2 << 30, cores=30, share_id="b")])  # fmt: skip
-    gets = {"ca": ["GPUSLICE_SHARE_ab_0=ab/a"], "cb": ["GPUSLICE_SHARE_ab_1=ab/b"],
-            "both": ["GPUSLICE_SHARE_ab_0=ab/a", "GPUSLICE_SHARE_ab_1=ab/b"]}  # fmt: skip
+    keys = client.reserve_claim(
+        "ab",
+        [
+            pb.Share(gpu_index=0, memory=1 << 30, cores=20, share_id="a"),
+            pb.Share(gpu_index=0, memory=2 << 30, cores=30, share_id="b"),
+        ],
+    ).share_keys
+    a, b = f"GPUSLICE_SHARE_ab_0=ab/a/{keys['a']}", f"GPUSLICE_SHARE_ab_1=ab/b/{keys['b']}"
+    gets = {"ca": [a], "cb": [b], "both": [a, b]}
     boxes = {name: containers() for name in gets}
     bundles = {name: bundle(tmp_path / name, {}, env=env) for name, env in gets.items()}
     for name in ("ca", "cb"):
@@ -287,7 +294,8 @@ def test_each_container_gets_the_shares_it_was_given_and_no_other(tmp_path, daem
 @needs_root
 def test_a_claim_that_is_not_prepared_fails_the_container_in_one_line(tmp_path, daemon, containers):
     d, box = daemon(), containers()
-    b = bundle(tmp_path, {}, env=["GPUSLICE_CLAIM=absent"])
+    key = MembershipKey.load(d.dir / "state").token(claim_share("absent", "s"))  # as a stale device would carry
+    b = bundle(tmp_path, {}, env=[f"GPUSLICE_SHARE_absent_0=absent/s/{key}"])
     r = hook("createRuntime", {"id": "orphan", "pid": box.init_pid, "bundle": str(b)}, d.socket)
     assert r.returncode == 1
     [line] = r.stderr.strip().splitlines()
@@ -296,3 +304,25 @@ def test_a_claim_that_is_not_prepared_fails_the_container_in_one_line(tmp_path, 
         "(the DRA plugin prepares it before the pod's containers start)"
     )
     assert d.client().list() == []
+
+
+@needs_root
+@pytest.mark.parametrize("entry", ["GPUSLICE_CLAIM={uid}", "GPUSLICE_SHARE_x_0={uid}/s1",
+                                   "GPUSLICE_SHARE_x_0={uid}/s1/{wrong}"])  # fmt: skip
+def test_a_container_cannot_join_a_claim_by_naming_it_in_its_env(tmp_path, daemon, containers, entry):
+    """A container with a GPU through the hook-only path set GPUSLICE_CLAIM to
+    another pod's claim UID and joined that claim's slice: saw its 4 GiB, took
+    3 of them, and the claim's own pod was refused its next 2.  The UID (and
+    the share ID) are public; only the claim's device carries the share's key."""
+    d, box = daemon(), containers()
+    client = d.client()
+    uid = "7a7a"
+    keys = client.reserve_claim(uid, [pb.Share(gpu_index=0, memory=4 << 30, share_id="s1")]).share_keys
+    wrong = "0" * len(keys["s1"])
+    b = bundle(tmp_path, {}, env=[entry.format(uid=uid, wrong=wrong)])
+    r = hook("createRuntime", {"id": "intruder", "pid": box.init_pid, "bundle": str(b)}, d.socket)
+    assert r.returncode == 1
+    [line] = r.stderr.strip().splitlines()
+    assert line.startswith("gpuslice-hook: ") and uid in line, line
+    assert "GPUSLICE_SHARE_" in line or "was not given its device" in line, line
+    assert {s.container_id for s in client.list()} == {f"claim-{uid}"}  # nobody joined it
