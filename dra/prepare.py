@@ -113,7 +113,13 @@ class Preparer:
             except errors.GpusliceError as e:  # the daemon's kind (no room: RESOURCE_EXHAUSTED), named for the claim
                 raise _named(ref, e) from e
         try:
-            spec = self._write_specs(parsed, keys)
+            try:
+                spec = self._write_specs(parsed, keys)
+            except OSError as e:  # a full disk: said as the checkpoint says it, and the kubelet retries
+                where = e.filename or self.spec_path(ref.uid)
+                raise errors.Unavailable(
+                    f"claim {ref.namespace}/{ref.name}: its CDI spec {where}: {e.strerror or e}; nothing was prepared"
+                ) from e
             devices = [
                 {"request_names": [r.base_request], "pool_name": r.pool, "device_name": r.device,
                  "cdi_device_ids": [cdi_device_id(ref.uid, n)], **({"share_id": r.share_id} if r.share_id else {})}

@@ -343,6 +343,24 @@ def test_a_full_disk_fails_the_prepare_in_words_and_the_retry_prepares_for_real(
     assert checkpoint.get(uid) is None and node.slices() == {} and Checkpoint(where / "checkpoint.json").claims == {}
 
 
+@needs_root
+def test_a_full_disk_under_the_claim_specs_is_one_line_and_nothing_prepared(node, tmp_path, full_fs):
+    """Found by the soak: the claim's spec write on a full disk came out as a
+    bare OSError (the kubelet's "internal error")."""
+    where, fill = full_fs
+    claim = allocated("specs", ("gpu-0", "2Gi", "20"))
+    uid = claim["metadata"]["uid"]
+    preparer = Preparer(NODE, node.d.client(), lambda namespace, name: claim, base_spec(node.spec),
+                        where / "cdi", Checkpoint(tmp_path / "checkpoint.json"))  # fmt: skip
+    fill(True)
+    with pytest.raises(errors.Unavailable, match=r"^claim ml/specs: its CDI spec .*: No space left on device; nothing"):
+        preparer.prepare(ClaimRef(uid, "ml", "specs"))
+    assert node.slices() == {} and not preparer.spec_path(uid).exists()
+    fill(False)
+    preparer.prepare(ClaimRef(uid, "ml", "specs"))
+    assert list(node.slices()) == [f"claim-{uid}"] and preparer.spec_path(uid).is_file()
+
+
 @pytest.mark.parametrize("lost", ["slice", "spec"])
 def test_a_kept_answer_whose_slice_or_spec_is_gone_is_prepared_again(node, lost):
     claim = allocated("kept", ("gpu-0", "2Gi", "20"))
