@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mypy over the shipped Python (gpuslice/, cdi/, allocator/, dra/, cli/, sim/gpuslice_sim) as the one
+# mypy over the shipped Python (gpuslice/, cdi/, allocator/, dra/, device_plugin/, cli/, sim/gpuslice_sim) as the one
 # package they install as: the component directories are mapped into gpuslice
 # (pyproject package-dir), so mypy reads them through a tree of links laid out
 # the way they are installed.
@@ -15,6 +15,7 @@ done
 ln -s "$PWD/cdi" "$view/gpuslice/cdi"
 ln -s "$PWD/allocator" "$view/gpuslice/allocator"
 ln -s "$PWD/dra" "$view/gpuslice/dra"
+ln -s "$PWD/device_plugin" "$view/gpuslice/device_plugin"
 ln -s "$PWD/cli" "$view/gpuslice/cli"
 ln -s "$PWD/sim/gpuslice_sim" "$view/gpuslice_sim"
 cd "$view"

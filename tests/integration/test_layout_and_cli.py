@@ -51,7 +51,7 @@ def test_wheel_maps_components_into_one_package_with_the_libraries(tmp_path):
     names = zipfile.ZipFile(node).namelist()
     tops = {n.split("/")[0] for n in names}
     assert tops == {"gpuslice", next(t for t in tops if t.endswith(".dist-info"))}
-    for part in ("allocator", "cdi", "cli", "dra"):
+    for part in ("allocator", "cdi", "cli", "dra", "device_plugin"):
         assert f"gpuslice/{part}/__init__.py" in names
     assert not [n for n in names if n.startswith(("gpuslice/bench/", "gpuslice/hook/", "gpuslice/runtime_shim/"))]
     assert not [n for n in names if "harness" in n or "/tests/" in n]  # the test harness is not shipped

@@ -20,6 +20,7 @@ COMPONENTS = {
     "cdi": ("gpuslice.cdi", 1),
     "allocator": ("gpuslice.allocator", 2),
     "dra": ("gpuslice.dra", 3),
+    "device_plugin": ("gpuslice.device_plugin", 3),
     "cli": ("gpuslice.cli", 4),
 }
 
