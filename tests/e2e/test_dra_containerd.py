@@ -218,3 +218,26 @@ def test_a_claim_the_gpu_has_no_room_for_reserves_nothing(dra, gpu_node):
     assert error.startswith("claim ml/late: no room for 8.0 GiB and 0 cores: GPU 0"), error
     assert [s.container_id for s in gpu_node.slices()] == ["beside"]
     assert not list(CDI_DIR.glob("gpuslice.io-claim_*.json"))
+
+
+@pytest.mark.parametrize("forged", ["GPUSLICE_SHARE_x_0={uid}/{share}", "GPUSLICE_CLAIM={uid}"])
+def test_a_pod_cannot_join_another_pods_claim_through_its_env(dra, pods, gpu_node, forged):
+    """The attack, through containerd's CRI as a kubelet sends it: a pod with a
+    GPU through the node spec's device (the hook-only path) sets another
+    pod's claim UID and share ID (both readable in the API) in its env. Before,
+    it joined that claim's slice; now StartContainer fails with one line and
+    the claim keeps its slice to itself."""
+    import grpc
+
+    claim = allocated("victim", ("gpu-0", "4Gi", "30"))
+    prepared(dra, claim)
+    uid = claim["metadata"]["uid"]
+    share = claim["status"]["allocation"]["devices"]["results"][0]["shareID"]
+    name, _, value = forged.format(uid=uid, share=share).partition("=")
+    pod = pods("intruder")
+    with pytest.raises(grpc.RpcError) as e:
+        pod.run("app", cdi_devices=["gpuslice.io/gpu=0"], env={name: value})
+    assert uid in e.value.details() and ("not given its device" in e.value.details() or name in e.value.details())
+    assert {s.container_id for s in gpu_node.slices()} == {f"claim-{uid}"}
+    pod.close()
+    assert dra.unprepare(claim)[uid] == {"error": ""}
