@@ -197,7 +197,8 @@ class SliceStore:
         if not path.exists() and slices_with_files:
             raise StoreError(
                 f"{path}: the slice store is missing, but {len(slices_with_files)} slices have files "
-                f"({', '.join(sorted(slices_with_files)[:3])}...): the slices it held are unknown. Restore it "
+                f"({', '.join(sorted(slices_with_files)[:3])}{', …' if len(slices_with_files) > 3 else ''}): "
+                "the slices it held are unknown. Restore it "
                 f"(from {path.name}.recovered beside it, written when the daemon saw it go, or a backup), "
                 "or move the slice files directory aside to start with an empty ledger"
             )

@@ -119,7 +119,6 @@ class UnixSocketServer:
     def __init__(self, path: Path, mode: int) -> None:
         self.path = path
         self.mode = mode
-        self.refused = 0  # connections closed unanswered: late, crowded out, over a queue, or a peer gone
         self._pending: collections.OrderedDict[int, Pending] = collections.OrderedDict()  # oldest first
         self._queue = FairQueue(self.per_uid_queue)
         self._selector = selectors.DefaultSelector()
@@ -234,7 +233,6 @@ class UnixSocketServer:
             peer = identity.peer_of(conn)
         except (identity.NoSuchProcess, OSError) as e:
             log.debug("%s: %s", self.name, e)
-            self.refused += 1
             conn.close()
             return
         if len(self._pending) >= self.max_pending:
@@ -268,8 +266,7 @@ class UnixSocketServer:
     def _hand_over(self, item: Pending) -> None:
         self._forget(item)
         if not self._queue.put(item.peer.uid, item):
-            self.refused += 1
-            item.close()
+            item.close()  # the uid's queue is full: it waits behind itself, and this one goes
 
     def _forget(self, item: Pending) -> None:
         self._pending.pop(item.conn.fileno(), None)
@@ -278,7 +275,6 @@ class UnixSocketServer:
 
     def _drop(self, item: Pending) -> None:
         self._forget(item)
-        self.refused += 1
         item.close()
 
     def _expire(self) -> None:
