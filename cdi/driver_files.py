@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -112,6 +113,14 @@ def simulated() -> DriverFiles:
 # a spec is made again when the driver's files changed meanwhile, at most this often
 REREAD_ENV = "GPUSLICE_CDI_REREAD"
 REREADS = 5
+# how long a driver found incomplete (NVML there, libcuda not yet) is waited for
+INCOMPLETE_WAIT_S = 30.0
+
+
+def _await_change(root: Path, before: tuple, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while watched_state(root) == before and time.monotonic() < deadline:
+        time.sleep(0.1)
 
 
 @contextmanager
@@ -119,10 +128,17 @@ def reread_if_changed(root: Path, watch: bool) -> Iterator[None]:
     """Around making a spec from the driver under `root`: when its files
     changed meanwhile (an install in progress), this process starts again
     (execv, the same argv), so that it reads them with the new driver's NVML;
-    at most REREADS times in a row."""
+    at most REREADS times in a row. A driver found incomplete is an install
+    in progress too: its next file is waited for (INCOMPLETE_WAIT_S), since
+    systemd drops the path event of a file that lands while this unit runs."""
     before = watched_state(root) if watch else ()
     try:
         yield
+    except DriverFilesError:
+        if watch:
+            log.warning("the driver's files are incomplete; waiting up to %.0f s for the rest", INCOMPLETE_WAIT_S)
+            _await_change(root, before, INCOMPLETE_WAIT_S)
+        raise
     finally:
         rounds = int(os.environ.get(REREAD_ENV, "0"))
         if watch and rounds < REREADS and watched_state(root) != before:

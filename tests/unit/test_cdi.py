@@ -249,6 +249,33 @@ def test_a_driver_changed_while_read_starts_the_process_again_at_most_rereads_ti
         lib.write_bytes(b"v3")  # changing all the time: it gives up after REREADS rounds
 
 
+def test_a_driver_found_incomplete_is_waited_for_and_read_again(tmp_path, monkeypatch):
+    """Seen in the systemd boot test: the path unit ran on libnvidia-ml.so.1,
+    libcuda.so.1 landed while the unit was still running (systemd drops that
+    event), and the spec was never made. Now the missing file is waited for."""
+    import threading
+
+    from gpuslice.cdi import driver_files
+
+    class Restarted(Exception):
+        pass
+
+    def execv(*args):
+        raise Restarted
+
+    monkeypatch.setattr(driver_files.os, "execv", execv)
+    monkeypatch.delenv(driver_files.REREAD_ENV, raising=False)
+    lib = tmp_path / driver_files.WATCHED[1]  # libcuda.so.1, after libnvidia-ml.so.1
+    lib.parent.mkdir(parents=True)
+    later = threading.Timer(0.5, lambda: lib.write_bytes(b"\x7fELF"))
+    later.start()
+    with pytest.raises(Restarted), driver_files.reread_if_changed(tmp_path, watch=True):
+        raise driver_files.DriverFilesError("libcuda.so.1 not found")
+    monkeypatch.setattr(driver_files, "INCOMPLETE_WAIT_S", 0.3)
+    with pytest.raises(driver_files.DriverFilesError), driver_files.reread_if_changed(tmp_path, watch=True):
+        raise driver_files.DriverFilesError("libcuda.so.1 not found")  # nothing comes: the error stands
+
+
 @pytest.mark.parametrize("kind", ["good", "bad"])
 def test_the_official_test_specs_are_judged_as_the_cdi_project_judges_them(kind):
     """The CDI package's own test data: its schema and our loader accept each
