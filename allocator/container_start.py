@@ -11,9 +11,10 @@ start pays for one round trip, not an interpreter.
 - createRuntime (the hook; container created, not started): the container holds
   a slice bound to its init process: reserved by the shim already, or reserved
   here from its annotations and the GPUs CDI injected.
-- createRuntime, for a container with DRA claim devices (GPUSLICE_SHARE_*):
-  the container joins the ledger of exactly the claim shares it was given
-  (the kubelet plugin reserved them); containers given the same shares share it.
+- createRuntime, for a container with DRA claim devices or device plugin
+  allocations (GPUSLICE_SHARE_*): the container joins the ledger of exactly the
+  shares it was given (the kubelet plugin reserved them); containers given the
+  same shares share it.
 - poststop: the slice is released (a claim's container leaves its claim's slice).
 - ldcache-root (the hook's update-ldcache): the container's root, where the hook
   itself writes the loader configuration.
@@ -115,9 +116,12 @@ def create_runtime(state: oci.State, slices: SliceManager) -> None:
         raise oci.OciError(f"container {cid}: the OCI state has no pid (createRuntime runs once the container exists)")
     config = oci.read_config(state.bundle, cid)
     shares = shares_of(config)
-    if shares:  # prepared by the DRA plugin: the container joins the ledger of the shares it was given
+    if shares:  # reserved by the DRA or device plugin: the container joins the ledger of the shares it was given
+        compute = None
+        if any(s.claim.startswith(constants.DEVICES_SLICE_PREFIX) for s in shares):
+            compute = request.read_compute(requested(config, state))  # its size is the kubelet's allocation
         _container_process(cid, state.pid)
-        slices.join(cid, shares, state.pid)
+        slices.join(cid, shares, state.pid, compute)
         return
     try:
         slices.get(cid)

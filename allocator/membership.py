@@ -27,6 +27,11 @@ def claim_share(claim: str, share: str) -> str:
     return f"claim-share/{claim}/{share}"
 
 
+def devices_share(key: str, share: str) -> str:
+    """The subject of a device plugin allocation's share (its resource)."""
+    return f"devices/{key}/{share}"
+
+
 class MembershipKey:
     def __init__(self, secret: bytes) -> None:
         self._secret = secret

@@ -67,6 +67,24 @@ def share_request(share: pb.Share) -> ShareRequest:
     return ShareRequest(share.gpu_index, share.memory or None, share.cores or None, policy, priority, share.share_id)
 
 
+def devices_share(req: pb.ReserveDevicesRequest, inv: inventory.Inventory) -> ShareRequest:
+    """A device plugin allocation from the wire, as the share it books."""
+    gpu = next((g for g in inv.gpus if g.uuid == req.gpu_uuid), None)
+    if gpu is None:
+        have = ", ".join(g.uuid for g in inv.gpus)
+        raise errors.InvalidArgument(f"allocation {req.key}: no GPU {req.gpu_uuid!r} on this node; it has {have}")
+    if req.resource == "memory" and req.memory > 0 and not req.cores:
+        return ShareRequest(gpu.index, memory=req.memory, share="memory")
+    if req.resource == "cores" and 1 <= req.cores <= 100 and not req.memory:
+        return ShareRequest(gpu.index, memory=0, cores=req.cores, share="cores")
+    if req.resource == "gpu" and not req.memory and not req.cores:
+        return ShareRequest(gpu.index, share="gpu")
+    raise errors.InvalidArgument(
+        f"allocation {req.key}: resource {req.resource!r} with memory {req.memory} and cores {req.cores}; accepted "
+        "memory (bytes > 0, no cores), cores (1 to 100, no memory) or gpu (neither)"
+    )
+
+
 def status_of(e: Exception) -> grpc.StatusCode:
     return grpc.StatusCode[errors.code_of(e).name]
 
@@ -137,6 +155,13 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     def ReserveClaim(self, req, context):
         shares = [share_request(s) for s in req.shares]
         rec = self.m.reserve_claim(req.uid, shares, req.owner)
+        message = self._message(self.m.view(rec))
+        message.share_keys.update(self.m.share_keys(rec))
+        return message
+
+    @_rpc("ReserveDevices")
+    def ReserveDevices(self, req, context):
+        rec = self.m.reserve_devices(req.key, devices_share(req, self.m.inventory), req.owner)
         message = self._message(self.m.view(rec))
         message.share_keys.update(self.m.share_keys(rec))
         return message

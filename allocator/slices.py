@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 from gpuslice import constants, errors
 from gpuslice import request as requests
 from gpuslice.allocator import identity, slice_files
-from gpuslice.allocator.membership import MembershipKey, claim_share
+from gpuslice.allocator.membership import MembershipKey, claim_share, devices_share
 from gpuslice.allocator.placement import CannotFit, GpuCapacity, NoRoom, demand, describe, fits, place
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
 from gpuslice.allocator.store import Allocation, OwnerKind, SliceRecord, SliceStore, now_ms
@@ -29,6 +30,29 @@ from gpuslice.inventory import Inventory
 from gpuslice.units import format_bytes
 
 log = logging.getLogger(__name__)
+
+
+# owners whose slices containers join with their devices' shares (ShareRef)
+JOINABLE = (OwnerKind.CLAIM, OwnerKind.DEVICES)
+_DEVICES_KEY = re.compile(re.escape(constants.DEVICES_SLICE_PREFIX) + r"[0-9a-f]{24}\Z")
+
+
+def owner_key(uid: str) -> str:
+    """The key of the slice a share's owner holds: a device plugin
+    allocation's is its own key, a claim's is made from its UID."""
+    return uid if uid.startswith(constants.DEVICES_SLICE_PREFIX) else constants.claim_slice_key(uid)
+
+
+def subject(uid: str, share: str) -> str:
+    """What a share's membership key is made over."""
+    return devices_share(uid, share) if uid.startswith(constants.DEVICES_SLICE_PREFIX) else claim_share(uid, share)
+
+
+def uid_of(rec: SliceRecord) -> str:
+    """The owner's UID in its shares' names: a claim's UID, an allocation's key."""
+    if rec.kind is OwnerKind.DEVICES:
+        return rec.container_id
+    return rec.container_id.removeprefix(constants.CLAIM_SLICE_PREFIX)
 
 
 class Conflict(errors.FailedPrecondition):
@@ -173,6 +197,40 @@ def _agreed(allocs: list[Allocation]) -> tuple[str, str]:
     return policy, priority
 
 
+def _one_device_slice(container_id: str, wanted: dict[str, Allocation]) -> None:
+    """A container's device plugin shares make one slice: memory and cores on
+    one GPU (memory asked: a share of compute without memory could hold
+    nothing), or whole GPUs only, never both and never with a claim's."""
+    devices = {n: a for n, a in wanted.items() if n.startswith(constants.DEVICES_SLICE_PREFIX)}
+    if not devices:
+        return
+    kinds = {n.rsplit("/", 1)[1] for n in devices}
+    partial = {a.gpu_uuid for n, a in devices.items() if not n.endswith("/gpu")}
+    said = f"container {container_id}"
+    if len(devices) != len(wanted):
+        raise errors.InvalidArgument(f"{said}: gpuslice.io/* extended resources and a DRA claim together; use one")
+    if "gpu" in kinds and kinds != {"gpu"}:
+        raise errors.InvalidArgument(
+            f"{said}: gpuslice.io/gpu with gpuslice.io/memory or cores; ask whole GPUs or a slice"
+        )
+    if len(partial) > 1:
+        raise errors.FailedPrecondition(
+            f"{said}: its gpuslice.io/memory and gpuslice.io/cores lie on GPUs {', '.join(sorted(partial))}; a slice "
+            "lies on one GPU (the device plugin refuses such a pod at admission; this one was allocated otherwise)"
+        )
+    if kinds == {"cores"}:
+        raise errors.InvalidArgument(f"{said}: gpuslice.io/cores without gpuslice.io/memory; ask both in its limits")
+
+
+def _with_compute(a: Allocation, name: str, compute: tuple[requests.ComputePolicy, requests.Priority]) -> Allocation:
+    """A device plugin share with the container's policy and priority (a claim's share keeps its own)."""
+    if not name.startswith(constants.DEVICES_SLICE_PREFIX):
+        return a
+    # the policy rules a share of compute: a memory share holds none, and stays elastic
+    policy = compute[0].value if name.endswith("/cores") else a.policy
+    return dataclasses.replace(a, policy=policy, priority=compute[1].value)
+
+
 def _insert(recs: list[SliceRecord], rec: SliceRecord) -> None:
     bisect.insort(recs, rec, key=lambda r: (r.created_ms, r.id))
 
@@ -292,7 +350,7 @@ class SliceManager:
         for rec in stored:
             self.index.put(rec)
         for rec in stored:
-            if rec.kind is OwnerKind.CLAIM and not self.index.members.get(rec.id):
+            if rec.kind in JOINABLE and not self.index.members.get(rec.id):
                 continue  # its shares are charged through ledgers (members of one made before kept its files)
             keep.add(self.target(rec).id)
             try:
@@ -348,25 +406,38 @@ class SliceManager:
         priority. Idempotent for the same shares; all or nothing."""
         if not uid:
             raise errors.InvalidArgument("claim uid: must not be empty")
+        return self._reserve_joinable(OwnerKind.CLAIM, constants.claim_slice_key(uid), f"claim {uid}", shares, owner)
+
+    def reserve_devices(self, key: str, share: ShareRequest, owner: str = "") -> SliceRecord:
+        """A device plugin allocation's slice: the units of one resource the
+        kubelet gave one container, on their GPU (share.share names the
+        resource). Idempotent for the same key and size."""
+        if not _DEVICES_KEY.match(key):
+            raise errors.InvalidArgument(
+                f"allocation key {key!r}: accepted {constants.DEVICES_SLICE_PREFIX} and 24 lowercase hex digits"
+            )
+        return self._reserve_joinable(OwnerKind.DEVICES, key, f"allocation {key}", [share], owner)
+
+    def _reserve_joinable(self, kind: OwnerKind, key: str, what: str, shares: list[ShareRequest],
+                          owner: str) -> SliceRecord:  # fmt: skip
         if not shares:
-            raise errors.InvalidArgument(f"claim {uid}: no share to reserve")
-        key = constants.claim_slice_key(uid)
+            raise errors.InvalidArgument(f"{what}: no share to reserve")
         with self._lock:
-            allocs = self._claim_allocations(uid, shares, exclude=key)  # the same shares again: its own room
+            allocs = self._claim_allocations(what, shares, exclude=key)  # the same shares again: its own room
             existing = self.index.by_container.get(key)
             if existing:
-                if existing.kind is not OwnerKind.CLAIM or existing.allocations != tuple(allocs):
-                    raise Conflict(f"claim {uid} already holds slice {existing.id} of other shares")
+                if existing.kind is not kind or existing.allocations != tuple(allocs):
+                    raise Conflict(f"{what} already holds slice {existing.id} of other shares")
                 return existing
             policy, priority = _agreed(allocs)
             whole = all(s.request().whole_gpus for s in shares)
             rec = self.store.transaction(
-                lambda store: store.insert(key, {}, policy, priority, whole, owner, allocs, OwnerKind.CLAIM)
+                lambda store: store.insert(key, {}, policy, priority, whole, owner, allocs, kind)
             )
             self.index.put(rec)  # no files: its containers charge its shares through ledgers (join)
         return rec
 
-    def _claim_allocations(self, uid: str, shares: list[ShareRequest], exclude: str) -> list[Allocation]:
+    def _claim_allocations(self, what: str, shares: list[ShareRequest], exclude: str) -> list[Allocation]:
         """The shares as allocations, after checking that each GPU exists and
         that what the claim takes of it fits beside what others hold."""
         caps = {c.index: c for c in self.capacities(exclude)}
@@ -374,14 +445,14 @@ class SliceManager:
         for s in shares:
             if s.gpu_index not in caps:
                 have = ", ".join(str(i) for i in sorted(caps))
-                raise CannotFit(f"claim {uid}: no GPU {s.gpu_index} on this node; it has {have}")
+                raise CannotFit(f"{what}: no GPU {s.gpu_index} on this node; it has {have}")
             by_gpu.setdefault(s.gpu_index, []).append(s)
         allocs = []
         for index, on_gpu in sorted(by_gpu.items()):
             cap = caps[index]
             if len({s.share for s in on_gpu}) != len(on_gpu) or "/" in "".join(s.share for s in on_gpu):
                 raise errors.InvalidArgument(
-                    f"claim {uid}: two shares of GPU {index} with one share ID, or a share ID with '/'"
+                    f"{what}: two shares of GPU {index} with one share ID, or a share ID with '/'"
                 )
             asked = [s.request() for s in on_gpu]
             wanted = [demand(r, cap) for r in asked]
@@ -435,15 +506,21 @@ class SliceManager:
             self._driver_limit(bound)
             return bound
 
-    def join(self, container_id: str, shares: list[ShareRef], pid: int) -> SliceRecord:
+    def join(self, container_id: str, shares: list[ShareRef], pid: int,
+             compute: tuple[requests.ComputePolicy, requests.Priority] | None = None) -> SliceRecord:  # fmt: skip
         """A container given claim devices, bound to the ledger of exactly those
         shares: its processes charge them together with the other containers
-        given the same ones (and see no other share of the claim)."""
+        given the same ones (and see no other share of the claim). `compute`:
+        the container's own policy and priority, for device plugin shares
+        (a claim's shares carry their own)."""
         who = self._process(container_id, pid)
         if not shares:
             raise errors.InvalidArgument(f"container {container_id}: no claim share to join")
         with self._lock:
             wanted = self._claim_shares(shares)
+            _one_device_slice(container_id, wanted)
+            if compute is not None:
+                wanted = {n: _with_compute(a, n, compute) for n, a in wanted.items()}
             key = ledger_key(list(wanted))
             existing = self.index.by_container.get(container_id)
             if existing is not None:
@@ -473,24 +550,27 @@ class SliceManager:
             return member
 
     def _claim_shares(self, refs: list[ShareRef]) -> dict[str, Allocation]:
-        """The claim shares the refs name ('<claim>/<share>': its allocation), each prepared here."""
+        """The shares the refs name ('<owner>/<share>': its allocation), each
+        reserved here: a claim's (DRA) or an allocation's (device plugin)."""
         found: dict[str, Allocation] = {}
         for ref in refs:
-            # before anything is looked up: a forged entry learns nothing, not even whether the claim is here
-            if not self.membership.admits(claim_share(ref.claim, ref.share), ref.token):
+            devices = ref.claim.startswith(constants.DEVICES_SLICE_PREFIX)
+            what = "allocation" if devices else "claim"
+            # before anything is looked up: a forged entry learns nothing, not even whether the owner is here
+            if not self.membership.admits(subject(ref.claim, ref.share), ref.token):
                 raise errors.FailedPrecondition(
-                    f"claim share {ref}: the container was not given its device (the entry lacks the share's key, "
-                    "which only the claim's CDI device carries)"
+                    f"{what} share {ref}: the container was not given its device (the entry lacks the share's key, "
+                    f"which only the {'device plugin' if devices else 'claim'}'s answer carries)"
                 )
-            claim = self.index.by_container.get(constants.claim_slice_key(ref.claim))
-            if claim is None or claim.kind is not OwnerKind.CLAIM:
+            claim = self.index.by_container.get(owner_key(ref.claim))
+            if claim is None or claim.kind not in JOINABLE:
                 raise errors.NotFound(
-                    f"the slice of claim {ref.claim} is not on this node "
-                    "(the DRA plugin prepares it before the pod's containers start)"
+                    f"the slice of {what} {ref.claim} is not on this node "
+                    f"(the {'device' if devices else 'DRA'} plugin reserves it before the pod's containers start)"
                 )
             named = [a for a in claim.allocations if a.share == ref.share]
             if not named:
-                raise errors.NotFound(f"claim {ref.claim} has no share {ref.share} on this node")
+                raise errors.NotFound(f"{what} {ref.claim} has no share {ref.share} on this node")
             for a in named:
                 found[f"{ref.claim}/{a.share}"] = a
         return found
@@ -499,7 +579,7 @@ class SliceManager:
         """A share is charged through one ledger at a time: two containers given
         overlapping but different sets of shares cannot both hold them exactly."""
         for uid in sorted({name.split("/", 1)[0] for name in wanted}):
-            claim = self.index.by_container[constants.claim_slice_key(uid)]
+            claim = self.index.by_container[owner_key(uid)]
             if self.index.members.get(claim.id):
                 # members joined before ledgers (an upgrade) charge the claim's own files, all its shares
                 others = [(claim, {f"{uid}/{a.share}" for a in claim.allocations})]
@@ -546,7 +626,7 @@ class SliceManager:
                     self._forget(ledger)
                 return True
             # a claim's ledgers and members go with it (the store deletes members' rows with their slice's)
-            ledgers = [rec] + (self._ledgers_of(rec) if rec.kind is OwnerKind.CLAIM else [])
+            ledgers = [rec] + (self._ledgers_of(rec) if rec.kind in JOINABLE else [])
 
             def tx(store: SliceStore) -> None:
                 for r in ledgers:
@@ -559,7 +639,7 @@ class SliceManager:
         return True
 
     def _ledgers_of(self, claim: SliceRecord) -> list[SliceRecord]:
-        uid = claim.container_id.removeprefix(constants.claim_slice_key(""))
+        uid = uid_of(claim)
         return [self.index.by_container[k] for k in sorted(self.index.ledgers.get(uid, ()))]
 
     def _forget(self, rec: SliceRecord) -> None:
@@ -630,10 +710,10 @@ class SliceManager:
             recs = list(self.index.by_container.values())
         return sorted(recs, key=lambda r: (r.created_ms, r.id))
 
-    def share_keys(self, claim: SliceRecord) -> dict[str, str]:
-        """A claim's membership key per share, for the devices that give them."""
-        uid = claim.container_id.removeprefix(constants.CLAIM_SLICE_PREFIX)
-        return {a.share: self.membership.token(claim_share(uid, a.share)) for a in claim.allocations}
+    def share_keys(self, owner: SliceRecord) -> dict[str, str]:
+        """A claim's (or allocation's) membership key per share, for the devices that give them."""
+        uid = uid_of(owner)
+        return {a.share: self.membership.token(subject(uid, a.share)) for a in owner.allocations}
 
     def views(self) -> list[SliceView]:
         return [self.view(r) for r in self.records()]
@@ -686,7 +766,7 @@ class SliceManager:
             # a claim's slice lives until the kubelet unprepares the claim, however long unused
             if (r.state == "bound" and not identity.alive(r.pid or 0, r.pid_start or -1)) or (
                 r.state == "reserved"
-                and r.kind not in (OwnerKind.CLAIM, OwnerKind.SHARES)
+                and r.kind not in (*JOINABLE, OwnerKind.SHARES)
                 and now_ms() - r.created_ms > reservation_timeout * 1000
             ):
                 gone.append(r.container_id)

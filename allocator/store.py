@@ -104,6 +104,10 @@ class OwnerKind(str, Enum):
 
     CONTAINER = "container"  # a container's own slice (hook, shim, CLI)
     CLAIM = "claim"  # a DRA claim's slice: kept until the kubelet unprepares it
+    # a device plugin's allocation: the units of one resource the kubelet gave
+    # one container; kept while the kubelet holds them (pod-resources), joined
+    # by the container's shares as a claim is
+    DEVICES = "devices"
     MEMBER = "member"  # a container in a claim's slice: no capacity of its own
     # the shares of claims that a container's processes charge together (the
     # claim devices it was given): the ledger its members attach to; its

@@ -321,6 +321,42 @@ def kubelet_plugin(node_name, kubeconfig, daemon_socket, plugin_dir, registry_di
     p.serve()
 
 
+@main.command("device-plugin")
+@click.option("--node-name", envvar="NODE_NAME", required=True, help="this node's name (env NODE_NAME)")
+@click.option("--kubeconfig", type=click.Path(dir_okay=False), help="default: the pod's in-cluster config")
+@click.option("--socket", "daemon_socket", default=constants.CONTROL_SOCKET, show_default=True, help="the daemon")
+@click.option("--plugin-dir", type=click.Path(file_okay=False), default="/var/lib/kubelet/device-plugins",
+              show_default=True, help="the kubelet's device-plugins directory (kubelet.sock)")  # fmt: skip
+@click.option("--pod-resources", type=click.Path(dir_okay=False),
+              default="/var/lib/kubelet/pod-resources/kubelet.sock", show_default=True,
+              help="the kubelet's pod-resources socket")  # fmt: skip
+@click.option("--reconcile", type=click.FloatRange(0.1, 3600), default=2.0, show_default=True,
+              help="seconds between reconciles (a deleted pod's slice is released within this and 30 s)")  # fmt: skip
+@click.option("--no-api", is_flag=True, help="never read pods from the API server (multi-GPU admission is steered, "
+              "not exact)")  # fmt: skip
+@click.option("-v", "--verbose", is_flag=True, help="log at debug level")
+def device_plugin_cmd(node_name, kubeconfig, daemon_socket, plugin_dir, pod_resources, reconcile, no_api,
+                      verbose):  # fmt: skip
+    """The kubelet device plugin (Kubernetes 1.30-1.35): GPU memory, cores and
+    whole GPUs as extended resources kube-scheduler counts."""
+    import logging
+    import signal
+
+    from gpuslice.device_plugin import plugin
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="gpuslice-device-plugin: %(message)s")
+    opts = plugin.Options(node_name, daemon_socket, kubeconfig, Path(plugin_dir), Path(pod_resources), reconcile,
+                          not no_api)  # fmt: skip
+    try:
+        p = plugin.Plugin(opts)
+    except errors.GpusliceError as e:
+        click.echo(f"gpuslice device-plugin: {e}", err=True)
+        sys.exit(2)
+    signal.signal(signal.SIGTERM, lambda *_: p.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: p.stopping.set())
+    p.serve()
+
+
 _TARGETS = click.Choice(["containerd", "crio", "podman", "docker"])
 _RUNTIME_BINARY = click.option(
     "--runtime-binary", "binary", default="", help="the runtime to ask its version (default: containerd, dockerd)"

@@ -29,7 +29,7 @@ class Partner:
     at: float
 
 
-def _free_by_gpu(available: list[str]) -> dict[str, list[str]]:
+def free_by_gpu(available: list[str]) -> dict[str, list[str]]:
     return {gpu: [x.id for x in found] for gpu, found in u.by_gpu(available).items()}
 
 
@@ -43,7 +43,7 @@ def prefer(resource: str, available: list[str], must_include: list[str], size: i
     """`size` units of `resource` from `available`, all on one GPU: the GPU of
     `must_include` (a restarted container's), else the partner's, else the
     fullest GPU that fits (binpacking leaves whole GPUs whole)."""
-    free = _free_by_gpu(available)
+    free = free_by_gpu(available)
     if must_include:
         gpus = set(u.by_gpu(must_include))
         if len(gpus) != 1:
@@ -68,5 +68,5 @@ def one_gpu(resource: str, device_ids: list[str], available_after: list[str]) ->
     gpus = u.by_gpu(device_ids)
     if len(gpus) == 1:
         return next(iter(gpus))
-    free = _free_by_gpu(available_after + device_ids)
+    free = free_by_gpu(available_after + device_ids)
     raise errors.FailedPrecondition(describe(resource, free, len(device_ids)))

@@ -1,20 +1,18 @@
 """The kubelet's DevicePlugin service (deviceplugin/v1beta1), one instance
-per extended resource: the units it lists, and where a container's units go.
-Allocate comes with the daemon's side (docs/device-plugin.md)."""
+per extended resource: the units it lists, and the calls it hands to the
+plugin's Booking."""
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 
 import grpc
 
 from gpuslice import errors
-from gpuslice.device_plugin import preference
 from gpuslice.device_plugin import units as u
-from gpuslice.device_plugin.preference import Partner
+from gpuslice.device_plugin.booking import Booking
 from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2 as dp
 from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2_grpc as dp_grpc
@@ -22,49 +20,43 @@ from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2_grpc as dp_grpc
 log = logging.getLogger(__name__)
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
-PARTNER_S = 2.0  # a container's resources are allocated back to back; older is another container's
 
 
-class Steering:
-    """What was allocated last, shared by the resources' services: the GPU a
-    container's next resource is steered to (preference.py)."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._last: Partner | None = None
-        self._lock = threading.Lock()
-
-    def allocated(self, resource: str, gpu: str) -> None:
-        with self._lock:
-            self._last = Partner(resource, gpu, self._clock())
-
-    def partner(self) -> Partner | None:
-        with self._lock:
-            last = self._last
-        return last if last and self._clock() - last.at <= PARTNER_S else None
+def _unavailable(resource: str, g: pb.Gpu) -> bool:
+    """A unit the kubelet must not count: its GPU is unhealthy, or held whole
+    (its memory and cores), or partly sliced (its whole-GPU unit)."""
+    if g.health:
+        return True
+    if resource == u.GPU:
+        return g.slices > 0
+    return g.exclusive
 
 
 def devices(resource: str, gpus: list[pb.Gpu]) -> list[dp.Device]:
-    """Every unit of `resource` on these GPUs; a GPU's units are unhealthy with it."""
+    """Every unit of `resource` on these GPUs, with the health the kubelet counts by."""
     return [
-        dp.Device(ID=unit.id, health=UNHEALTHY if g.health else HEALTHY)
+        dp.Device(ID=unit.id, health=UNHEALTHY if _unavailable(resource, g) else HEALTHY)
         for g in gpus
         for unit in u.units(g.uuid, resource, g.memory_total)
     ]
 
 
+def _status(e: errors.GpusliceError) -> grpc.StatusCode:
+    return grpc.StatusCode[errors.code_of(e).name]
+
+
 class DevicePluginService(dp_grpc.DevicePluginServicer):
     """`inventory()` returns the daemon's GPUs; notify() when they (or their
-    health) may have changed, and ListAndWatch sends the list again. Allocate
-    is the generated base's UNIMPLEMENTED until the daemon's side exists."""
+    use) may have changed, and ListAndWatch sends the list again."""
 
-    def __init__(self, resource: str, inventory: Callable[[], list[pb.Gpu]], steering: Steering) -> None:
+    def __init__(self, resource: str, inventory: Callable[[], list[pb.Gpu]], booking: Booking) -> None:
         self.resource = resource
         self.inventory = inventory
-        self.steering = steering
+        self.booking = booking
         self.changed = threading.Condition()
         self.version = 0
         self.stopped = False
+        booking.changed.append(self.notify)
 
     def notify(self) -> None:
         with self.changed:
@@ -81,6 +73,7 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
 
     def ListAndWatch(self, request, context) -> Iterator[dp.ListAndWatchResponse]:
         seen = -1
+        sent: list[dp.Device] | None = None
         while context.is_active():
             with self.changed:
                 while self.version == seen and not self.stopped and context.is_active():
@@ -88,18 +81,36 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
                 if self.stopped:
                     return
                 seen = self.version
-            yield dp.ListAndWatchResponse(devices=devices(self.resource, self.inventory()))
+            try:
+                now = devices(self.resource, self.inventory())
+            except errors.GpusliceError as e:
+                log.warning("%s: the daemon's GPUs: %s; the kubelet keeps the last list", self.resource, e)
+                continue
+            if now != sent:
+                sent = now
+                yield dp.ListAndWatchResponse(devices=now)
 
     def GetPreferredAllocation(self, request, context):
         reply = dp.PreferredAllocationResponse()
         for c in request.container_requests:
             try:
-                chosen = preference.prefer(self.resource, list(c.available_deviceIDs), list(c.must_include_deviceIDs),
-                                           c.allocation_size, self.steering.partner())  # fmt: skip
+                chosen = self.booking.prefer(self.resource, list(c.available_deviceIDs),
+                                             list(c.must_include_deviceIDs), c.allocation_size)  # fmt: skip
             except errors.GpusliceError as e:
-                # the kubelet takes any devices it likes when this fails; Allocate then refuses a spread
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(e))
+                # the kubelet fails the pod's admission with this line (UnexpectedAdmissionError)
+                log.warning("%s: %s", self.resource, e)
+                context.abort(_status(e), str(e))
             reply.container_responses.append(dp.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return reply
+
+    def Allocate(self, request, context):
+        reply = dp.AllocateResponse()
+        for c in request.container_requests:
+            try:
+                reply.container_responses.append(self.booking.allocate(self.resource, list(c.devices_ids)))
+            except errors.GpusliceError as e:
+                log.warning("%s: Allocate %s: %s", self.resource, list(c.devices_ids)[:4], e)
+                context.abort(_status(e), str(e))
         return reply
 
     def PreStartContainer(self, request, context):

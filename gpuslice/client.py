@@ -93,6 +93,12 @@ class AllocatorClient:
         req = pb.ReserveClaimRequest(uid=uid, shares=list(shares), owner=owner)
         return _call(self.stub.ReserveClaim, req, self.timeout)
 
+    def reserve_devices(self, key: str, resource: str, gpu_uuid: str, memory: int = 0, cores: int = 0,
+                        owner: str = "") -> pb.Slice:  # fmt: skip
+        req = pb.ReserveDevicesRequest(key=key, resource=resource, gpu_uuid=gpu_uuid, memory=memory, cores=cores,
+                                       owner=owner)  # fmt: skip
+        return _call(self.stub.ReserveDevices, req, self.timeout)
+
     def bind(self, container_id: str, pid: int) -> pb.Slice:
         return _call(self.stub.Bind, pb.BindRequest(container_id=container_id, pid=pid), self.timeout)
 

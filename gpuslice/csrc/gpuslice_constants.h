@@ -46,6 +46,10 @@
 #define GS_ENV_CLAIM "GPUSLICE_CLAIM"
 /* the daemon's container ID of a claim's slice: this prefix and the claim's UID */
 #define GS_CLAIM_SLICE_PREFIX "claim-"
+/* the daemon's container ID of a device plugin's allocation (the units the
+ * kubelet gave one container of one resource): this prefix and a digest of
+ * the resource and its device IDs; containers name its shares as a claim's */
+#define GS_DEVICES_SLICE_PREFIX "dp-"
 
 /* inside a container: where the interposer and the real driver libraries sit */
 #define GS_CONTAINER_WRAP_DIR "/usr/lib/gpuslice/wrap"

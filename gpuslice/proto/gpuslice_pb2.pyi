@@ -91,6 +91,22 @@ class Share(_message.Message):
     share_id: str
     def __init__(self, gpu_index: _Optional[int] = ..., memory: _Optional[int] = ..., cores: _Optional[int] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., share_id: _Optional[str] = ...) -> None: ...
 
+class ReserveDevicesRequest(_message.Message):
+    __slots__ = ("key", "resource", "gpu_uuid", "memory", "cores", "owner")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_FIELD_NUMBER: _ClassVar[int]
+    GPU_UUID_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    resource: str
+    gpu_uuid: str
+    memory: int
+    cores: int
+    owner: str
+    def __init__(self, key: _Optional[str] = ..., resource: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., memory: _Optional[int] = ..., cores: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+
 class ReserveClaimRequest(_message.Message):
     __slots__ = ("uid", "shares", "owner")
     UID_FIELD_NUMBER: _ClassVar[int]

@@ -49,6 +49,11 @@ class AllocatorStub:
                 request_serializer=gpuslice_dot_proto_dot_gpuslice__pb2.ReserveClaimRequest.SerializeToString,
                 response_deserializer=gpuslice_dot_proto_dot_gpuslice__pb2.Slice.FromString,
                 _registered_method=True)
+        self.ReserveDevices = channel.unary_unary(
+                '/gpuslice.v1.Allocator/ReserveDevices',
+                request_serializer=gpuslice_dot_proto_dot_gpuslice__pb2.ReserveDevicesRequest.SerializeToString,
+                response_deserializer=gpuslice_dot_proto_dot_gpuslice__pb2.Slice.FromString,
+                _registered_method=True)
         self.Bind = channel.unary_unary(
                 '/gpuslice.v1.Allocator/Bind',
                 request_serializer=gpuslice_dot_proto_dot_gpuslice__pb2.BindRequest.SerializeToString,
@@ -96,6 +101,15 @@ class AllocatorServicer:
     def ReserveClaim(self, request, context):
         """Reserve a DRA claim's slice on the shares the scheduler allocated;
         idempotent per claim uid. The slice is listed as "claim-<uid>".
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReserveDevices(self, request, context):
+        """Reserve a device plugin allocation's slice: the units of one resource the
+        kubelet gave one container, on their GPU; idempotent per key. The slice
+        is listed as the key; containers join its share as a claim's.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -150,6 +164,11 @@ def add_AllocatorServicer_to_server(servicer, server):
             'ReserveClaim': grpc.unary_unary_rpc_method_handler(
                     servicer.ReserveClaim,
                     request_deserializer=gpuslice_dot_proto_dot_gpuslice__pb2.ReserveClaimRequest.FromString,
+                    response_serializer=gpuslice_dot_proto_dot_gpuslice__pb2.Slice.SerializeToString,
+            ),
+            'ReserveDevices': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReserveDevices,
+                    request_deserializer=gpuslice_dot_proto_dot_gpuslice__pb2.ReserveDevicesRequest.FromString,
                     response_serializer=gpuslice_dot_proto_dot_gpuslice__pb2.Slice.SerializeToString,
             ),
             'Bind': grpc.unary_unary_rpc_method_handler(
@@ -258,6 +277,33 @@ class Allocator:
             target,
             '/gpuslice.v1.Allocator/ReserveClaim',
             gpuslice_dot_proto_dot_gpuslice__pb2.ReserveClaimRequest.SerializeToString,
+            gpuslice_dot_proto_dot_gpuslice__pb2.Slice.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReserveDevices(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/gpuslice.v1.Allocator/ReserveDevices',
+            gpuslice_dot_proto_dot_gpuslice__pb2.ReserveDevicesRequest.SerializeToString,
             gpuslice_dot_proto_dot_gpuslice__pb2.Slice.FromString,
             options,
             channel_credentials,

@@ -9,7 +9,8 @@ import grpc
 import pytest
 
 from gpuslice.device_plugin import units as u
-from gpuslice.device_plugin.service import DevicePluginService, Steering
+from gpuslice.device_plugin.booking import Booking, Steering
+from gpuslice.device_plugin.service import DevicePluginService
 from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2 as dp
 from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2_grpc as dp_grpc
@@ -31,7 +32,8 @@ def plugin(tmp_path):  # type: ignore[no-untyped-def]
     gpus = [pb.Gpu(index=0, uuid=A, memory_total=4 * u.GIB), pb.Gpu(index=1, uuid=B, memory_total=8 * u.GIB)]
     clock = Clock()
     steering = Steering(clock)
-    services = {r: DevicePluginService(r, lambda: gpus, steering) for r in (u.MEMORY, u.CORES)}
+    booking = Booking(None, None, None, steering)  # type: ignore[arg-type]  # no daemon: what is asked here needs none
+    services = {r: DevicePluginService(r, lambda: gpus, booking) for r in (u.MEMORY, u.CORES)}
     servers, stubs = [], {}
     for r, service in services.items():
         server = grpc.server(futures.ThreadPoolExecutor(4))

@@ -1,0 +1,116 @@
+"""Which container the kubelet is allocating for, and the GPU its whole ask
+fits on: what makes "each container's slice lies on one GPU" exact.
+
+The kubelet allocates one resource at a time, with no pod in the call, but:
+- it admits one pod at a time, and adds the pod to its pod manager before
+  admitting it (kubelet.go, HandlePodAdditions), so the pod-resources List
+  shows the pod being admitted;
+- within a pod it allocates container by container (init containers first),
+  and records each resource's devices as soon as Allocate returns
+  (devicemanager `allocateContainerResources` -> `podDevices.insert`), calling
+  the plugin outside its lock, so a List made during the next call shows
+  them;
+- a container's limits are in its pod's spec, which the API server has.
+
+So during a call for `size` units of `resource`: the container being admitted
+is the first one, in the kubelet's order, of a pending pod the kubelet knows,
+that asks exactly that and holds none of it yet. When exactly one pod has
+such a container the answer is exact, and the plugin knows everything the
+container asks and what it already holds (the other resource's GPU). When the
+API or the pod-resources service cannot tell (no access, or two pending pods
+alike), `identify` returns None and the plugin steers by what it allocated
+last (preference.Partner); the daemon still refuses a split slice when the
+container starts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpuslice.device_plugin import units as u
+
+
+@dataclass(frozen=True)
+class Asks:
+    """One container of ours, as the pod's spec has it."""
+
+    pod: str  # namespace/name
+    container: str
+    limits: dict[str, int]  # our resources -> units
+
+
+@dataclass(frozen=True)
+class PendingPod:
+    name: str  # namespace/name
+    containers: tuple[Asks, ...]  # in the kubelet's order: init containers, then containers
+
+
+@dataclass
+class Held:
+    """What the kubelet holds, from the pod-resources service: each
+    container's units of our resources, and every unit it can allocate."""
+
+    by_container: dict[tuple[str, str], dict[str, list[str]]] = field(default_factory=dict)
+    pods: set[str] = field(default_factory=set)  # namespace/name of every pod the kubelet knows
+    allocatable: dict[str, list[str]] = field(default_factory=dict)  # resource -> unit IDs
+
+    def free(self, resource: str) -> dict[str, int]:
+        """Free units of `resource` per GPU UUID (every GPU that has any unit of it)."""
+        taken = {d for held in self.by_container.values() for d in held.get(resource, ())}
+        counts: dict[str, int] = {}
+        for device_id in self.allocatable.get(resource, ()):
+            gpu = u.parse(device_id).gpu
+            counts[gpu] = counts.get(gpu, 0) + (device_id not in taken)
+        return counts
+
+
+@dataclass(frozen=True)
+class Admitting:
+    """The container being allocated for: what it asks, and the GPU of what it holds already."""
+
+    asks: Asks
+    held_gpu: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.asks.pod}/{self.asks.container}"
+
+
+def identify(resource: str, size: int, pending: Iterable[PendingPod], held: Held) -> Admitting | None:
+    found = []
+    for pod in pending:
+        if pod.name not in held.pods:
+            continue  # not admitted yet: the kubelet adds a pod just before it admits it
+        for c in pod.containers:
+            mine = held.by_container.get((pod.name, c.container), {})
+            if c.limits.get(resource) == size and resource not in mine:
+                found.append((c, mine))
+                break
+    if len(found) != 1:
+        return None
+    asks, mine = found[0]
+    gpus = {u.parse(d).gpu for r, ids in mine.items() if r != u.GPU for d in ids}
+    return Admitting(asks, next(iter(gpus)) if len(gpus) == 1 else None)
+
+
+def _ask_line(asks: Asks) -> str:
+    return " and ".join(f"{n} {r}" for r, n in sorted(asks.limits.items()) if r != u.GPU)
+
+
+def fitting(who: Admitting, held: Held) -> tuple[list[str], str]:
+    """GPUs on which everything the container asks (memory and cores) fits,
+    fullest first, and the one line that refuses it where none does."""
+    wanted = {r: n for r, n in who.asks.limits.items() if r != u.GPU}
+    free = {r: held.free(r) for r in wanted}
+    gpus = sorted({g for counts in free.values() for g in counts})
+    if who.held_gpu:
+        gpus = [who.held_gpu]
+    ok = [g for g in gpus if all(free[r].get(g, 0) >= n for r, n in wanted.items())]
+    ok.sort(key=lambda g: (sum(free[r].get(g, 0) for r in wanted), g))
+    have = "; ".join(
+        f"{g} has " + " and ".join(f"{free[r].get(g, 0)} {r.removeprefix(u.PREFIX)}" for r in sorted(wanted))
+        for g in gpus
+    )
+    where = f"on GPU {who.held_gpu}, where it holds the rest" if who.held_gpu else "on one GPU"
+    line = f"container {who.name} asks {_ask_line(who.asks)} {where}; free: {have or 'no GPU'}"
+    return ok, line

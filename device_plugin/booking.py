@@ -1,0 +1,151 @@
+"""The plugin's decisions, shared by its three resources' services: which
+units a container should get (GetPreferredAllocation), booking them
+(Allocate), and giving back what the kubelet no longer holds (reconcile)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from gpuslice import errors
+from gpuslice.client import AllocatorClient
+from gpuslice.device_plugin import admission, allocation, preference
+from gpuslice.device_plugin import units as u
+from gpuslice.device_plugin.admission import Admitting, Held
+from gpuslice.device_plugin.node_view import PodResources, Pods
+from gpuslice.device_plugin.preference import Partner
+from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2 as dp
+
+log = logging.getLogger(__name__)
+
+PARTNER_S = 2.0  # a container's resources are allocated back to back; older is another container's
+GRACE_S = 30.0  # an allocation this young may not be in the kubelet's books yet (its Allocate just returned)
+KIND = "devices"  # the daemon's OwnerKind.DEVICES
+
+
+class Steering:
+    """What was allocated last: the GPU a container's next resource is
+    steered to when the container cannot be identified (preference.py)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._last: Partner | None = None
+        self._lock = threading.Lock()
+
+    def allocated(self, resource: str, gpu: str) -> None:
+        with self._lock:
+            self._last = Partner(resource, gpu, self._clock())
+
+    def partner(self) -> Partner | None:
+        with self._lock:
+            last = self._last
+        return last if last and self._clock() - last.at <= PARTNER_S else None
+
+
+class Booking:
+    def __init__(self, daemon: AllocatorClient, kubelet: PodResources | None, pods: Pods | None,
+                 steering: Steering | None = None) -> None:  # fmt: skip
+        self.daemon = daemon
+        self.kubelet = kubelet
+        self.pods = pods
+        self.steering = steering or Steering()
+        self.lock = threading.Lock()  # the kubelet admits one pod at a time; so does the plugin
+        self.changed: list[Callable[[], None]] = []  # ListAndWatch's notify, per resource
+
+    def _identify(self, resource: str, size: int) -> tuple[Admitting | None, Held | None]:
+        if self.kubelet is None or self.pods is None:
+            return None, None
+        try:
+            held = self.kubelet.held()
+            who = admission.identify(resource, size, self.pods.pending(), held)
+        except errors.GpusliceError as e:
+            log.warning("cannot tell which container asks %d %s (%s): steering by the last allocation", size,
+                        resource, e)  # fmt: skip
+            return None, None
+        if who is None:
+            log.info("%d %s: no single pending container matches; steering by the last allocation", size, resource)
+        return who, held
+
+    def prefer(self, resource: str, available: list[str], must_include: list[str], size: int) -> list[str]:
+        """The units to take, all on one GPU; raises with the refusal line."""
+        with self.lock:
+            who, held = (None, None) if must_include or resource == u.GPU else self._identify(resource, size)
+            if who is not None and held is not None:
+                ok, line = admission.fitting(who, held)
+                if not ok:
+                    raise errors.ResourceExhausted(line)
+                free = preference.free_by_gpu(available)
+                for gpu in ok:
+                    if len(free.get(gpu, [])) >= size:
+                        return free[gpu][:size]
+                raise errors.ResourceExhausted(line)
+            return preference.prefer(resource, available, must_include, size, self.steering.partner())
+
+    def allocate(self, resource: str, device_ids: list[str]) -> dp.ContainerAllocateResponse:
+        with self.lock:
+            who = None if resource == u.GPU else self._identify(resource, len(device_ids))[0]
+            if resource != u.GPU:
+                gpus = u.by_gpu(device_ids)
+                if len(gpus) > 1:
+                    raise errors.FailedPrecondition(preference.describe(resource, {g: [x.id for x in units]
+                                                    for g, units in gpus.items()}, len(device_ids)))  # fmt: skip
+                gpu = next(iter(gpus))
+                if who is not None and who.held_gpu and who.held_gpu != gpu:
+                    raise errors.FailedPrecondition(
+                        f"container {who.name}: its {resource} were given on {gpu}, the rest of its slice lies on "
+                        f"{who.held_gpu}; a slice lies on one GPU"
+                    )
+            owner = f"device-plugin {resource}" + (f" {who.name}" if who else "")
+            try:
+                response = allocation.answer(self.daemon, resource, device_ids, owner)
+            except errors.ResourceExhausted:
+                # room may be held by allocations the kubelet has let go of (a pod refused or deleted moments ago)
+                if not self._reconcile(grace_s=0.0, held=None):
+                    raise
+                response = allocation.answer(self.daemon, resource, device_ids, owner)
+            for h in allocation.holdings(resource, device_ids):
+                self.steering.allocated(resource, h.gpu)
+        self.notify()
+        return response
+
+    def notify(self) -> None:
+        for fn in self.changed:
+            fn()
+
+    def reconcile(self, grace_s: float = GRACE_S) -> int:
+        """Release allocations the kubelet no longer holds; how many."""
+        with self.lock:
+            released = self._reconcile(grace_s, None)
+        if released:
+            self.notify()
+        return released
+
+    def _reconcile(self, grace_s: float, held: Held | None) -> int:
+        if self.kubelet is None:
+            return 0
+        try:
+            held = held or self.kubelet.held()
+        except errors.GpusliceError as e:
+            log.warning("allocations not reconciled: %s", e)
+            return 0
+        keys = {h.key for per in held.by_container.values() for resource, ids in per.items()
+                for h in _holdings_or_none(resource, ids)}  # fmt: skip
+        now_ms = time.time() * 1000
+        released = 0
+        for s in self.daemon.list():
+            if s.kind != KIND or s.container_id in keys or now_ms - s.created_unix_ms < grace_s * 1000:
+                continue
+            if self.daemon.release(s.container_id):
+                released += 1
+                log.info("released allocation %s (%s): the kubelet holds its units no more", s.container_id,
+                         ", ".join(f"{g.share_id} of {g.uuid}" for g in s.gpus))  # fmt: skip
+        return released
+
+
+def _holdings_or_none(resource: str, ids: list[str]) -> list[allocation.Holding]:
+    try:
+        return allocation.holdings(resource, ids)
+    except errors.GpusliceError:
+        return []  # a spread the plugin refused: nothing of it was booked

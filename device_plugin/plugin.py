@@ -1,0 +1,147 @@
+"""`gpuslice device-plugin`: one DevicePlugin server per resource in the
+kubelet's device-plugins directory, registered on its kubelet.sock, and
+registered again, on fresh sockets, whenever the kubelet restarts.
+
+The kubelet deletes every socket in that directory when it starts and makes a
+new kubelet.sock (devicemanager `Start` -> `removeContents`); a plugin notices
+by kubelet.sock's inode and serves and registers anew, as the device plugin
+guide asks. Between those checks it reconciles: allocations the kubelet no
+longer holds (a deleted pod's) are released within `reconcile_s`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from gpuslice import errors
+from gpuslice.client import AllocatorClient
+from gpuslice.device_plugin import units as u
+from gpuslice.device_plugin.booking import Booking
+from gpuslice.device_plugin.node_view import POD_RESOURCES_SOCKET, PodResources, Pods
+from gpuslice.device_plugin.service import DevicePluginService
+from gpuslice.proto import gpuslice_pb2 as pb
+from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2 as dp
+from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2_grpc as dp_grpc
+
+log = logging.getLogger(__name__)
+
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+KUBELET_SOCKET = "kubelet.sock"
+VERSION = "v1beta1"
+
+
+@dataclass(frozen=True)
+class Options:
+    node: str
+    daemon_socket: str
+    kubeconfig: str | None = None
+    plugin_dir: Path = DEVICE_PLUGIN_DIR
+    pod_resources: Path = POD_RESOURCES_SOCKET
+    reconcile_s: float = 2.0
+    use_api: bool = True  # read pending pods: exact one-GPU admission (admission.py)
+
+
+def endpoint_name(resource: str) -> str:
+    return f"gpuslice-{resource.removeprefix(u.PREFIX)}.sock"
+
+
+class Inventory:
+    """The daemon's GPUs and their use, read when a ListAndWatch stream asks
+    (it sends the list only when the units' health changed)."""
+
+    def __init__(self, daemon: AllocatorClient) -> None:
+        self.daemon = daemon
+        self.lock = threading.Lock()
+
+    def gpus(self) -> list[pb.Gpu]:
+        with self.lock:
+            return list(self.daemon.inventory().gpus)
+
+
+class Plugin:
+    def __init__(self, opts: Options, pods: Pods | None = None) -> None:
+        self.opts = opts
+        self.daemon = AllocatorClient(opts.daemon_socket, timeout=10)
+        self.inventory = Inventory(self.daemon)
+        if pods is None and opts.use_api:
+            pods = Pods(opts.node, opts.kubeconfig)
+        self.booking = Booking(self.daemon, PodResources(opts.pod_resources), pods)
+        self.stopping = threading.Event()
+        self.servers: list[tuple[grpc.Server, DevicePluginService, Path]] = []
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.opts.plugin_dir / KUBELET_SOCKET
+
+    def _kubelet_inode(self) -> int | None:
+        try:
+            return os.stat(self.kubelet_socket).st_ino
+        except FileNotFoundError:
+            return None
+
+    def start_servers(self) -> None:
+        self.booking.changed.clear()
+        for resource in u.RESOURCES:
+            service = DevicePluginService(resource, self.inventory.gpus, self.booking)
+            server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+            dp_grpc.add_DevicePluginServicer_to_server(service, server)
+            path = self.opts.plugin_dir / endpoint_name(resource)
+            path.unlink(missing_ok=True)
+            old = os.umask(0o177)  # only root (the kubelet) may call Allocate
+            try:
+                server.add_insecure_port(f"unix://{path}")
+            finally:
+                os.umask(old)
+            server.start()
+            self.servers.append((server, service, path))
+
+    def stop_servers(self) -> None:
+        for server, service, path in self.servers:
+            service.stop()
+            server.stop(1)
+            if path.is_socket():
+                path.unlink()
+        self.servers.clear()
+
+    def register(self) -> None:
+        with grpc.insecure_channel(f"unix://{self.kubelet_socket}") as channel:
+            stub = dp_grpc.RegistrationStub(channel)
+            for resource in u.RESOURCES:
+                stub.Register(dp.RegisterRequest(
+                    version=VERSION, endpoint=endpoint_name(resource), resource_name=resource,
+                    options=dp.DevicePluginOptions(get_preferred_allocation_available=True),
+                ), timeout=10)  # fmt: skip
+        log.info("registered %s with the kubelet at %s", ", ".join(u.RESOURCES), self.kubelet_socket)
+
+    def serve(self) -> None:
+        registered: int | None = None
+        try:
+            while not self.stopping.is_set():
+                inode = self._kubelet_inode()
+                if inode is not None and inode != registered:
+                    # a (new) kubelet: it removed our sockets at its start; serve on new ones, then register
+                    self.stop_servers()
+                    self.start_servers()
+                    try:
+                        self.register()
+                        registered = inode
+                    except grpc.RpcError as e:
+                        log.warning("the kubelet refused registration: %s; trying again", e.details())
+                elif inode is None and registered is not None:
+                    log.info("the kubelet's %s is gone; waiting for it", self.kubelet_socket)
+                    registered = None
+                try:
+                    self.booking.reconcile()
+                    for _, service, _ in self.servers:
+                        service.notify()  # ListAndWatch sends the units again if the daemon's GPUs changed
+                except (errors.GpusliceError, grpc.RpcError) as e:
+                    log.warning("reconcile: %s", e)
+                self.stopping.wait(self.opts.reconcile_s)
+        finally:
+            self.stop_servers()
