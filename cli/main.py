@@ -331,7 +331,8 @@ def kubelet_plugin(node_name, kubeconfig, daemon_socket, plugin_dir, registry_di
               default="/var/lib/kubelet/pod-resources/kubelet.sock", show_default=True,
               help="the kubelet's pod-resources socket")  # fmt: skip
 @click.option("--reconcile", type=click.FloatRange(0.1, 3600), default=2.0, show_default=True,
-              help="seconds between reconciles (a deleted pod's slice is released within this and 30 s)")  # fmt: skip
+              help="seconds between reconciles: a deleted pod's slice is released within this "
+              "(5 s for one just made)")  # fmt: skip
 @click.option("--no-api", is_flag=True, help="never read pods from the API server (multi-GPU admission is steered, "
               "not exact)")  # fmt: skip
 @click.option("-v", "--verbose", is_flag=True, help="log at debug level")

@@ -70,6 +70,7 @@ class Admitting:
 
     asks: Asks
     held_gpu: str | None
+    holds: frozenset[str] = frozenset()  # the resources it has been given already
 
     @property
     def name(self) -> str:
@@ -90,7 +91,7 @@ def identify(resource: str, size: int, pending: Iterable[PendingPod], held: Held
         return None
     asks, mine = found[0]
     gpus = {u.parse(d).gpu for r, ids in mine.items() if r != u.GPU for d in ids}
-    return Admitting(asks, next(iter(gpus)) if len(gpus) == 1 else None)
+    return Admitting(asks, next(iter(gpus)) if len(gpus) == 1 else None, frozenset(mine))
 
 
 def _ask_line(asks: Asks) -> str:
@@ -100,7 +101,7 @@ def _ask_line(asks: Asks) -> str:
 def fitting(who: Admitting, held: Held) -> tuple[list[str], str]:
     """GPUs on which everything the container asks (memory and cores) fits,
     fullest first, and the one line that refuses it where none does."""
-    wanted = {r: n for r, n in who.asks.limits.items() if r != u.GPU}
+    wanted = {r: n for r, n in who.asks.limits.items() if r != u.GPU and r not in who.holds}
     free = {r: held.free(r) for r in wanted}
     gpus = sorted({g for counts in free.values() for g in counts})
     if who.held_gpu:

@@ -21,7 +21,7 @@ from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2 as dp
 log = logging.getLogger(__name__)
 
 PARTNER_S = 2.0  # a container's resources are allocated back to back; older is another container's
-GRACE_S = 30.0  # an allocation this young may not be in the kubelet's books yet (its Allocate just returned)
+GRACE_S = 5.0  # an allocation this young may not be in the kubelet's books yet (its Allocate just returned)
 KIND = "devices"  # the daemon's OwnerKind.DEVICES
 
 

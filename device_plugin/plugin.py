@@ -3,10 +3,11 @@ kubelet's device-plugins directory, registered on its kubelet.sock, and
 registered again, on fresh sockets, whenever the kubelet restarts.
 
 The kubelet deletes every socket in that directory when it starts and makes a
-new kubelet.sock (devicemanager `Start` -> `removeContents`); a plugin notices
-by kubelet.sock's inode and serves and registers anew, as the device plugin
-guide asks. Between those checks it reconciles: allocations the kubelet no
-longer holds (a deleted pod's) are released within `reconcile_s`."""
+new kubelet.sock (devicemanager `Start` -> `removeContents`); the plugin
+notices by kubelet.sock's inode and change time, or its own sockets gone, and
+serves and registers anew, as the device plugin guide asks. Between those
+checks it reconciles: allocations the kubelet no longer holds (a deleted
+pod's) are released within `reconcile_s`."""
 
 from __future__ import annotations
 
@@ -79,11 +80,16 @@ class Plugin:
     def kubelet_socket(self) -> Path:
         return self.opts.plugin_dir / KUBELET_SOCKET
 
-    def _kubelet_inode(self) -> int | None:
+    def _kubelet_identity(self) -> tuple[int, int] | None:
+        """kubelet.sock's inode and change time (an inode number alone comes back for a new file)."""
         try:
-            return os.stat(self.kubelet_socket).st_ino
+            st = os.stat(self.kubelet_socket)
         except FileNotFoundError:
             return None
+        return st.st_ino, st.st_ctime_ns
+
+    def _ours_removed(self) -> bool:
+        return any(not path.is_socket() for _, _, path in self.servers)
 
     def start_servers(self) -> None:
         self.booking.changed.clear()
@@ -120,11 +126,11 @@ class Plugin:
         log.info("registered %s with the kubelet at %s", ", ".join(u.RESOURCES), self.kubelet_socket)
 
     def serve(self) -> None:
-        registered: int | None = None
+        registered: tuple[int, int] | None = None
         try:
             while not self.stopping.is_set():
-                inode = self._kubelet_inode()
-                if inode is not None and inode != registered:
+                inode = self._kubelet_identity()
+                if inode is not None and (inode != registered or self._ours_removed()):
                     # a (new) kubelet: it removed our sockets at its start; serve on new ones, then register
                     self.stop_servers()
                     self.start_servers()

@@ -28,7 +28,7 @@ def _unavailable(resource: str, g: pb.Gpu) -> bool:
     if g.health:
         return True
     if resource == u.GPU:
-        return g.slices > 0
+        return g.slices > 0 and not g.exclusive  # held whole, its unit stays: it is the one given
     return g.exclusive
 
 

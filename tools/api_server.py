@@ -2,7 +2,9 @@
 (resource.k8s.io/v1), enough for the kubernetes client the DRA plugin uses:
 claims are served as a test puts them; slices are created and replaced with a
 resourceVersion, and each one written is validated against the official
-Kubernetes 1.37 schema (kubernetes-validate)."""
+Kubernetes 1.37 schema (kubernetes-validate). Pods (core/v1) are listed across
+namespaces with the field selectors the device plugin uses (spec.nodeName,
+status.phase), as a test puts them."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 import kubernetes_validate
 import yaml
@@ -28,6 +31,8 @@ class ApiServer:
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.slices: dict[str, dict[str, Any]] = {}
+        self.pods: dict[str, dict[str, Any]] = {}  # by UID
+        self.pod_lists = 0
         self.writes: list[tuple[str, str]] = []  # (verb, name) of each slice write
         self.invalid: list[str] = []
         self._version = 0
@@ -53,6 +58,32 @@ class ApiServer:
         validate(claim)
         meta = claim["metadata"]
         self.claims[(meta["namespace"], meta["name"])] = claim
+
+    def put_pod(self, pod: dict[str, Any], version: str = K8S_VERSION) -> None:
+        validate(pod) if version == K8S_VERSION else kubernetes_validate.validate(pod, version, strict=True)
+        with self._lock:
+            self.pods[pod["metadata"]["uid"]] = pod
+
+    def set_phase(self, uid: str, phase: str) -> None:
+        with self._lock:
+            self.pods[uid].setdefault("status", {})["phase"] = phase
+
+    def _selected(self, query: str) -> list[dict[str, Any]]:
+        wanted: dict[str, str] = {}
+        for part in parse_qs(query).get("fieldSelector", [""])[0].split(","):
+            if part:
+                key, _, value = part.partition("=")
+                wanted[key] = value
+        with self._lock:
+            self.pod_lists += 1
+            pods = list(self.pods.values())
+        found = []
+        for p in pods:
+            fields = {"spec.nodeName": p["spec"].get("nodeName", ""),
+                      "status.phase": (p.get("status") or {}).get("phase", "Pending")}  # fmt: skip
+            if all(fields.get(k) == v for k, v in wanted.items()):
+                found.append(p)
+        return found
 
     def stop(self) -> None:
         self.server.shutdown()
@@ -85,6 +116,9 @@ class ApiServer:
                 return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
 
             def do_GET(self) -> None:
+                if self.path.split("?")[0] == "/api/v1/pods":
+                    items = api._selected(self.path.partition("?")[2])
+                    return self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
                 m = re.fullmatch(BASE + r"/namespaces/([^/]+)/resourceclaims/([^/?]+)", self.path.split("?")[0])
                 if m and (m.group(1), m.group(2)) in api.claims:
                     return self._send(200, api.claims[(m.group(1), m.group(2))])

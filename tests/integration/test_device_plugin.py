@@ -1,0 +1,188 @@
+"""The device plugin against the real contracts: a stand-in kubelet device
+manager over the kubelet's own protos (registration on kubelet.sock,
+ListAndWatch, GetPreferredAllocation then Allocate per container per resource
+in Go map order, its checkpoint, the pod-resources service), pods served by a
+stand-in API server, and the daemon on the simulator holding the slices."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+
+from gpuslice.device_plugin import units as u
+from tests.harness.device_plugin import DevicePluginNode, pod
+from tests.harness.machine import gpu
+
+GiB = 1 << 30
+
+
+@pytest.fixture
+def node(daemon, tmp_path):
+    d = daemon([gpu("16Gi"), gpu("16Gi")])
+    n = DevicePluginNode(d, tmp_path)
+    n.start_kubelet()
+    n.start_plugin()
+    n.wait_registered()
+    yield n
+    n.close()
+
+
+def booked(n: DevicePluginNode) -> dict[str, tuple[str, int, int]]:
+    """Each allocation's (GPU, memory GiB, cores)."""
+    return {k: (s.gpus[0].uuid, s.gpus[0].memory_limit // GiB, s.gpus[0].cores) for k, s in n.allocations().items()}
+
+
+def test_a_pod_gets_memory_and_cores_on_one_gpu_and_the_kubelet_counts_the_units(node):
+    s = node.state_of()
+    assert s["allocatable"] == {u.MEMORY: 32, u.CORES: 200, u.GPU: 2}
+    p = pod("a", {"memory": 8, "cores": 30})
+    assert node.admit(p) == {"admitted": True}
+    held = booked(node)
+    assert sorted((m, c) for _, m, c in held.values()) == [(0, 30), (8, 0)]
+    assert len({g for g, _, _ in held.values()}) == 1
+    opts = node.options(p)
+    assert len(opts["cdi_devices"]) == 1 and opts["cdi_devices"][0].startswith("gpuslice.io/gpu=GPU-")
+    assert sorted(v.split("/")[1] for v in opts["envs"].values()) == ["cores", "memory"]
+
+
+def wait_for(what, seconds: float = 15):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + seconds
+    while not (found := what()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return found
+
+
+def allocatable(n: DevicePluginNode) -> dict[str, int]:
+    return n.state_of()["allocatable"]
+
+
+def test_a_gpu_given_whole_leaves_the_counts_and_a_sliced_gpu_is_not_given_whole(node):
+    a = pod("a", {"memory": 4, "cores": 10})
+    assert node.admit(a)["admitted"]
+    sliced = next(iter(booked(node).values()))[0]
+    wait_for(lambda: allocatable(node)[u.GPU] == 1)  # the sliced GPU's whole unit is off the count
+    b = pod("b", {"gpu": 1})
+    assert node.admit(b)["admitted"]
+    whole = [g for g, _, _ in booked(node).values() if g != sliced]
+    assert len(whole) == 1
+    wait_for(lambda: allocatable(node) == {u.MEMORY: 16, u.CORES: 100, u.GPU: 1})
+    assert not node.admit(pod("c", {"gpu": 1}))["admitted"]  # the sliced one is not given whole
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])  # the kubelet's map order: memory or cores first
+def test_a_pod_that_fits_the_node_but_no_single_gpu_is_refused_at_admission_in_one_line(daemon, tmp_path, seed):
+    n = DevicePluginNode(daemon([gpu("16Gi"), gpu("16Gi")]), tmp_path, seed=seed)
+    n.start_kubelet()
+    n.start_plugin()
+    try:
+        n.wait_registered()
+        assert n.admit(pod("a", {"memory": 6, "cores": 95}))["admitted"]  # GPU X: 10 GiB and 5 cores left
+        assert n.admit(pod("b", {"memory": 10, "cores": 10}))["admitted"]  # X has no 10 cores: GPU Y
+        before = booked(n)
+        x, y = booked_gpus(before)
+        out = n.admit(pod("c", {"memory": 8, "cores": 50}))  # the node has 16 GiB and 95 cores free
+        assert out["admitted"] is False and out["reason"] == "UnexpectedAdmissionError"
+        line = out["message"]
+        assert "\n" not in line
+        assert "container default/c/c0 asks 50 gpuslice.io/cores and 8 gpuslice.io/memory on one GPU" in line
+        assert f"{x} has 5 cores and 10 memory" in line and f"{y} has 90 cores and 6 memory" in line
+        time.sleep(0.5)
+        assert booked(n) == before  # nothing booked for it, nothing lost
+        assert n.admit(pod("d", {"memory": 8, "cores": 5}))["admitted"]  # what fits X still goes there
+        assert {g for g, _, _ in booked(n).values()} == {x, y}
+    finally:
+        n.close()
+
+
+def booked_gpus(held: dict[str, tuple[str, int, int]]) -> tuple[str, str]:
+    """The GPU with the most cores booked, then the other."""
+    cores: dict[str, int] = {}
+    for g, _, c in held.values():
+        cores[g] = cores.get(g, 0) + c
+    x = max(cores, key=lambda g: cores[g])
+    return x, next(g for g in cores if g != x)
+
+
+def test_two_pods_of_several_containers_each_get_slices_on_one_gpu_each(node):
+    p = pod("multi", ("main", {"memory": 4, "cores": 40}), ("side", {"memory": 2}))
+    q = pod("other", ("main", {"memory": 12, "cores": 60}))
+    assert node.admit(p)["admitted"] and node.admit(q)["admitted"]
+    for who, container in ((p, "main"), (p, "side"), (q, "main")):
+        opts = node.options(who, container)
+        keys = [v.split("/")[0] for v in opts["envs"].values()]
+        gpus = {node.allocations()[k].gpus[0].uuid for k in keys}
+        assert len(gpus) == 1 and opts["cdi_devices"] == [f"gpuslice.io/gpu={gpus.pop()}"]
+
+
+def test_a_deleted_pods_allocations_are_released_within_seconds(node):
+    p = pod("a", {"memory": 8, "cores": 30})
+    assert node.admit(p)["admitted"]
+    assert len(node.allocations()) == 2
+    time.sleep(5.5)  # older than a just-made allocation the kubelet may not have recorded yet
+    node.delete(p)
+    start = time.monotonic()
+    wait_for(lambda: not node.allocations(), 10)
+    assert time.monotonic() - start < 3
+    assert "released allocation" in node.log()
+
+
+def test_a_kubelet_restart_is_followed_by_registration_and_nothing_is_lost(node):
+    p = pod("a", {"memory": 8, "cores": 30})
+    assert node.admit(p)["admitted"]
+    before = booked(node)
+    node.stop_kubelet()
+    node.start_kubelet()  # a new kubelet.sock; our sockets removed
+    node.wait_registered()
+    time.sleep(1.0)  # several reconciles
+    assert booked(node) == before
+    assert node.options(p)["envs"]  # the kubelet's checkpoint kept the answer
+    assert node.admit(pod("b", {"memory": 8}))["admitted"]
+    assert "registered gpuslice.io/memory" in node.log()
+
+
+def test_a_plugin_restart_keeps_the_books_and_registers_again(node):
+    p = pod("a", {"memory": 8, "cores": 30})
+    assert node.admit(p)["admitted"]
+    before = booked(node)
+    since = node.state_of()["updates"]
+    node.stop_plugin(signal.SIGKILL)
+    node.start_plugin()
+    node.wait_registered(since=since)
+    assert booked(node) == before
+    assert node.admit(pod("b", {"memory": 8, "cores": 70}))["admitted"]
+    assert len(booked(node)) == 4
+
+
+def test_a_plugin_killed_mid_allocation_leaves_nothing_booked(node):
+    """The daemon stopped while the plugin waits on it; the plugin is killed;
+    the daemon then finishes the booking that no one will use. The kubelet
+    rejects the pod (Allocate failed), and the plugin restarted releases it."""
+    node.d.proc.send_signal(signal.SIGSTOP)
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(node.admit(pod("a", {"memory": 8}))))
+    t.start()
+    time.sleep(1.0)
+    node.stop_plugin(signal.SIGKILL)
+    node.d.proc.send_signal(signal.SIGCONT)
+    t.join(60)
+    assert result["admitted"] is False
+    since = node.state_of()["updates"]
+    node.start_plugin()
+    node.wait_registered(since=since)
+    wait_for(lambda: not node.allocations(), 15)
+    assert node.admit(pod("b", {"memory": 16}))["admitted"]  # the whole GPU's memory is there to take
+
+
+def test_an_unhealthy_gpu_has_its_units_unhealthy(daemon, tmp_path):
+    n = DevicePluginNode(daemon([gpu("16Gi"), gpu("16Gi", ecc_uncorrected=2)]), tmp_path)
+    n.start_kubelet()
+    n.start_plugin()
+    try:
+        assert n.wait_registered()["allocatable"] == {u.MEMORY: 16, u.CORES: 100, u.GPU: 1}
+        assert n.state_of()["capacity"] == {u.MEMORY: 32, u.CORES: 200, u.GPU: 2}
+    finally:
+        n.close()
