@@ -566,7 +566,8 @@ class SliceManager:
             if claim is None or claim.kind not in JOINABLE:
                 raise errors.NotFound(
                     f"the slice of {what} {ref.claim} is not on this node "
-                    f"(the {'device' if devices else 'DRA'} plugin reserves it before the pod's containers start)"
+                    f"(the {'device plugin reserves' if devices else 'DRA plugin prepares'} it before the pod's "
+                    "containers start)"
                 )
             named = [a for a in claim.allocations if a.share == ref.share]
             if not named:
