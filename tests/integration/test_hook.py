@@ -15,7 +15,7 @@ import pytest
 from gpuslice.allocator.membership import MembershipKey, claim_share
 from gpuslice.paths import built_executable
 from gpuslice.proto import gpuslice_pb2 as pb
-from tests.harness.machine import needs_root, oci_bundle
+from tests.harness.machine import gpu, needs_root, oci_bundle
 from tests.harness.shim import run_shim as shim
 from tests.harness.slice_socket import run_client
 
@@ -326,3 +326,52 @@ def test_a_container_cannot_join_a_claim_by_naming_it_in_its_env(tmp_path, daemo
     assert line.startswith("gpuslice-hook: ") and uid in line, line
     assert "GPUSLICE_SHARE_" in line or "was not given its device" in line, line
     assert {s.container_id for s in client.list()} == {f"claim-{uid}"}  # nobody joined it
+
+
+@needs_root
+def test_a_device_plugin_containers_slice_is_what_it_was_given_on_one_gpu(tmp_path, daemon, containers):
+    """Allocations as the device plugin books them (ReserveDevices), joined
+    by the env entries of its Allocate answers: memory and cores on one GPU
+    make one slice with the container's own compute policy; a forged key, a
+    split across GPUs, cores without memory and a size asked again by
+    annotation are each refused in one line, joining nothing."""
+    d = daemon([gpu("16Gi"), gpu("16Gi")])
+    client = d.client()
+    uuids = [g.uuid for g in client.inventory().gpus]
+    key = {name: f"dp-{i:024x}" for i, name in enumerate(("mem0", "cores0", "cores1"))}
+    tokens = {
+        "mem0": client.reserve_devices(key["mem0"], "memory", uuids[0], memory=3 << 30).share_keys["memory"],
+        "cores0": client.reserve_devices(key["cores0"], "cores", uuids[0], cores=40).share_keys["cores"],
+        "cores1": client.reserve_devices(key["cores1"], "cores", uuids[1], cores=20).share_keys["cores"],
+    }
+
+    def entry(name: str, token: str | None = None) -> str:
+        share = "memory" if name.startswith("mem") else "cores"
+        return f"GPUSLICE_SHARE_{key[name].replace('-', '')}={key[name]}/{share}/{token or tokens[name]}"
+
+    cases = {
+        "forged": ([entry("mem0", "0" * 32)], {}, "was not given its device"),
+        "split": ([entry("mem0"), entry("cores1")], {}, f"lie on GPUs {', '.join(sorted(uuids))}; a slice lies"),
+        "cores-only": ([entry("cores0")], {}, "gpuslice.io/cores without gpuslice.io/memory"),
+        "sized-twice": ([entry("mem0")], {"gpuslice.io/memory": "8Gi"}, "sized by its gpuslice.io/* resource limits"),
+    }
+    for name, (env, notes, said) in cases.items():
+        box = containers()
+        b = bundle(tmp_path / name, notes, env=env)
+        r = hook("createRuntime", {"id": name, "pid": box.init_pid, "bundle": str(b)}, d.socket)
+        [line] = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and said in line, (name, line)
+    assert {s.kind for s in client.list()} == {"devices"}  # nobody joined anything
+
+    box = containers()
+    b = bundle(tmp_path / "ok", {}, env=[entry("mem0"), entry("cores0"), "GPUSLICE_COMPUTE_POLICY=hard"])
+    r = hook("createRuntime", {"id": "ok", "pid": box.init_pid, "bundle": str(b)}, d.socket)
+    assert r.returncode == 0, r.stderr
+    ledger = next(s for s in client.list() if s.kind == "shares")
+    per = {g.share_id.rsplit("/", 1)[1]: g for g in ledger.gpus}
+    assert {g.uuid for g in ledger.gpus} == {uuids[0]}
+    assert (per["memory"].memory_limit, per["cores"].cores, per["cores"].policy) == (3 << 30, 40, "hard")
+    out = run_client(box, d.slice_socket, 3 << 30)
+    seen = json.loads(out.stdout.readline())
+    out.wait(10)
+    assert seen["limit"] == 3 << 30
