@@ -79,3 +79,47 @@ def test_the_device_classes_select_our_devices_and_the_whole_gpu_class_is_an_ext
 def test_the_runtime_class_names_the_handler_install_configures():
     rc = render("runtimeclass")[("RuntimeClass", "gpuslice")]
     assert rc["handler"] == RUNTIME_NAME
+
+
+@pytest.mark.parametrize("version", ["1.30", "1.35"])
+def test_the_device_plugin_install_is_valid_where_it_is_meant_for(version):
+    for obj in render("device-plugin").values():
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_the_device_plugin_gets_the_paths_and_rights_it_uses():
+    from gpuslice.device_plugin import node_view
+    from gpuslice.device_plugin import plugin as dp_plugin
+
+    objects = render("device-plugin")
+    pod = objects[("DaemonSet", "gpuslice-device-plugin")]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    host = {v["hostPath"]["path"] for v in pod["volumes"]}
+    for path in (dp_plugin.DEVICE_PLUGIN_DIR, node_view.POD_RESOURCES_SOCKET.parent, Path("/run/gpuslice")):
+        assert str(path) in mounts and str(path) in host, path
+    assert container["command"] == ["gpuslice", "device-plugin"]
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
+    rules = objects[("ClusterRole", "gpuslice-device-plugin")]["rules"]
+    # node_view.Pods: list the node's pending pods; nothing else
+    assert {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]} == {("pods", "list")}
+
+
+def doc_objects(page: str) -> list[dict]:
+    text = (REPO / "docs" / page).read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    return [d for b in blocks for d in yaml.safe_load_all(b) if d]
+
+
+@pytest.mark.parametrize("version", ["1.30", "1.35"])
+def test_the_device_plugin_pages_quota_and_pod_are_valid_and_name_its_resources(version):
+    from gpuslice.device_plugin import units
+
+    objects = {d["kind"]: d for d in doc_objects("device-plugin.md")}
+    assert {"ResourceQuota", "Pod"} <= set(objects)
+    for obj in objects.values():
+        kubernetes_validate.validate(obj, version, strict=True)
+    hard = objects["ResourceQuota"]["spec"]["hard"]
+    assert {f"requests.{units.MEMORY}", f"requests.{units.CORES}"} <= set(hard)
+    limits = objects["Pod"]["spec"]["containers"][0]["resources"]["limits"]
+    assert set(limits) <= set(units.RESOURCES) and limits
