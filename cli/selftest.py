@@ -50,8 +50,11 @@ def _run(opts: Options, view: Path) -> list[Check]:
     checks.append(node.daemon(opts.cfg, inv))
     spec_checks, layout = node.cdi(inv, opts.spec_file, opts.cfg.nvml == "sim", view)
     checks += spec_checks
+    spec_matches = checks[-1]
     checks.append(node.runtimes())
-    if layout is None or checks[-2].passed is False or not all(c.passed for c in checks[:3]):
+    if (kubelet := node.kubelet_resources()) is not None:
+        checks.append(kubelet)
+    if layout is None or spec_matches.passed is False or not all(c.passed for c in checks[:3]):
         return checks  # no slices without a daemon, a spec and the driver's files
     if os.geteuid() != 0:
         return [*checks, Check("slices", "run as root", "not root: slices are bound to new pid namespaces", False)]

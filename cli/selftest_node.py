@@ -1,5 +1,6 @@
 """`gpuslice selftest`, the node: the driver and its GPUs, the CDI spec against
-the driver's files, the daemon, and the runtimes `gpuslice install` configured.
+the driver's files, the daemon, the runtimes `gpuslice install` configured,
+and on a Kubernetes node the kubelet's GPU resources.
 Also the layout a container gets from the spec, which the slice checks use."""
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from gpuslice.cdi.registry import Registry
 from gpuslice.cli import install
 from gpuslice.cli.selftest_report import Check, failed
 from gpuslice.client import AllocatorClient
+from gpuslice.device_plugin import units
+from gpuslice.device_plugin.node_view import POD_RESOURCES_SOCKET, PodResources
 from gpuslice.units import format_bytes
+
+NVIDIA_GPU = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
@@ -174,3 +179,24 @@ def runtimes(root: Path = Path("/")) -> Check:
         return Check("runtimes", expected, "none configured (runtimes that read CDI specs need none)", None)
     observed = ", ".join(configured) + (f"; changed since: {'; '.join(changed)}" if changed else "")
     return Check("runtimes", expected, observed, not changed)
+
+
+def kubelet_resources(socket: Path = POD_RESOURCES_SOCKET) -> Check | None:
+    """On a Kubernetes node: the kubelet must not also advertise NVIDIA's
+    nvidia.com/gpu (its device plugin), which gives the same GPUs to pods that
+    gpuslice books nothing for. None where no kubelet answers."""
+    if not socket.exists():
+        return None
+    expected = "no nvidia.com/gpu beside gpuslice (NVIDIA's device plugin off on this node)"
+    reader = PodResources(socket, timeout=5)
+    try:
+        names = reader.allocatable_names()
+    except errors.GpusliceError as e:
+        return Check("kubelet resources", expected, f"the kubelet did not answer: {e}", None)
+    finally:
+        reader.close()
+    ours = sorted(n for n in names if n.startswith(units.PREFIX))
+    if NVIDIA_GPU in names:
+        return Check("kubelet resources", expected, f"the kubelet advertises {NVIDIA_GPU}: the same GPUs are given "
+                     "twice; turn NVIDIA's device plugin off on gpuslice nodes", False)  # fmt: skip
+    return Check("kubelet resources", expected, ", ".join(ours) or "no GPU resource advertised", True)

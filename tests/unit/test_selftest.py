@@ -3,11 +3,17 @@ the verdict of a set of checks."""
 
 from __future__ import annotations
 
+from concurrent import futures
 from pathlib import Path
+
+import grpc
+import pytest
 
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cli.selftest_node import container_view, in_view
 from gpuslice.cli.selftest_report import Check, all_passed, render
+from gpuslice.proto import kubelet_podresources_v1_pb2 as pr
+from gpuslice.proto import kubelet_podresources_v1_pb2_grpc as pr_grpc
 
 
 def test_the_containers_paths_lead_to_the_host_files_mounted_there(tmp_path):
@@ -37,3 +43,31 @@ def test_informative_rows_neither_pass_nor_fail():
     table = render([fact, good, bad])
     assert table.splitlines()[1].endswith("INFO") and table.splitlines()[3].endswith("FAIL")
     assert table.endswith("1 of 2 checks passed")
+
+
+class _Kubelet(pr_grpc.PodResourcesListerServicer):
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def GetAllocatableResources(self, request, context):
+        return pr.AllocatableResourcesResponse(
+            devices=[pr.ContainerDevices(resource_name=n, device_ids=["x"]) for n in self.names])  # fmt: skip
+
+
+@pytest.mark.parametrize(("names", "verdict"), [(["gpuslice.io/memory", "nvidia.com/gpu"], "FAIL"),
+                                                 (["gpuslice.io/memory", "gpuslice.io/cores"], "PASS")])  # fmt: skip
+def test_the_selftest_fails_a_node_whose_kubelet_also_advertises_nvidias_gpus(tmp_path, names, verdict):
+    from gpuslice.cli.selftest_node import kubelet_resources
+
+    assert kubelet_resources(tmp_path / "absent.sock") is None  # no kubelet: no row
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    pr_grpc.add_PodResourcesListerServicer_to_server(_Kubelet(names), server)
+    sock = tmp_path / "kubelet.sock"
+    server.add_insecure_port(f"unix://{sock}")
+    server.start()
+    try:
+        check = kubelet_resources(sock)
+    finally:
+        server.stop(0)
+    assert check is not None and check.verdict == verdict
+    assert ("nvidia.com/gpu" in check.observed) == (verdict == "FAIL")
