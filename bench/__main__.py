@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import click
 
-from bench import compute_shares, container_start, daemon_rpc, dra_prepare, interposer_calls, scale, sim_calls
+from bench import (
+    compute_shares,
+    container_start,
+    daemon_rpc,
+    device_plugin,
+    dra_prepare,
+    interposer_calls,
+    scale,
+    sim_calls,
+)
 
 BENCHMARKS = {
     "sim-calls": sim_calls.main,
@@ -15,6 +24,7 @@ BENCHMARKS = {
     "compute-shares": compute_shares.main,
     "scale": scale.main,
     "dra-prepare": dra_prepare.main,
+    "device-plugin": device_plugin.main,
 }
 
 
