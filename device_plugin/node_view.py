@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from gpuslice import errors
+from gpuslice import errors, kube
 from gpuslice.device_plugin import units as u
 from gpuslice.device_plugin.admission import Asks, Held, PendingPod
 from gpuslice.proto import kubelet_podresources_v1_pb2 as pr
@@ -87,19 +87,7 @@ class Pods:
     """The node's pods from the API server (one list per call: admission is rare)."""
 
     def __init__(self, node: str, kubeconfig: str | None = None, timeout: float = 5.0) -> None:
-        try:
-            from kubernetes import client, config
-        except ImportError as e:
-            raise errors.FailedPrecondition(
-                "the device plugin needs the `kubernetes` Python client (pip install 'gpuslice[dra]')"
-            ) from e
-        try:
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig)
-            else:
-                config.load_incluster_config()
-        except config.ConfigException as e:
-            raise errors.FailedPrecondition(f"no access to the API server: {e}") from e
+        client = kube.client(kubeconfig, "the device plugin")
         self.node = node
         self.core = client.CoreV1Api()
         self.api_exception = client.ApiException
@@ -115,7 +103,7 @@ class Pods:
             raise errors.Unavailable(f"pods of node {self.node}: the API server answered {e.status} {e.reason}") from e
         except OSError as e:
             raise errors.Unavailable(f"pods of node {self.node}: the API server: {e}") from e
-        pods = json.loads(raw.data).get("items") or []  # type: ignore[attr-defined]  # _preload_content=False
+        pods = json.loads(raw.data).get("items") or []  # _preload_content=False: the raw response
         found = []
         for pod in pods:
             if (pod.get("metadata") or {}).get("deletionTimestamp"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any, cast
 
-from gpuslice import errors
+from gpuslice import errors, kube
 
 log = logging.getLogger(__name__)
 
@@ -15,19 +15,7 @@ GROUP, VERSION = "resource.k8s.io", "v1"
 
 class ClusterApi:
     def __init__(self, kubeconfig: str | None = None, timeout: float = 10.0) -> None:
-        try:
-            from kubernetes import client, config
-        except ImportError as e:
-            raise errors.FailedPrecondition(
-                "the kubelet plugin needs the `kubernetes` Python client (pip install 'gpuslice[dra]')"
-            ) from e
-        try:
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig)
-            else:
-                config.load_incluster_config()
-        except config.ConfigException as e:
-            raise errors.FailedPrecondition(f"no access to the API server: {e}") from e
+        client = kube.client(kubeconfig, "the kubelet plugin")
         self.client = client
         self.objects = client.CustomObjectsApi()
         self.timeout = timeout
