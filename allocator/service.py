@@ -13,6 +13,7 @@ from gpuslice import errors, inventory, request
 from gpuslice.allocator import metrics
 from gpuslice.allocator.compute import ComputeController
 from gpuslice.allocator.slices import ShareRequest, SliceManager, SliceView
+from gpuslice.grpc_server import status_of
 from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
 from gpuslice.request import ComputePolicy, Priority
@@ -83,10 +84,6 @@ def devices_share(req: pb.ReserveDevicesRequest, inv: inventory.Inventory) -> Sh
         f"allocation {req.key}: resource {req.resource!r} with memory {req.memory} and cores {req.cores}; accepted "
         "memory (bytes > 0, no cores), cores (1 to 100, no memory) or gpu (neither)"
     )
-
-
-def status_of(e: Exception) -> grpc.StatusCode:
-    return grpc.StatusCode[errors.code_of(e).name]
 
 
 def _rpc(name: str) -> Callable:

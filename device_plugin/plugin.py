@@ -26,6 +26,7 @@ from gpuslice.device_plugin import units as u
 from gpuslice.device_plugin.booking import Booking
 from gpuslice.device_plugin.node_view import POD_RESOURCES_SOCKET, PodResources, Pods
 from gpuslice.device_plugin.service import DevicePluginService
+from gpuslice.grpc_server import listen_root_only
 from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2 as dp
 from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2_grpc as dp_grpc
@@ -98,12 +99,7 @@ class Plugin:
             server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
             dp_grpc.add_DevicePluginServicer_to_server(service, server)
             path = self.opts.plugin_dir / endpoint_name(resource)
-            path.unlink(missing_ok=True)
-            old = os.umask(0o177)  # only root (the kubelet) may call Allocate
-            try:
-                server.add_insecure_port(f"unix://{path}")
-            finally:
-                os.umask(old)
+            listen_root_only(server, path, own_dir=False)  # only root (the kubelet) may call Allocate
             server.start()
             self.servers.append((server, service, path))
 

@@ -8,11 +8,10 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 
-import grpc
-
 from gpuslice import errors
 from gpuslice.device_plugin import units as u
 from gpuslice.device_plugin.booking import Booking
+from gpuslice.grpc_server import status_of
 from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2 as dp
 from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2_grpc as dp_grpc
@@ -39,10 +38,6 @@ def devices(resource: str, gpus: list[pb.Gpu]) -> list[dp.Device]:
         for g in gpus
         for unit in u.units(g.uuid, resource, g.memory_total)
     ]
-
-
-def _status(e: errors.GpusliceError) -> grpc.StatusCode:
-    return grpc.StatusCode[errors.code_of(e).name]
 
 
 class DevicePluginService(dp_grpc.DevicePluginServicer):
@@ -99,7 +94,7 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
             except errors.GpusliceError as e:
                 # the kubelet fails the pod's admission with this line (UnexpectedAdmissionError)
                 log.warning("%s: %s", self.resource, e)
-                context.abort(_status(e), str(e))
+                context.abort(status_of(e), str(e))
             reply.container_responses.append(dp.ContainerPreferredAllocationResponse(deviceIDs=chosen))
         return reply
 
@@ -110,7 +105,7 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
                 reply.container_responses.append(self.booking.allocate(self.resource, list(c.devices_ids)))
             except errors.GpusliceError as e:
                 log.warning("%s: Allocate %s: %s", self.resource, list(c.devices_ids)[:4], e)
-                context.abort(_status(e), str(e))
+                context.abort(status_of(e), str(e))
         return reply
 
     def PreStartContainer(self, request, context):

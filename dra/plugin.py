@@ -21,6 +21,7 @@ from gpuslice.dra import resource_slice, service
 from gpuslice.dra.checkpoint import Checkpoint
 from gpuslice.dra.cluster_api import ClusterApi
 from gpuslice.dra.prepare import Preparer
+from gpuslice.grpc_server import listen_root_only
 
 log = logging.getLogger(__name__)
 
@@ -48,24 +49,6 @@ def base_spec(path: Path | None) -> cdi_spec.Spec:
     if found is None:
         raise errors.FailedPrecondition("no gpuslice.io/gpu spec in /etc/cdi or /var/run/cdi (gpuslice cdi generate)")
     return found.spec
-
-
-def _listen(server: grpc.Server, socket: Path, own_dir: bool) -> None:
-    """Only root (the kubelet) may connect: whoever reaches the DRA socket can
-    unprepare any claim. The socket is 0600 whatever umask the plugin inherited;
-    the plugin's own directory is 0700 (the registry directory is the kubelet's)."""
-    if own_dir:
-        socket.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(socket.parent, 0o700)  # made earlier, or under another umask
-    else:
-        socket.parent.mkdir(parents=True, exist_ok=True)
-    socket.unlink(missing_ok=True)  # a socket left by a plugin that died
-    old = os.umask(0o177)  # gRPC creates the socket here, at bind: never a moment with a wider mode
-    try:
-        server.add_insecure_port(f"unix://{socket}")
-    finally:
-        os.umask(old)
-    os.chmod(socket, 0o600)
 
 
 class Plugin:
@@ -103,10 +86,10 @@ class Plugin:
     def serve(self) -> None:
         dra = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         service.add_dra(dra, self.preparer)
-        _listen(dra, self.endpoint, own_dir=True)
+        listen_root_only(dra, self.endpoint, own_dir=True)
         registration = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
         service.add_registration(registration, str(self.endpoint))
-        _listen(registration, self.registry_socket, own_dir=False)
+        listen_root_only(registration, self.registry_socket, own_dir=False)
         dra.start()
         registration.start()  # after the DRA service: the kubelet calls it as soon as it registers us
         log.info("serving %s on %s; registration on %s", resource_slice.DRIVER, self.endpoint, self.registry_socket)

@@ -77,12 +77,12 @@ class DevicePluginNode:
         self.kubelet.send_signal(sig)
         self.kubelet.wait(20)
 
-    def start_plugin(self, *extra: str) -> None:
+    def start_plugin(self, *extra: str, umask: int = -1) -> None:
         argv = [*self.gpuslice, "device-plugin", "--node-name", NODE, "--kubeconfig", str(self.kubeconfig),
                 "--socket", str(self.d.socket), "--plugin-dir", str(self.dir), "--pod-resources",
                 str(self.pod_resources), "--reconcile", "0.3", *self.plugin_args, *extra]  # fmt: skip
         log = open(self.tmp / "plugin.log", "a")  # noqa: SIM115 - the child's
-        self.plugin = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.plugin = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, umask=umask)
 
     def stop_plugin(self, sig: int = signal.SIGTERM) -> None:
         assert self.plugin is not None

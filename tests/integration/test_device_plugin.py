@@ -7,6 +7,7 @@ stand-in API server, and the daemon on the simulator holding the slices."""
 from __future__ import annotations
 
 import signal
+import stat
 import threading
 import time
 
@@ -184,5 +185,19 @@ def test_an_unhealthy_gpu_has_its_units_unhealthy(daemon, tmp_path):
     try:
         assert n.wait_registered()["allocatable"] == {u.MEMORY: 16, u.CORES: 100, u.GPU: 1}
         assert n.state_of()["capacity"] == {u.MEMORY: 32, u.CORES: 200, u.GPU: 2}
+    finally:
+        n.close()
+
+
+def test_its_sockets_are_for_root_alone_whatever_umask_it_inherits(daemon, tmp_path):
+    """Whoever reaches a DevicePlugin socket can Allocate (book GPU memory) at will."""
+    n = DevicePluginNode(daemon(), tmp_path)
+    n.start_kubelet()
+    n.start_plugin(umask=0)
+    try:
+        n.wait_registered()
+        sockets = sorted(n.dir.glob("gpuslice-*.sock"))
+        assert len(sockets) == 3
+        assert {stat.S_IMODE(s.stat().st_mode) for s in sockets} == {0o600}
     finally:
         n.close()
