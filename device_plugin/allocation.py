@@ -75,8 +75,9 @@ def reserve(daemon: AllocatorClient, h: Holding, owner: str) -> str:
     return reply.share_keys[SHARE[h.resource]]
 
 
-def answer(daemon: AllocatorClient, resource: str, device_ids: list[str], owner: str) -> dp.ContainerAllocateResponse:
-    """Book every allocation the units make, all or none, and the container's answer."""
+def answer(daemon: AllocatorClient, resource: str, device_ids: list[str],
+           owner: str) -> tuple[dp.ContainerAllocateResponse, list[Holding]]:  # fmt: skip
+    """Book every allocation the units make, all or none: the container's answer, and what was booked."""
     made: list[Holding] = []
     response = dp.ContainerAllocateResponse()
     try:
@@ -94,4 +95,4 @@ def answer(daemon: AllocatorClient, resource: str, device_ids: list[str], owner:
             except errors.GpusliceError as e:  # said, and the reconcile loop releases it later
                 log.warning("allocation %s left booked after a failed Allocate: %s", h.key, e)
         raise
-    return response
+    return response, made

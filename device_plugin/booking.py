@@ -53,10 +53,15 @@ class Booking:
         self.steering = steering or Steering()
         self.lock = threading.Lock()  # the kubelet admits one pod at a time; so does the plugin
         self.changed: list[Callable[[], None]] = []  # ListAndWatch's notify, per resource
+        # GetPreferredAllocation's finding, for the Allocate that follows it at once (one read of the node, not two)
+        self._found: tuple[str, int, float, Admitting | None] | None = None
 
-    def _identify(self, resource: str, size: int) -> tuple[Admitting | None, Held | None]:
+    def _identify(self, resource: str, size: int, reuse: bool = False) -> tuple[Admitting | None, Held | None]:
         if self.kubelet is None or self.pods is None:
             return None, None
+        found, self._found = self._found, None
+        if reuse and found and found[:2] == (resource, size) and time.monotonic() - found[2] <= PARTNER_S:
+            return found[3], None  # Allocate right after its GetPreferredAllocation: nothing has changed since
         try:
             held = self.kubelet.held()
             who = admission.identify(resource, size, self.pods.pending(), held)
@@ -66,6 +71,7 @@ class Booking:
             return None, None
         if who is None:
             log.info("%d %s: no single pending container matches; steering by the last allocation", size, resource)
+        self._found = (resource, size, time.monotonic(), who)
         return who, held
 
     def prefer(self, resource: str, available: list[str], must_include: list[str], size: int) -> list[str]:
@@ -74,18 +80,17 @@ class Booking:
             who, held = (None, None) if must_include or resource == u.GPU else self._identify(resource, size)
             if who is not None and held is not None:
                 ok, line = admission.fitting(who, held)
-                if not ok:
-                    raise errors.ResourceExhausted(line)
                 free = preference.free_by_gpu(available)
                 for gpu in ok:
                     if len(free.get(gpu, [])) >= size:
                         return free[gpu][:size]
+                self._found = None  # refused: no Allocate follows
                 raise errors.ResourceExhausted(line)
             return preference.prefer(resource, available, must_include, size, self.steering.partner())
 
     def allocate(self, resource: str, device_ids: list[str]) -> dp.ContainerAllocateResponse:
         with self.lock:
-            who = None if resource == u.GPU else self._identify(resource, len(device_ids))[0]
+            who = None if resource == u.GPU else self._identify(resource, len(device_ids), reuse=True)[0]
             if resource != u.GPU:
                 gpus = u.by_gpu(device_ids)
                 if len(gpus) > 1:
@@ -99,13 +104,13 @@ class Booking:
                     )
             owner = f"device-plugin {resource}" + (f" {who.name}" if who else "")
             try:
-                response = allocation.answer(self.daemon, resource, device_ids, owner)
+                response, made = allocation.answer(self.daemon, resource, device_ids, owner)
             except errors.ResourceExhausted:
                 # room may be held by allocations the kubelet has let go of (a pod refused or deleted moments ago)
-                if not self._reconcile(grace_s=0.0, held=None):
+                if not self._reconcile(grace_s=0.0):
                     raise
-                response = allocation.answer(self.daemon, resource, device_ids, owner)
-            for h in allocation.holdings(resource, device_ids):
+                response, made = allocation.answer(self.daemon, resource, device_ids, owner)
+            for h in made:
                 self.steering.allocated(resource, h.gpu)
         self.notify()
         return response
@@ -117,16 +122,16 @@ class Booking:
     def reconcile(self, grace_s: float = GRACE_S) -> int:
         """Release allocations the kubelet no longer holds; how many."""
         with self.lock:
-            released = self._reconcile(grace_s, None)
+            released = self._reconcile(grace_s)
         if released:
             self.notify()
         return released
 
-    def _reconcile(self, grace_s: float, held: Held | None) -> int:
+    def _reconcile(self, grace_s: float) -> int:
         if self.kubelet is None:
             return 0
         try:
-            held = held or self.kubelet.held()
+            held = self.kubelet.held()
         except errors.GpusliceError as e:
             log.warning("allocations not reconciled: %s", e)
             return 0

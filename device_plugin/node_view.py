@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 
@@ -20,6 +21,7 @@ from gpuslice.proto import kubelet_podresources_v1_pb2_grpc as pr_grpc
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
 POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 _WHOLE = re.compile(r"^[0-9]+\Z")
 
@@ -36,12 +38,18 @@ class PodResources:
     def close(self) -> None:
         self.channel.close()
 
-    def held(self) -> Held:
+    def _call(self, method: Callable[..., T], request: object) -> T:
         try:
-            listed = self.stub.List(pr.ListPodResourcesRequest(), timeout=self.timeout)
-            allocatable = self.stub.GetAllocatableResources(pr.AllocatableResourcesRequest(), timeout=self.timeout)
+            return method(request, timeout=self.timeout)
         except grpc.RpcError as e:
             raise errors.Unavailable(f"the kubelet's pod-resources service at {self.socket}: {e.details()}") from e
+
+    def _allocatable(self) -> pr.AllocatableResourcesResponse:
+        return self._call(self.stub.GetAllocatableResources, pr.AllocatableResourcesRequest())
+
+    def held(self) -> Held:
+        listed = self._call(self.stub.List, pr.ListPodResourcesRequest())
+        allocatable = self._allocatable()
         held = Held()
         for pod in listed.pod_resources:
             name = f"{pod.namespace}/{pod.name}"
@@ -57,11 +65,7 @@ class PodResources:
 
     def allocatable_names(self) -> set[str]:
         """Every extended resource the kubelet can allocate on this node."""
-        try:
-            reply = self.stub.GetAllocatableResources(pr.AllocatableResourcesRequest(), timeout=self.timeout)
-        except grpc.RpcError as e:
-            raise errors.Unavailable(f"the kubelet's pod-resources service at {self.socket}: {e.details()}") from e
-        return {d.resource_name for d in reply.devices}
+        return {d.resource_name for d in self._allocatable().devices}
 
 
 def _units(value: Any) -> int | None:

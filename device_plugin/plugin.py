@@ -53,29 +53,20 @@ def endpoint_name(resource: str) -> str:
     return f"gpuslice-{resource.removeprefix(u.PREFIX)}.sock"
 
 
-class Inventory:
-    """The daemon's GPUs and their use, read when a ListAndWatch stream asks
-    (it sends the list only when the units' health changed)."""
-
-    def __init__(self, daemon: AllocatorClient) -> None:
-        self.daemon = daemon
-        self.lock = threading.Lock()
-
-    def gpus(self) -> list[pb.Gpu]:
-        with self.lock:
-            return list(self.daemon.inventory().gpus)
-
-
 class Plugin:
     def __init__(self, opts: Options, pods: Pods | None = None) -> None:
         self.opts = opts
         self.daemon = AllocatorClient(opts.daemon_socket, timeout=10)
-        self.inventory = Inventory(self.daemon)
         if pods is None and opts.use_api:
             pods = Pods(opts.node, opts.kubeconfig)
         self.booking = Booking(self.daemon, PodResources(opts.pod_resources), pods)
         self.stopping = threading.Event()
         self.servers: list[tuple[grpc.Server, DevicePluginService, Path]] = []
+
+    def gpus(self) -> list[pb.Gpu]:
+        """The daemon's GPUs and their use, read when a ListAndWatch stream asks
+        (it sends the list only when the units' health changed)."""
+        return list(self.daemon.inventory().gpus)
 
     @property
     def kubelet_socket(self) -> Path:
@@ -95,7 +86,7 @@ class Plugin:
     def start_servers(self) -> None:
         self.booking.changed.clear()
         for resource in u.RESOURCES:
-            service = DevicePluginService(resource, self.inventory.gpus, self.booking)
+            service = DevicePluginService(resource, self.gpus, self.booking)
             server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
             dp_grpc.add_DevicePluginServicer_to_server(service, server)
             path = self.opts.plugin_dir / endpoint_name(resource)

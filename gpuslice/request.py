@@ -267,16 +267,11 @@ def read_compute(asked: Asked) -> tuple[ComputePolicy, Priority]:
     """The policy and priority of a container whose size comes from elsewhere
     (the device plugin's resources): a size asked here too is refused, since
     kube-scheduler would not have counted it."""
-    sized = sorted(k for k in asked.values if k not in COMPUTE_ONLY)
+    sized = sorted(k for k in asked.values if k in KNOWN and k not in COMPUTE_ONLY)
     if sized:
         raise RequestError(
             f"{asked.sources.get(sized[0], sized[0])}: the container's slice is sized by its gpuslice.io/* resource "
             f"limits (the device plugin); accepted here: {' and '.join(COMPUTE_ONLY)}"
         )
-
-    def choice(key: str, enum: type[Enum], default: Enum) -> Enum:
-        return _choice(asked.sources.get(key, key), asked.values[key], enum) if key in asked.values else default
-
-    policy = choice(POLICY, ComputePolicy, ComputePolicy.ELASTIC)
-    priority = choice(PRIORITY, Priority, Priority.NORMAL)
-    return policy, priority  # type: ignore[return-value]
+    req = _parse_ours(asked.values, asked.sources)  # the one parser: its checks and its one-line errors
+    return (req.policy, req.priority) if req else (ComputePolicy.ELASTIC, Priority.NORMAL)

@@ -51,6 +51,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlparse
 
 import grpc
+from google.protobuf import message_factory
 from google.protobuf.json_format import MessageToDict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -74,8 +75,6 @@ class Endpoint:
 
     def watch(self) -> None:
         m = self.m.dp.file.services_by_name["DevicePlugin"].methods_by_name["ListAndWatch"]
-        from google.protobuf import message_factory
-
         reply = message_factory.GetMessageClass(m.output_type)
         stream = self.channel.unary_stream(f"/{m.containing_service.full_name}/ListAndWatch",
                                            request_serializer=lambda r: r.SerializeToString(),
@@ -244,8 +243,6 @@ class DeviceManager:
         """GetDeviceRunContainerOptions: envs, CDI devices, mounts, devices and annotations, merged."""
         out: dict[str, Any] = {"envs": {}, "cdi_devices": [], "annotations": {}, "mounts": [], "devices": []}
         m = self.dp.file.message_types_by_name["ContainerAllocateResponse"]
-        from google.protobuf import message_factory
-
         cls = message_factory.GetMessageClass(m)
         with self.lock:
             per = self.pod_devices.get(uid, {}).get(container, {})
@@ -303,8 +300,6 @@ class DeviceManager:
 
 
 def _service(api: Api, name: str, handlers: dict[str, Any]) -> grpc.GenericRpcHandler:
-    from google.protobuf import message_factory
-
     svc = api.file.services_by_name[name]
     methods = {}
     for method, fn in handlers.items():
