@@ -303,18 +303,24 @@ def kubelet_plugin(node_name, kubeconfig, daemon_socket, plugin_dir, registry_di
                    verbose):  # fmt: skip
     """The DRA driver gpuslice.io on this node: publishes its GPUs as a
     ResourceSlice and prepares the claims kube-scheduler allocated on them."""
+    from gpuslice.dra import plugin
+
+    opts = plugin.Options(node_name, daemon_socket, kubeconfig, Path(plugin_dir), Path(registry_dir), Path(cdi_dir),
+                          Path(cdi_spec) if cdi_spec else None, resync, Path(sysfs))  # fmt: skip
+    _serve_node_component("kubelet-plugin", verbose, lambda: plugin.Plugin(opts))
+
+
+def _serve_node_component(name: str, verbose: bool, make) -> None:
+    """Log as `gpuslice-NAME`, build the component (one line and exit 2 if it
+    cannot start), and serve it until SIGTERM or SIGINT."""
     import logging
     import signal
 
-    from gpuslice.dra import plugin
-
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="gpuslice-kubelet-plugin: %(message)s")
-    opts = plugin.Options(node_name, daemon_socket, kubeconfig, Path(plugin_dir), Path(registry_dir), Path(cdi_dir),
-                          Path(cdi_spec) if cdi_spec else None, resync, Path(sysfs))  # fmt: skip
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=f"gpuslice-{name}: %(message)s")
     try:
-        p = plugin.Plugin(opts)
+        p = make()
     except errors.GpusliceError as e:
-        click.echo(f"gpuslice kubelet-plugin: {e}", err=True)
+        click.echo(f"gpuslice {name}: {e}", err=True)
         sys.exit(2)
     signal.signal(signal.SIGTERM, lambda *_: p.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: p.stopping.set())
@@ -340,22 +346,11 @@ def device_plugin_cmd(node_name, kubeconfig, daemon_socket, plugin_dir, pod_reso
                       verbose):  # fmt: skip
     """The kubelet device plugin (Kubernetes 1.30-1.35): GPU memory, cores and
     whole GPUs as extended resources kube-scheduler counts."""
-    import logging
-    import signal
-
     from gpuslice.device_plugin import plugin
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="gpuslice-device-plugin: %(message)s")
     opts = plugin.Options(node_name, daemon_socket, kubeconfig, Path(plugin_dir), Path(pod_resources), reconcile,
                           not no_api)  # fmt: skip
-    try:
-        p = plugin.Plugin(opts)
-    except errors.GpusliceError as e:
-        click.echo(f"gpuslice device-plugin: {e}", err=True)
-        sys.exit(2)
-    signal.signal(signal.SIGTERM, lambda *_: p.stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: p.stopping.set())
-    p.serve()
+    _serve_node_component("device-plugin", verbose, lambda: plugin.Plugin(opts))
 
 
 _TARGETS = click.Choice(["containerd", "crio", "podman", "docker"])
