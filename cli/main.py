@@ -353,6 +353,31 @@ def device_plugin_cmd(node_name, kubeconfig, daemon_socket, plugin_dir, pod_reso
     _serve_node_component("device-plugin", verbose, lambda: plugin.Plugin(opts))
 
 
+@main.command("scheduler-extender")
+@click.option("--listen", default="127.0.0.1:8790", show_default=True,
+              help="HOST:PORT for kube-scheduler's calls (beside it in its pod: the loopback)")  # fmt: skip
+@click.option("--policy", type=click.Choice(["binpack", "spread"]), default="binpack", show_default=True,
+              help="binpack fills GPU nodes one by one (whole GPUs stay free); spread evens them out")  # fmt: skip
+@click.option("-v", "--verbose", is_flag=True, help="log at debug level")
+def scheduler_extender(listen, policy, verbose):
+    """kube-scheduler's extender for the device plugin's resources: filters
+    nodes by per-GPU fit, from what each node's plugin publishes, and scores
+    them (docs/device-plugin.md)."""
+    from gpuslice.device_plugin import extender
+
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{listen!r} (accepted: HOST:PORT, the port from 1 to 65535)", param_hint="--listen")
+
+    def make() -> extender.Server:
+        try:
+            return extender.Server(extender.Extender(spread=policy == "spread"), host or "0.0.0.0", int(port))
+        except OSError as e:
+            raise errors.Unavailable(f"cannot listen on {listen}: {e.strerror}") from e
+
+    _serve_node_component("scheduler-extender", verbose, make)
+
+
 _TARGETS = click.Choice(["containerd", "crio", "podman", "docker"])
 _RUNTIME_BINARY = click.option(
     "--runtime-binary", "binary", default="", help="the runtime to ask its version (default: containerd, dockerd)"

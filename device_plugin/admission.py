@@ -24,10 +24,14 @@ container starts."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpuslice.device_plugin import units as u
+
+_WHOLE = re.compile(r"^[0-9]+\Z")
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,25 @@ class Admitting:
     @property
     def name(self) -> str:
         return f"{self.asks.pod}/{self.asks.container}"
+
+
+def _units(value: Any) -> int | None:
+    text = str(value)
+    return int(text) if _WHOLE.match(text) else None  # extended resources are whole numbers
+
+
+def asks_of(pod: dict[str, Any]) -> PendingPod | None:
+    """A pending pod's containers that ask our resources, in the kubelet's order; None if none does."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    name = f"{meta.get('namespace')}/{meta.get('name')}"
+    found = []
+    for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
+        limits = ((c.get("resources") or {}).get("limits")) or {}
+        ours = {r: n for r in u.RESOURCES if r in limits and (n := _units(limits[r])) is not None}
+        found.append(Asks(name, c.get("name", ""), ours))
+    if not any(a.limits for a in found):
+        return None
+    return PendingPod(name, tuple(a for a in found if a.limits))
 
 
 def identify(resource: str, size: int, pending: Iterable[PendingPod], held: Held) -> Admitting | None:

@@ -14,7 +14,7 @@ from gpuslice.client import AllocatorClient
 from gpuslice.device_plugin import admission, allocation, preference
 from gpuslice.device_plugin import units as u
 from gpuslice.device_plugin.admission import Admitting, Held
-from gpuslice.device_plugin.node_view import PodResources, Pods
+from gpuslice.device_plugin.node_view import NodeApi, PodResources
 from gpuslice.device_plugin.preference import Partner
 from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2 as dp
 
@@ -45,11 +45,11 @@ class Steering:
 
 
 class Booking:
-    def __init__(self, daemon: AllocatorClient, kubelet: PodResources | None, pods: Pods | None,
+    def __init__(self, daemon: AllocatorClient, kubelet: PodResources | None, api: NodeApi | None,
                  steering: Steering | None = None) -> None:  # fmt: skip
         self.daemon = daemon
         self.kubelet = kubelet
-        self.pods = pods
+        self.api = api
         self.steering = steering or Steering()
         self.lock = threading.Lock()  # the kubelet admits one pod at a time; so does the plugin
         self.changed: list[Callable[[], None]] = []  # ListAndWatch's notify, per resource
@@ -57,14 +57,14 @@ class Booking:
         self._found: tuple[str, int, float, Admitting | None] | None = None
 
     def _identify(self, resource: str, size: int, reuse: bool = False) -> tuple[Admitting | None, Held | None]:
-        if self.kubelet is None or self.pods is None:
+        if self.kubelet is None or self.api is None:
             return None, None
         found, self._found = self._found, None
         if reuse and found and found[:2] == (resource, size) and time.monotonic() - found[2] <= PARTNER_S:
             return found[3], None  # Allocate right after its GetPreferredAllocation: nothing has changed since
         try:
             held = self.kubelet.held()
-            who = admission.identify(resource, size, self.pods.pending(), held)
+            who = admission.identify(resource, size, self.api.pending(), held)
         except errors.GpusliceError as e:
             log.warning("cannot tell which container asks %d %s (%s): steering by the last allocation", size,
                         resource, e)  # fmt: skip

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 
 from gpuslice import errors, kube
 from gpuslice.device_plugin import units as u
-from gpuslice.device_plugin.admission import Asks, Held, PendingPod
+from gpuslice.device_plugin.admission import Held, PendingPod, asks_of
 from gpuslice.proto import kubelet_podresources_v1_pb2 as pr
 from gpuslice.proto import kubelet_podresources_v1_pb2_grpc as pr_grpc
 
@@ -23,7 +22,6 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-_WHOLE = re.compile(r"^[0-9]+\Z")
 
 
 class PodResources:
@@ -68,27 +66,9 @@ class PodResources:
         return {d.resource_name for d in self._allocatable().devices}
 
 
-def _units(value: Any) -> int | None:
-    text = str(value)
-    return int(text) if _WHOLE.match(text) else None  # extended resources are whole numbers
-
-
-def asks_of(pod: dict[str, Any]) -> PendingPod | None:
-    """A pending pod's containers that ask our resources, in the kubelet's order; None if none does."""
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-    name = f"{meta.get('namespace')}/{meta.get('name')}"
-    found = []
-    for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
-        limits = ((c.get("resources") or {}).get("limits")) or {}
-        ours = {r: n for r in u.RESOURCES if r in limits and (n := _units(limits[r])) is not None}
-        found.append(Asks(name, c.get("name", ""), ours))
-    if not any(a.limits for a in found):
-        return None
-    return PendingPod(name, tuple(a for a in found if a.limits))
-
-
-class Pods:
-    """The node's pods from the API server (one list per call: admission is rare)."""
+class NodeApi:
+    """This node in the API server: its pending pods (one list per call:
+    admission is rare), and the per-GPU state the plugin publishes on it."""
 
     def __init__(self, node: str, kubeconfig: str | None = None, timeout: float = 5.0) -> None:
         client = kube.client(kubeconfig, "the device plugin")
@@ -116,3 +96,14 @@ class Pods:
             if asks is not None:
                 found.append(asks)
         return found
+
+    def annotate(self, key: str, value: str) -> None:
+        """Set one annotation on this node (a merge patch: nothing else of the node is touched)."""
+        body = {"metadata": {"annotations": {key: value}}}
+        try:
+            self.core.patch_node(self.node, body, _content_type="application/merge-patch+json",
+                                 _preload_content=False, _request_timeout=self.timeout)  # fmt: skip
+        except self.api_exception as e:
+            raise errors.Unavailable(f"node {self.node}: the API server answered {e.status} {e.reason}") from e
+        except OSError as e:
+            raise errors.Unavailable(f"node {self.node}: the API server: {e}") from e

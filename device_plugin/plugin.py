@@ -22,9 +22,10 @@ import grpc
 
 from gpuslice import errors
 from gpuslice.client import AllocatorClient
+from gpuslice.device_plugin import node_gpus
 from gpuslice.device_plugin import units as u
 from gpuslice.device_plugin.booking import Booking
-from gpuslice.device_plugin.node_view import POD_RESOURCES_SOCKET, PodResources, Pods
+from gpuslice.device_plugin.node_view import POD_RESOURCES_SOCKET, NodeApi, PodResources
 from gpuslice.device_plugin.service import DevicePluginService
 from gpuslice.grpc_server import listen_root_only
 from gpuslice.proto import gpuslice_pb2 as pb
@@ -46,7 +47,7 @@ class Options:
     plugin_dir: Path = DEVICE_PLUGIN_DIR
     pod_resources: Path = POD_RESOURCES_SOCKET
     reconcile_s: float = 2.0
-    use_api: bool = True  # read pending pods: exact one-GPU admission (admission.py)
+    use_api: bool = True  # read pending pods (exact one-GPU admission, admission.py); publish per-GPU state
 
 
 def endpoint_name(resource: str) -> str:
@@ -54,12 +55,14 @@ def endpoint_name(resource: str) -> str:
 
 
 class Plugin:
-    def __init__(self, opts: Options, pods: Pods | None = None) -> None:
+    def __init__(self, opts: Options, api: NodeApi | None = None) -> None:
         self.opts = opts
         self.daemon = AllocatorClient(opts.daemon_socket, timeout=10)
-        if pods is None and opts.use_api:
-            pods = Pods(opts.node, opts.kubeconfig)
-        self.booking = Booking(self.daemon, PodResources(opts.pod_resources), pods)
+        if api is None and opts.use_api:
+            api = NodeApi(opts.node, opts.kubeconfig)
+        self.api = api
+        self.booking = Booking(self.daemon, PodResources(opts.pod_resources), api)
+        self.published = ""  # the node's per-GPU state as last published
         self.stopping = threading.Event()
         self.servers: list[tuple[grpc.Server, DevicePluginService, Path]] = []
 
@@ -112,6 +115,17 @@ class Plugin:
                 ), timeout=10)  # fmt: skip
         log.info("registered %s with the kubelet at %s", ", ".join(u.RESOURCES), self.kubelet_socket)
 
+    def publish(self) -> None:
+        """Each GPU's free units on this node's Node, for the scheduler
+        extender (node_gpus.py); written only when it changed."""
+        if self.api is None or self.booking.kubelet is None:
+            return
+        state = node_gpus.of_node(self.gpus(), self.booking.kubelet.held()).encode()
+        if state != self.published:
+            self.api.annotate(node_gpus.ANNOTATION, state)
+            self.published = state
+            log.info("published %s: %s", node_gpus.ANNOTATION, state)
+
     def serve(self) -> None:
         registered: tuple[int, int] | None = None
         try:
@@ -133,6 +147,8 @@ class Plugin:
                     self.booking.reconcile()
                     for _, service, _ in self.servers:
                         service.notify()  # ListAndWatch sends the units again if the daemon's GPUs changed
+                    if registered is not None:
+                        self.publish()
                 except (errors.GpusliceError, grpc.RpcError) as e:
                     log.warning("reconcile: %s", e)
                 self.stopping.wait(self.opts.reconcile_s)

@@ -4,7 +4,9 @@ claims are served as a test puts them; slices are created and replaced with a
 resourceVersion, and each one written is validated against the official
 Kubernetes 1.37 schema (kubernetes-validate). Pods (core/v1) are listed across
 namespaces with the field selectors the device plugin uses (spec.nodeName,
-status.phase), as a test puts them."""
+status.phase), as a test puts them. Nodes (core/v1) are read and patched
+with a JSON merge patch (RFC 7386, the only patch type the plugin sends),
+the result validated like the slices."""
 
 from __future__ import annotations
 
@@ -27,11 +29,26 @@ def validate(obj: dict[str, Any]) -> None:
     kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
 
 
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: objects merge key by key, null removes a key, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
 class ApiServer:
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], dict[str, Any]] = {}
         self.slices: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, Any]] = {}  # by UID
+        self.nodes: dict[str, dict[str, Any]] = {}  # by name
+        self.node_patches = 0
         self.pod_lists = 0
         self.writes: list[tuple[str, str]] = []  # (verb, name) of each slice write
         self.invalid: list[str] = []
@@ -63,6 +80,11 @@ class ApiServer:
         validate(pod) if version == K8S_VERSION else kubernetes_validate.validate(pod, version, strict=True)
         with self._lock:
             self.pods[pod["metadata"]["uid"]] = pod
+
+    def put_node(self, node: dict[str, Any]) -> None:
+        validate(node)
+        with self._lock:
+            self.nodes[node["metadata"]["name"]] = node
 
     def set_phase(self, uid: str, phase: str) -> None:
         with self._lock:
@@ -116,6 +138,10 @@ class ApiServer:
                 return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
 
             def do_GET(self) -> None:
+                m = re.fullmatch(r"/api/v1/nodes/([^/?]+)", self.path.split("?")[0])
+                if m and m.group(1) in api.nodes:
+                    with api._lock:
+                        return self._send(200, api.nodes[m.group(1)])
                 if self.path.split("?")[0] == "/api/v1/pods":
                     items = api._selected(self.path.partition("?")[2])
                     return self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})
@@ -148,6 +174,28 @@ class ApiServer:
                     return self._send(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409,
                                             "reason": "AlreadyExists"})  # fmt: skip
                 self._store_slice(body["metadata"]["name"], body, "create")
+
+            def do_PATCH(self) -> None:
+                m = re.fullmatch(r"/api/v1/nodes/([^/?]+)", self.path.split("?")[0])
+                if not m or m.group(1) not in api.nodes:
+                    return self._missing()
+                if self.headers.get("Content-Type") != "application/merge-patch+json":
+                    return self._send(415, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 415,
+                                            "reason": "UnsupportedMediaType",
+                                            "message": f"this stand-in takes merge patches, not "
+                                                       f"{self.headers.get('Content-Type')}"})  # fmt: skip
+                with api._lock:
+                    node = merge_patch(api.nodes[m.group(1)], self._body())
+                    try:
+                        validate(node)
+                    except Exception as e:
+                        api.invalid.append(str(e))
+                        return self._send(422, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                                "code": 422, "reason": "Invalid", "message": str(e)[:500]})  # fmt: skip
+                    node["metadata"]["resourceVersion"] = api._next_version()
+                    api.nodes[m.group(1)] = node
+                    api.node_patches += 1
+                self._send(200, node)
 
             def do_PUT(self) -> None:
                 m = re.fullmatch(BASE + r"/resourceslices/([^/?]+)", self.path.split("?")[0])

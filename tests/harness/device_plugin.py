@@ -48,6 +48,8 @@ class DevicePluginNode:
         self.gpuslice = gpuslice or [sys.executable, "-m", "gpuslice.cli"]
         self.plugin_args: list[str] = []
         self.api = ApiServer()
+        self.api.put_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {
+            "gpuslice.io/node": "true"}}})  # fmt: skip
         self.kubeconfig = self.api.kubeconfig(tmp / "kubeconfig")
         self.dir = tmp / "device-plugins"
         self.pod_resources = tmp / "pod-resources" / "kubelet.sock"
@@ -134,6 +136,11 @@ class DevicePluginNode:
     def options(self, p: dict[str, Any], container: str = "c0") -> dict[str, Any]:
         uid = p["metadata"]["uid"]
         return self._call(f"/options?uid={uid}&container={container}")
+
+    def published(self) -> dict[str, Any] | None:
+        """The per-GPU state the plugin last published on its Node, read back."""
+        text = (self.api.nodes[NODE]["metadata"].get("annotations") or {}).get("gpuslice.io/gpus")
+        return None if text is None else json.loads(text)
 
     def allocations(self) -> dict[str, Any]:
         """The daemon's device plugin allocations, by key."""
