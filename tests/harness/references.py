@@ -49,6 +49,10 @@ REFERENCES = {
     # pluginregistration/v1, dra/v1beta1, deviceplugin/v1beta1, podresources/v1
     "kubelet": Reference("golang-github-kubernetes-kubelet-dev", "sid", f"{GOCODE}/k8s.io/kubelet/pkg/apis",
                          "kubelet plugin APIs (Kubernetes 1.32)", "kubernetes/kubelet"),
+    # LeaderElectionConfiguration, which a KubeSchedulerConfiguration embeds
+    "component-base-config": Reference("golang-k8s-component-base-dev", "sid",
+                                       f"{GOCODE}/k8s.io/component-base/config/v1alpha1",
+                                       "component-base config/v1alpha1 types.go", "kubernetes/component-base-config"),
     # the kubelet's protos import gogo.proto (Go code generation options only)
     "gogo": Reference("golang-github-gogo-protobuf-dev", "sid", GOCODE,
                       "gogo.proto, imported by the kubelet's protos", "gogo"),

@@ -5,6 +5,7 @@ the device classes' driver and configuration, the RuntimeClass's handler."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import yaml
 from gpuslice.cli.install import RUNTIME_NAME
 from gpuslice.dra import claims, plugin, resource_slice
 from tests.harness import REPO
+from tests.harness.references import reference
 
 OVERLAYS = REPO / "deploy" / "overlays"
 KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
@@ -81,9 +83,10 @@ def test_the_runtime_class_names_the_handler_install_configures():
     assert rc["handler"] == RUNTIME_NAME
 
 
+@pytest.mark.parametrize("overlay", ["device-plugin", "device-plugin-extender"])
 @pytest.mark.parametrize("version", ["1.30", "1.35"])
-def test_the_device_plugin_install_is_valid_where_it_is_meant_for(version):
-    for obj in render("device-plugin").values():
+def test_the_device_plugin_install_is_valid_where_it_is_meant_for(overlay, version):
+    for obj in render(overlay).values():
         kubernetes_validate.validate(obj, version, strict=True)
 
 
@@ -101,8 +104,65 @@ def test_the_device_plugin_gets_the_paths_and_rights_it_uses():
     assert container["command"] == ["gpuslice", "device-plugin"]
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
     rules = objects[("ClusterRole", "gpuslice-device-plugin")]["rules"]
-    # node_view.Pods: list the node's pending pods; nothing else
-    assert {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]} == {("pods", "list")}
+    # node_view.NodeApi: list the node's pending pods, patch its node's annotation; nothing else
+    assert {(r, v) for rule in rules for r in rule["resources"] for v in rule["verbs"]} == {
+        ("pods", "list"),
+        ("nodes", "patch"),
+    }
+
+
+# kube-scheduler's configuration, field by field, from kubernetes/kubernetes
+# staging/src/k8s.io/kube-scheduler/config/v1/types.go (KubeSchedulerConfiguration,
+# KubeSchedulerProfile, Extender, ExtenderManagedResource: their json tags). No
+# registry we reach ships that module; the leaderElection it embeds is checked
+# against component-base's own types.go, fetched from Debian.
+SCHEDULER_CONFIG_FIELDS = {"apiVersion", "kind", "parallelism", "leaderElection", "clientConnection",
+                           "enableProfiling", "enableContentionProfiling", "percentageOfNodesToScore",
+                           "podInitialBackoffSeconds", "podMaxBackoffSeconds", "profiles", "extenders",
+                           "delayCacheUntilActive"}  # fmt: skip
+PROFILE_FIELDS = {"schedulerName", "percentageOfNodesToScore", "plugins", "pluginConfig"}
+EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb", "enableHTTPS",
+                   "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable"}  # fmt: skip
+MANAGED_RESOURCE_FIELDS = {"name", "ignoredByScheduler"}
+
+
+def go_json_fields(types_go: str, struct: str) -> set[str]:
+    """The json names of a Go struct's fields, read from its source."""
+    body = types_go.split(f"type {struct} struct {{", 1)[1].split("\n}", 1)[0]
+    return {m.group(1) for m in re.finditer(r'json:"([A-Za-z]+)[,"]', body)}
+
+
+def test_the_scheduler_profile_calls_the_extender_as_it_serves_and_only_for_our_resources():
+    from gpuslice.device_plugin import extender, units
+
+    objects = render("device-plugin-extender")
+    config = yaml.safe_load(objects[("ConfigMap", "gpuslice-scheduler")]["data"]["config.yaml"])
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1" and config["kind"] == "KubeSchedulerConfiguration"
+    assert set(config) <= SCHEDULER_CONFIG_FIELDS
+    [profile] = config["profiles"]
+    assert set(profile) <= PROFILE_FIELDS and profile["schedulerName"] == "gpuslice-scheduler"
+    [ext] = config["extenders"]
+    assert set(ext) <= EXTENDER_FIELDS
+    assert all(set(r) <= MANAGED_RESOURCE_FIELDS for r in ext["managedResources"])
+    leader = go_json_fields((reference("component-base-config") / "types.go").read_text(),
+                            "LeaderElectionConfiguration")  # fmt: skip
+    assert "resourceNamespace" in leader and set(config["leaderElection"]) <= leader
+    # the extender's contract: full Node objects (it reads their annotation), its verbs, our resources, counted
+    assert ext["nodeCacheCapable"] is False and ext["ignorable"] is False
+    assert (ext["filterVerb"], ext["prioritizeVerb"]) == ("filter", "prioritize") and "bindVerb" not in ext
+    assert [(r["name"], r["ignoredByScheduler"]) for r in ext["managedResources"]] == [
+        (r, False) for r in units.RESOURCES
+    ]
+    assert ext["weight"] > 0 and extender.MAX_PRIORITY == 10
+    # the extender listens where kube-scheduler calls it: the pod's loopback, the same port
+    pod = objects[("Deployment", "gpuslice-scheduler")]["spec"]["template"]["spec"]
+    containers = {c["name"]: c for c in pod["containers"]}
+    listen = containers["extender"]["command"][containers["extender"]["command"].index("--listen") + 1]
+    assert ext["urlPrefix"] == f"http://{listen}" and listen.startswith("127.0.0.1:")
+    assert containers["kube-scheduler"]["command"][1] == "--config=/etc/gpuslice-scheduler/config.yaml"
+    assert config["leaderElection"]["resourceName"] == "gpuslice-scheduler"
+    lease = objects[("Role", "gpuslice-scheduler-lease")]["rules"]
+    assert ["gpuslice-scheduler"] in [r.get("resourceNames") for r in lease]
 
 
 def doc_objects(page: str) -> list[dict]:
@@ -112,14 +172,22 @@ def doc_objects(page: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("version", ["1.30", "1.35"])
-def test_the_device_plugin_pages_quota_and_pod_are_valid_and_name_its_resources(version):
+def test_the_device_plugin_pages_quota_and_pods_are_valid_and_name_its_resources(version):
     from gpuslice.device_plugin import units
 
-    objects = {d["kind"]: d for d in doc_objects("device-plugin.md")}
-    assert {"ResourceQuota", "Pod"} <= set(objects)
-    for obj in objects.values():
+    docs = doc_objects("device-plugin.md")
+    kinds = [d["kind"] for d in docs]
+    assert kinds.count("ResourceQuota") == 1 and kinds.count("Pod") == 2
+    for obj in docs:
         kubernetes_validate.validate(obj, version, strict=True)
-    hard = objects["ResourceQuota"]["spec"]["hard"]
-    assert {f"requests.{units.MEMORY}", f"requests.{units.CORES}"} <= set(hard)
-    limits = objects["Pod"]["spec"]["containers"][0]["resources"]["limits"]
-    assert set(limits) <= set(units.RESOURCES) and limits
+    [quota] = [d for d in docs if d["kind"] == "ResourceQuota"]
+    assert {f"requests.{units.MEMORY}", f"requests.{units.CORES}"} <= set(quota["spec"]["hard"])
+    pods = [d for d in docs if d["kind"] == "Pod"]
+    for p in pods:
+        limits = p["spec"]["containers"][0]["resources"]["limits"]
+        assert set(limits) <= set(units.RESOURCES) and limits
+    # the extender's pod names the profile the install deploys
+    config = yaml.safe_load(
+        render("device-plugin-extender")[("ConfigMap", "gpuslice-scheduler")]["data"]["config.yaml"]
+    )
+    assert pods[1]["spec"]["schedulerName"] == config["profiles"][0]["schedulerName"]
