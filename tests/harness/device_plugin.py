@@ -61,6 +61,15 @@ class DevicePluginNode:
         self.plugin: subprocess.Popen | None = None
         self.port = 0
 
+    @classmethod
+    def running(cls, d: RunningDaemon, tmp: Path) -> DevicePluginNode:
+        """A node with the kubelet and the plugin started, and the plugin registered."""
+        n = cls(d, tmp)
+        n.start_kubelet()
+        n.start_plugin()
+        n.wait_registered()
+        return n
+
     # -- processes -------------------------------------------------------------------------------------
     def start_kubelet(self) -> None:
         log = open(self.tmp / "kubelet.log", "a")  # noqa: SIM115 - the child's

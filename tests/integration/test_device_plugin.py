@@ -22,11 +22,7 @@ GiB = 1 << 30
 
 @pytest.fixture
 def node(daemon, tmp_path):
-    d = daemon([gpu("16Gi"), gpu("16Gi")])
-    n = DevicePluginNode(d, tmp_path)
-    n.start_kubelet()
-    n.start_plugin()
-    n.wait_registered()
+    n = DevicePluginNode.running(daemon([gpu("16Gi"), gpu("16Gi")]), tmp_path)
     yield n
     n.close()
 

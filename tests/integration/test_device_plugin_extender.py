@@ -36,11 +36,7 @@ def free_port() -> int:
 
 @pytest.fixture
 def cluster(daemon, tmp_path):
-    d = daemon([gpu("16Gi"), gpu("16Gi")])
-    n = DevicePluginNode(d, tmp_path)
-    n.start_kubelet()
-    n.start_plugin()
-    n.wait_registered()
+    n = DevicePluginNode.running(daemon([gpu("16Gi"), gpu("16Gi")]), tmp_path)
     port = free_port()
     log = open(tmp_path / "extender.log", "w")  # noqa: SIM115 - the child's
     ext = subprocess.Popen([sys.executable, "-m", "gpuslice.cli", "scheduler-extender", "--listen",
