@@ -8,8 +8,6 @@ containerd, runc, the hook and the daemon; nothing else is mocked."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from gpuslice.cli import rootfs
-from tests.clients.cri import Kubelet, compile_api
+from tests.clients.cri import Kubelet
 from tests.e2e.test_dra_containerd import share_of
-from tests.harness.containerd import Pod, containerd_bin, cri_node
+from tests.harness.containerd import NEEDS_CRI, Pod, cdi_kubelet
 from tests.harness.device_plugin import DevicePluginNode, pod
 from tests.harness.gpu_node import GpuNode
 from tests.harness.gpu_node import gpu_node as sim_gpu_node
@@ -27,10 +25,7 @@ from tests.harness.gpu_node import gpu_node as sim_gpu_node
 GiB = 1 << 30
 SPEC_PATH = Path("/var/run/cdi/gpuslice-dp.json")
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not all(shutil.which(t) for t in ("containerd", "runc", "apt-get")),
-    reason="needs root, containerd, runc and apt-get (./dev.sh installs them as root)",
-)
+pytestmark = NEEDS_CRI
 
 
 @pytest.fixture(scope="module")
@@ -41,18 +36,13 @@ def gpu_node(tmp_path_factory) -> Iterator[GpuNode]:
 
 @pytest.fixture(scope="module")
 def cri(gpu_node, tmp_path_factory) -> Iterator[Kubelet]:
-    with cri_node(containerd_bin("1.7"), tmp_path_factory.mktemp("containerd-1.7"), gpu_node.shim,
-                  rootfs.build(tmp_path_factory.mktemp("probe-rootfs")),
-                  compile_api(tmp_path_factory.mktemp("cri-api"))) as (_, client):  # fmt: skip
+    with cdi_kubelet(tmp_path_factory, gpu_node.shim) as client:
         yield client
 
 
 @pytest.fixture
 def node(gpu_node, tmp_path) -> Iterator[DevicePluginNode]:
-    n = DevicePluginNode(gpu_node.daemon, tmp_path)
-    n.start_kubelet()
-    n.start_plugin()
-    n.wait_registered()
+    n = DevicePluginNode.running(gpu_node.daemon, tmp_path)
     yield n
     n.close()
     for s in gpu_node.slices():

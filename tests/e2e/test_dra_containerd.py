@@ -9,8 +9,6 @@ hook, the daemon, and the plugin as `gpuslice kubelet-plugin`."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -19,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from gpuslice.cli import rootfs
-from tests.clients.cri import Kubelet, compile_api
-from tests.harness.containerd import HOLD, Pod, containerd_bin, cri_node
+from tests.clients.cri import Kubelet
+from tests.harness.containerd import HOLD, NEEDS_CRI, Pod, cdi_kubelet
 from tests.harness.dra import DraNode, Result, allocated
 from tests.harness.gpu_node import GpuNode
 from tests.harness.gpu_node import gpu_node as sim_gpu_node
@@ -32,10 +30,7 @@ CDI_DIR = Path("/var/run/cdi")  # where containerd looks, and the plugin writes 
 # driver shows only those whose device nodes CDI gave it), so claims the probe
 # reads are on GPU 0.
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not all(shutil.which(t) for t in ("containerd", "runc", "apt-get")),
-    reason="needs root, containerd, runc and apt-get (./dev.sh installs them as root)",
-)
+pytestmark = NEEDS_CRI
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +42,7 @@ def gpu_node(tmp_path_factory) -> Iterator[GpuNode]:
 @pytest.fixture(scope="module")
 def kubelet(gpu_node, tmp_path_factory) -> Iterator[Kubelet]:
     """containerd 1.7 with the node's config plus `gpuslice install containerd` (enable_cdi)."""
-    with cri_node(containerd_bin("1.7"), tmp_path_factory.mktemp("containerd-1.7"), gpu_node.shim,
-                  rootfs.build(tmp_path_factory.mktemp("probe-rootfs")),
-                  compile_api(tmp_path_factory.mktemp("cri-api"))) as (_, client):  # fmt: skip
+    with cdi_kubelet(tmp_path_factory, gpu_node.shim) as client:
         yield client
 
 

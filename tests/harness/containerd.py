@@ -16,8 +16,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from gpuslice.cli import rootfs
-from tests.clients.cri import Kubelet
+from tests.clients.cri import Kubelet, compile_api
 from tests.harness import wait_until_ready
 from tests.harness.debian import unpacked
 from tests.harness.oci_image import write_archive
@@ -214,3 +216,20 @@ class Pod:
     def close(self) -> None:
         self.kubelet.stop_pod(self.id)
         self.kubelet.remove_pod(self.id)
+
+
+@contextmanager
+def cdi_kubelet(tmp_path_factory, shim: Path) -> Iterator[Kubelet]:  # type: ignore[no-untyped-def]
+    """containerd 1.7 (CDI in its CRI) with the node's shim and the probe's image, and a
+    kubelet-like CRI client of it: what the DRA and device-plugin end-to-end tests run pods on."""
+    with cri_node(containerd_bin("1.7"), tmp_path_factory.mktemp("containerd-1.7"), shim,
+                  rootfs.build(tmp_path_factory.mktemp("probe-rootfs")),
+                  compile_api(tmp_path_factory.mktemp("cri-api"))) as (_, client):  # fmt: skip
+        yield client
+
+
+# the marker of tests that run pods on containerd 1.7 (cdi_kubelet)
+NEEDS_CRI = pytest.mark.skipif(
+    os.geteuid() != 0 or not all(shutil.which(t) for t in ("containerd", "runc", "apt-get")),
+    reason="needs root, containerd, runc and apt-get (./dev.sh installs them as root)",
+)
