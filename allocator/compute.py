@@ -24,14 +24,16 @@ from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
 log = logging.getLogger(__name__)
 
 KI = 0.15  # integral gain per period: the loop's delay is about two periods
-CREDIT_PERIODS = 4  # at most this many periods of target are owed or banked
+CREDIT_S = 0.2  # at most this many seconds of target are owed or banked, whatever the period
 ACTIVE_HOLD_S = 0.5  # a slice that launched this recently still holds its share
 HUNGRY_HOLD_S = 0.5  # ... and one that waited for budget this recently still wants more
-RATIO_PERIODS = 20  # cost-per-thread estimate over about a second
+RATIO_WINDOW_S = 1.0  # cost-per-thread estimate over about a second ...
+RATIO_MIN_PERIODS = 4  # ... of at least this many periods; until this many are measured, the median of the GPU's other slices'
+LEARN_DOUBLING_S = 0.05  # before the cost is measured, the budget doubles this often
+LEARN_MAX_GROWTH = 1024  # ... at most this much per period
 LEND_WINDOW_S = 0.5  # an active slice that has not waited for budget this long lends what it has not used
 LEND_HEADROOM = 1.5  # ... keeping this multiple of its peak use over that window
 LEND_MARGIN = 0.05  # ... and at least this much of the GPU above it
-RATIO_MIN_PERIODS = 4  # ... from this many measured periods on; before, the GPU's other slices'
 BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %)
 BEST_EFFORT_FLOOR = 0.01  # ... which still progresses when every share is taken
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
@@ -109,7 +111,7 @@ class GateState:
     busy_ns: float = 0.0  # GPU time used in the last reading
     window_ns: int = 0  # the time that reading covered
     used_avg: float = 0.0  # busy, averaged over about a second (for status and metrics)
-    history: deque = field(default_factory=lambda: deque(maxlen=RATIO_PERIODS))
+    history: deque = field(default_factory=deque)  # (GPU ns, threads) per period, the same period's
     recent: deque = field(default_factory=deque)  # busy per reading over LEND_WINDOW_S, while active
 
     def ns_per_thread(self, settled: bool = True) -> float | None:
@@ -170,6 +172,8 @@ class ComputeController:
         self.period = period
         self.clock = clock
         self.lend_readings = max(3, round(LEND_WINDOW_S / period))  # readings that span LEND_WINDOW_S
+        self.ratio_periods = max(RATIO_MIN_PERIODS, round(RATIO_WINDOW_S / period))
+        self.learn_growth = int(min(LEARN_MAX_GROWTH, 2 ** max(1.0, period / LEARN_DOUBLING_S)))
         self.state: dict[tuple[str, int], GateState] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -292,8 +296,6 @@ class ComputeController:
         next_refill: int,
         prior: float | None,
     ) -> None:
-        if st.after is not None:
-            st.history.append((st.busy_ns, st.consumed))
         entitled = st.opened and st.target >= OPEN_AT and not s.hard  # had the whole GPU to itself
         ratio = st.ns_per_thread() or prior
         if not entitled and st.after is not None:
@@ -306,7 +308,7 @@ class ComputeController:
                 # lately) banks nothing; one that waits now and then does, so that
                 # its error integrates both ways
                 st.credit_ns += err
-            limit = CREDIT_PERIODS * self.period * 1e9 * max(target, 0.01)
+            limit = CREDIT_S * 1e9 * max(target, 0.01)
             st.credit_ns = min(max(st.credit_ns, -limit), limit)
         else:
             st.credit_ns = 0.0
@@ -317,11 +319,11 @@ class ComputeController:
             allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns)
             ratio = ratio or st.ns_per_thread(settled=False)
             if ratio is None:
-                # nothing measured yet: one launch, then twice the last period's, until
-                # NVML sees enough use to measure
+                # nothing measured yet: one launch, then twice the last's every
+                # LEARN_DOUBLING_S, until NVML sees enough use to measure
                 tokens = int(f.usage.gate[s.gpu].tokens)
                 debt = -tokens if tokens < 0 else 0
-                threads = max(1 + debt, 2 * st.consumed)
+                threads = max(1 + debt, self.learn_growth * st.consumed)
             else:
                 threads = max(1, int(allowance_ns / ratio))
             before, after = f.refill_gate(s.gpu, threads, 2 * threads, next_refill)
@@ -331,6 +333,12 @@ class ComputeController:
             st.window_ns / 1e6, st.busy_ns / 1e6, st.last_hungry == self._last,
         )  # fmt: skip
         st.consumed = max(0, (st.after - before) if st.after is not None else 0)
+        if st.after is not None:
+            # the threads launched in the period this reading covers: at a long period the
+            # launch queue's lag is a small part of it, and at a short one the window is long
+            st.history.append((st.busy_ns, st.consumed))
+            while len(st.history) > self.ratio_periods:
+                st.history.popleft()
         st.after = after
         st.opened = want_open
         st.target = target
