@@ -28,7 +28,7 @@ CREDIT_S = 0.2  # at most this many seconds of target are owed or banked, whatev
 ACTIVE_HOLD_S = 0.5  # a slice that launched this recently still holds its share
 HUNGRY_HOLD_S = 0.5  # ... and one that waited for budget this recently still wants more
 RATIO_WINDOW_S = 1.0  # cost-per-thread estimate over about a second ...
-RATIO_MIN_PERIODS = 4  # ... of at least this many periods; until this many are measured, the median of the GPU's other slices'
+RATIO_MIN_PERIODS = 4  # ... of at least this many periods; until then, the median of the GPU's other slices'
 LEARN_DOUBLING_S = 0.05  # before the cost is measured, the budget doubles this often
 LEARN_MAX_GROWTH = 1024  # ... at most this much per period
 LEND_WINDOW_S = 0.5  # an active slice that has not waited for budget this long lends what it has not used
@@ -100,6 +100,7 @@ class Share:
 @dataclass
 class GateState:
     after: int | None = None  # tokens right after our last refill
+    switched: bool = True  # that refill opened or closed the gate, or was the first
     waits: int = 0
     last_hungry: float = -1e9  # when launches last waited for budget (the tick that saw it)
     target: float = 1.0
@@ -296,6 +297,15 @@ class ComputeController:
         next_refill: int,
         prior: float | None,
     ) -> None:
+        tokens = int(f.usage.gate[s.gpu].tokens)
+        if st.after is not None:
+            st.consumed = max(0, st.after - tokens)  # threads launched since our last refill
+            if not st.switched:
+                # paired with the reading of the same period: at a long period the launch
+                # queue's lag is a small part of it, and at a short one the window is long
+                st.history.append((st.busy_ns, st.consumed))
+                while len(st.history) > self.ratio_periods:
+                    st.history.popleft()
         entitled = st.opened and st.target >= OPEN_AT and not s.hard  # had the whole GPU to itself
         ratio = st.ns_per_thread() or prior
         if not entitled and st.after is not None:
@@ -314,31 +324,26 @@ class ComputeController:
             st.credit_ns = 0.0
         want_open = target >= OPEN_AT and not s.hard  # an elastic slice entitled to the whole GPU
         if want_open:
-            before, after = f.open_gate(s.gpu, next_refill)
+            _, after = f.open_gate(s.gpu, next_refill)
         else:
             allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns)
             ratio = ratio or st.ns_per_thread(settled=False)
             if ratio is None:
-                # nothing measured yet: one launch, then twice the last's every
-                # LEARN_DOUBLING_S, until NVML sees enough use to measure
-                tokens = int(f.usage.gate[s.gpu].tokens)
+                # nothing measured yet: one launch, then twice what it launched in the last
+                # period every LEARN_DOUBLING_S, until NVML sees enough use to measure
                 debt = -tokens if tokens < 0 else 0
-                threads = max(1 + debt, self.learn_growth * st.consumed)
+                threads = max(1 + debt, self.learn_growth * (st.consumed if not st.opened else 0))
             else:
                 threads = max(1, int(allowance_ns / ratio))
-            before, after = f.refill_gate(s.gpu, threads, 2 * threads, next_refill)
+            _, after = f.refill_gate(s.gpu, threads, 2 * threads, next_refill)
         log.debug(
-            "%s/%d target %.3f busy %.3f credit %.1f ms ratio %s open %s window %.1f used %.3f ms hungry %s",
+            "%s/%d target %.3f busy %.3f credit %.1f ms ratio %s open %s window %.1f used %.3f ms hungry %s tokens %d",
             s.slice_id[:8], s.gpu, target, st.busy, st.credit_ns / 1e6, st.ns_per_thread(), want_open,
-            st.window_ns / 1e6, st.busy_ns / 1e6, st.last_hungry == self._last,
+            st.window_ns / 1e6, st.busy_ns / 1e6, st.last_hungry == self._last, after,
         )  # fmt: skip
-        st.consumed = max(0, (st.after - before) if st.after is not None else 0)
-        if st.after is not None:
-            # the threads launched in the period this reading covers: at a long period the
-            # launch queue's lag is a small part of it, and at a short one the window is long
-            st.history.append((st.busy_ns, st.consumed))
-            while len(st.history) > self.ratio_periods:
-                st.history.popleft()
+        # the period after a first refill or a gate opened or closed ran what was queued before
+        # (a whole launch queue, against a trickle of launches while learning): not paired
+        st.switched = st.after is None or st.opened != want_open
         st.after = after
         st.opened = want_open
         st.target = target
