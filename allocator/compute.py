@@ -36,6 +36,7 @@ LEND_HEADROOM = 1.5  # ... keeping this multiple of its peak use over that windo
 LEND_MARGIN = 0.05  # ... and at least this much of the GPU above it
 BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %)
 BEST_EFFORT_FLOOR = 0.01  # ... which still progresses when every share is taken
+SAMPLE_GAPS = 16  # the driver's sample interval is the shortest of this many gaps between samples
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
 TIERS = ("high", "normal", "low")
 
@@ -54,12 +55,16 @@ Sampler = Callable[[str], Reading]
 class NvmlUtilization:
     """Per-process GPU utilization through NVML: each call covers the time
     since the newest sample of the previous one (pids as this process sees
-    them)."""
+    them).  A driver returns a sample per process per sample period in which
+    it ran, in integer percent of that period; the periods are the gaps
+    between the samples' timestamps, which also tell the driver's sample
+    interval."""
 
     def __init__(self) -> None:
         pynvml.nvmlInit()
         self.handles: dict[str, object] = {}
         self.last_seen: dict[str, int] = {}
+        self.gaps: dict[str, deque[int]] = {}  # the latest gaps between sample timestamps, us
 
     def __call__(self, uuid: str) -> Reading:
         h = self.handles.get(uuid)
@@ -73,16 +78,26 @@ class NvmlUtilization:
         except pynvml.NVMLError as e:  # e.g. a process came between the size and the data
             log.debug("process utilization of %s: %s", uuid, e)
             return Reading({}, 0)
-        newest = max(int(x.timeStamp) for x in samples)
-        if newest <= seen:
+        stamps = sorted({int(x.timeStamp) for x in samples if int(x.timeStamp) > seen})
+        if not stamps:
             return Reading({}, 0)
-        window_ns = (newest - seen) * 1000
-        per_pid: dict[int, list[int]] = {}
-        for x in samples:  # a real driver may give several samples per process
-            per_pid.setdefault(int(x.pid), []).append(int(x.smUtil))
-        busy = {pid: sum(u) / len(u) / 100 * window_ns for pid, u in per_pid.items()}
-        self.last_seen[uuid] = newest
-        return Reading(busy, window_ns)
+        span = {t: t - (stamps[i - 1] if i else seen) for i, t in enumerate(stamps)}  # what each sample covers
+        busy: dict[int, float] = {}
+        for x in samples:
+            if int(x.timeStamp) in span:
+                busy[int(x.pid)] = busy.get(int(x.pid), 0.0) + int(x.smUtil) / 100 * span[int(x.timeStamp)] * 1000
+        gaps = self.gaps.setdefault(uuid, deque(maxlen=SAMPLE_GAPS))
+        gaps.extend(span[t] for t in stamps[1:] if uuid in self.last_seen)
+        if uuid in self.last_seen:
+            gaps.append(span[stamps[0]])
+        self.last_seen[uuid] = stamps[-1]
+        return Reading(busy, (stamps[-1] - seen) * 1000)
+
+    def sample_interval(self, uuid: str) -> float | None:
+        """The driver's sample interval on this GPU (s): the shortest of the
+        latest gaps between samples, None until some were seen."""
+        gaps = self.gaps.get(uuid)
+        return min(gaps) / 1e6 if gaps else None
 
 
 @dataclass
@@ -100,7 +115,9 @@ class Share:
 @dataclass
 class GateState:
     after: int | None = None  # tokens right after our last refill
-    switched: bool = True  # that refill opened or closed the gate, or was the first
+    switched: bool = True  # a refill since the last reading opened or closed the gate, or was the first
+    unpaired: int = 0  # threads launched since the last reading
+    reading_ns: float = 0.0  # the time the last reading covered (the driver's sampling sets it)
     waits: int = 0
     last_hungry: float = -1e9  # when launches last waited for budget (the tick that saw it)
     target: float = 1.0
@@ -112,16 +129,23 @@ class GateState:
     busy_ns: float = 0.0  # GPU time used in the last reading
     window_ns: int = 0  # the time that reading covered
     used_avg: float = 0.0  # busy, averaged over about a second (for status and metrics)
-    history: deque = field(default_factory=deque)  # (GPU ns, threads) per period, the same period's
+    history: deque = field(default_factory=deque)  # (GPU ns, threads launched, window ns) per reading
     recent: deque = field(default_factory=deque)  # busy per reading over LEND_WINDOW_S, while active
 
     def ns_per_thread(self, settled: bool = True) -> float | None:
         """GPU time per launched thread: once a few periods have been measured
         (settled), or from whatever has been (not settled)."""
-        measured = sum(1 for b, t in self.history if b > 0 and t > 0)
+        measured = sum(1 for b, t, _ in self.history if b > 0 and t > 0)
         if measured == 0 or (settled and measured < RATIO_MIN_PERIODS):
             return None
-        return sum(b for b, _ in self.history) / max(1, sum(t for _, t in self.history))
+        return sum(b for b, _, _ in self.history) / max(1, sum(t for _, t, _ in self.history))
+
+    def remember(self, busy_ns: float, threads: int, window_ns: int) -> None:
+        """One reading and the threads launched in the time it covers; about
+        RATIO_WINDOW_S of them are kept, and at least RATIO_MIN_PERIODS."""
+        self.history.append((busy_ns, threads, window_ns))
+        while len(self.history) > RATIO_MIN_PERIODS and sum(w for _, _, w in self.history) > RATIO_WINDOW_S * 1e9:
+            self.history.popleft()
 
 
 def targets(shares: list[Share], active: set[str], needs: dict[str, float] | None = None) -> dict[str, float]:
@@ -173,7 +197,6 @@ class ComputeController:
         self.period = period
         self.clock = clock
         self.lend_readings = max(3, round(LEND_WINDOW_S / period))  # readings that span LEND_WINDOW_S
-        self.ratio_periods = max(RATIO_MIN_PERIODS, round(RATIO_WINDOW_S / period))
         self.learn_growth = int(min(LEARN_MAX_GROWTH, 2 ** max(1.0, period / LEARN_DOUBLING_S)))
         self.state: dict[tuple[str, int], GateState] = {}
         self._stop = threading.Event()
@@ -300,12 +323,13 @@ class ComputeController:
         tokens = int(f.usage.gate[s.gpu].tokens)
         if st.after is not None:
             st.consumed = max(0, st.after - tokens)  # threads launched since our last refill
+            st.unpaired += st.consumed
+        if st.window_ns:  # a new reading (a driver may sample less often than we refill)
             if not st.switched:
-                # paired with the reading of the same period: at a long period the launch
-                # queue's lag is a small part of it, and at a short one the window is long
-                st.history.append((st.busy_ns, st.consumed))
-                while len(st.history) > self.ratio_periods:
-                    st.history.popleft()
+                # paired with the threads launched in the time it covers: the launch queue's lag
+                # is a small part of a long reading, and the ratio spans about a second
+                st.remember(st.busy_ns, st.unpaired, st.window_ns)
+            st.unpaired, st.switched, st.reading_ns = 0, False, float(st.window_ns)
         entitled = st.opened and st.target >= OPEN_AT and not s.hard  # had the whole GPU to itself
         ratio = st.ns_per_thread() or prior
         if not entitled and st.after is not None:
@@ -326,7 +350,8 @@ class ComputeController:
         if want_open:
             _, after = f.open_gate(s.gpu, next_refill)
         else:
-            allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns)
+            # KI per reading, spread over the refills between readings
+            allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns * min(1.0, dt * 1e9 / (st.reading_ns or 1)))
             ratio = ratio or st.ns_per_thread(settled=False)
             if ratio is None:
                 # nothing measured yet: one launch, then twice what it launched in the last
@@ -343,7 +368,7 @@ class ComputeController:
         )  # fmt: skip
         # the period after a first refill or a gate opened or closed ran what was queued before
         # (a whole launch queue, against a trickle of launches while learning): not paired
-        st.switched = st.after is None or st.opened != want_open
+        st.switched = st.switched or st.after is None or st.opened != want_open
         st.after = after
         st.opened = want_open
         st.target = target

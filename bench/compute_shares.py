@@ -87,8 +87,26 @@ class Mix:
     expect: list[int] | None = None  # default: the cores
 
 
+@dataclass
+class MixResult:
+    shares: list[float]  # per tenant, % of the GPU over the 10 s window
+    seconds: list[list[float]]  # per tenant, over each whole second of it
+
+    def error(self, want: list[int]) -> float:
+        return max(abs(g - w) for g, w in zip(self.shares, want, strict=True))
+
+    def second_error(self, want: list[int]) -> float:
+        return max(abs(g - w) for per, w in zip(self.seconds, want, strict=True) for g in per)
+
+
 def run_mix(client, env: dict[str, str], boxes, m: Mix) -> list[float]:  # type: ignore[no-untyped-def]
     """Each tenant's share over a 10 s window that opens 2 s after the last start."""
+    return measure_mix(client, env, boxes, m).shares
+
+
+def measure_mix(client, env: dict[str, str], boxes, m: Mix) -> MixResult:  # type: ignore[no-untyped-def]
+    """Each tenant's share over a 10 s window that opens 2 s after the last
+    start, and over each second of it (on the load tool's 100 ms grid)."""
     seconds = SETTLE + WINDOW + 1.5
     n = len(m.cores)
     graphs, prios = m.graphs or [0] * n, m.priorities or ["normal"] * n
@@ -97,8 +115,12 @@ def run_mix(client, env: dict[str, str], boxes, m: Mix) -> list[float]:  # type:
                m.kernels[i], graphs[i])
         for i in range(n)
     ]  # fmt: skip
-    start = max(t.started for t in tenants) + int(SETTLE * NS)
-    return [t.share(start, start + int(WINDOW * NS)) for t in tenants]
+    grid = NS // 10
+    start = -(-(max(t.started for t in tenants) + int(SETTLE * NS)) // grid) * grid
+    return MixResult(
+        shares=[t.share(start, start + int(WINDOW * NS)) for t in tenants],
+        seconds=[[t.share(start + i * NS, start + (i + 1) * NS) for i in range(int(WINDOW))] for t in tenants],
+    )
 
 
 @dataclass
@@ -175,6 +197,49 @@ MIXES = [
 ]
 
 
+@dataclass
+class Setting:
+    """How the daemon measures: its compute_period, and the simulated driver's
+    per-process utilization sample period (None: every 10 ms bucket)."""
+
+    period: float
+    driver_sample_ms: int | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.period:g} s" + (f", NVML {self.driver_sample_ms} ms" if self.driver_sample_ms else "")
+
+
+SETTINGS = [Setting(0.05), Setting(0.2), Setting(0.5), Setting(0.05, 170)]
+
+
+@dataclass
+class Column:
+    mixes: dict[str, MixResult]
+    handover: Handover
+    lending: Lending
+
+
+def run_setting_gpu(setting: Setting) -> dict[str, str]:
+    """The simulated GPU's keys for a setting, beside its memory."""
+    return {"util_sample_time": f"{setting.driver_sample_ms}ms"} if setting.driver_sample_ms else {}
+
+
+def run_setting(setting: Setting, box) -> Column:  # type: ignore[no-untyped-def]
+    gpu = {"memory": "16Gi", **run_setting_gpu(setting)}
+    with tempfile.TemporaryDirectory(prefix="gpuslice-bench-") as t:
+        d_dir = Path(t) / "daemon"
+        d_dir.mkdir()
+        d = sim_daemon.start(d_dir, sim_daemon.write_config(d_dir, [gpu], compute_period=setting.period))
+        env = interposer_env(d)
+        try:
+            with d.client() as client:
+                mixes = {m.name: measure_mix(client, env, box, m) for m in MIXES}
+                return Column(mixes, run_handover(client, env, box), run_lending(client, env, box))
+        finally:
+            d.kill()
+
+
 def main() -> None:
     if os.geteuid() != 0:
         raise click.ClickException("compute-shares needs root (each tenant gets its own pid namespace)")
@@ -184,33 +249,38 @@ def main() -> None:
         boxes.append(PidNamespace())
         return boxes[-1]
 
-    with tempfile.TemporaryDirectory(prefix="gpuslice-bench-") as t:
-        d_dir = Path(t) / "daemon"
-        d_dir.mkdir()
-        d = sim_daemon.start(d_dir, sim_daemon.write_config(d_dir, [{"memory": "16Gi"}]))
-        env = interposer_env(d)
-        try:
-            with d.client() as client:
-                click.echo(f"one simulated GPU, {WINDOW:.0f} s windows from {SETTLE:.0f} s after the last start")
-                click.echo(f"  {'mix':<22}{'target %':<26}{'measured %':<40}{'worst error':>11}")
-                for m in MIXES:
-                    got = run_mix(client, env, box, m)
-                    want = m.expect or m.cores
-                    worst = max(abs(g - w) for g, w in zip(got, want, strict=True))
-                    shown = "/".join(f"{g:.1f}" for g in got)
-                    click.echo(f"  {m.name:<22}{'/'.join(map(str, want)):<26}{shown:<40}{worst:>10.2f}")
-                h = run_handover(client, env, box)
-                click.echo(f"  elastic 30 alone: {h.alone:.1f} %")
-                click.echo(f"  from 2 s after a 70 % tenant starts: {h.back:.1f} % over 10 s (other {h.other:.1f} %),"
-                           f" {h.back_2s:.1f} % over 2 s")  # fmt: skip
-                click.echo(f"  per second from then: {h.per_second}")
-                click.echo(f"  every sliding 1 s window within 3 points from {h.settled_ms} ms after the second start")
-                r = run_lending(client, env, box)
-                click.echo(f"  hard 50 running a 10 % load: {r.light:.1f} %, elastic 30 saturating beside it:"
-                           f" {r.borrower:.1f} %")  # fmt: skip
-                click.echo(f"  once the 50 saturates too: {r.light_after:.1f} / {r.borrower_after:.1f} %, its share"
-                           f" back in every 1 s window from {r.given_back_ms} ms after its load rose")  # fmt: skip
-        finally:
-            d.kill()
+    try:
+        columns = []
+        for setting in SETTINGS:
+            columns.append(run_setting(setting, box))
             for b in boxes:
                 b.stop()
+            boxes.clear()
+    finally:
+        for b in boxes:
+            b.stop()
+    report(columns)
+
+
+def report(columns: list[Column]) -> None:
+    w = 26
+    click.echo(f"one simulated GPU; % per tenant over {WINDOW:.0f} s from {SETTLE:.0f} s after the last start;")
+    click.echo("worst error in points: over the 10 s | over any whole second of it")
+    click.echo(f"  {'mix':<22}{'target %':<24}" + "".join(f"{s.label:<{w}}" for s in SETTINGS))
+    for m in MIXES:
+        want = m.expect or m.cores
+        got = [c.mixes[m.name] for c in columns]
+        click.echo(f"  {m.name:<22}{'/'.join(map(str, want)):<24}"
+                   + "".join(f"{'/'.join(f'{g:.1f}' for g in r.shares):<{w}}" for r in got))  # fmt: skip
+        click.echo(f"  {'':<46}" + "".join(f"{f'{r.error(want):.2f} | {r.second_error(want):.2f}':<{w}}" for r in got))
+    rows = [
+        ("elastic 30 alone %", lambda c: f"{c.handover.alone:.1f}"),
+        ("... 10 s after a 70 starts %", lambda c: f"{c.handover.back:.1f} (other {c.handover.other:.1f})"),
+        ("... first 2 s of it %", lambda c: f"{c.handover.back_2s:.1f}"),
+        ("... every 1 s within 3 from ms", lambda c: f"{c.handover.settled_ms}"),
+        ("hard 50 at 10 % / elastic 30 %", lambda c: f"{c.lending.light:.1f} / {c.lending.borrower:.1f}"),
+        ("both saturating %", lambda c: f"{c.lending.light_after:.1f} / {c.lending.borrower_after:.1f}"),
+        ("share back within 3 from ms", lambda c: f"{c.lending.given_back_ms}"),
+    ]
+    for name, cell in rows:
+        click.echo(f"  {name:<46}" + "".join(f"{cell(c):<{w}}" for c in columns))

@@ -418,10 +418,32 @@ NVAPI nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, nvmlMemoryErrorType_t type, nv
     return NVML_SUCCESS;
 }
 
-/* One sample per process covering the 10 ms buckets completed since
- * last_seen (at most the last second), stamped with the end of the last
- * bucket: a caller that passes back the newest timestamp it saw gets
- * consecutive windows that tile time exactly. */
+/* Per-process samples since last_seen (at most the last second), stamped on
+ * the realtime clock.  With no util_sample_time configured: one sample per
+ * process covering the 10 ms buckets completed since then (an ideal driver;
+ * a caller that passes back the newest timestamp gets windows that tile
+ * time).  With one: one sample per process per completed sample period in
+ * which it ran, in integer percent of that period, as real drivers report. */
+static int util_window(int idx, unsigned long long last_seen_us, uint64_t *from, uint64_t *to, unsigned long long *stamp)
+{
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    uint64_t mono = sim_now_ns(), period = sim_machine()->gpu[idx].util_sample_ns;
+    unsigned long long now_us = (unsigned long long)rt.tv_sec * 1000000ull + (unsigned long long)rt.tv_nsec / 1000;
+    *to = mono / period * period;
+    *from = *to - SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS / period * period;
+    *stamp = now_us - (mono - *to) / 1000; /* `to` on the realtime clock */
+    if (last_seen_us) {
+        if (last_seen_us >= *stamp)
+            return 0;
+        uint64_t seen = *to - (*stamp - last_seen_us) * 1000ull; /* back on the monotonic clock */
+        seen = (seen + period / 2) / period * period;
+        if (seen > *from)
+            *from = seen;
+    }
+    return *to > *from;
+}
+
 NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *samples, unsigned int *count,
                                       unsigned long long last_seen_us)
 {
@@ -429,36 +451,27 @@ NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSamp
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
     sim_sweep_dead();
-    struct timespec rt;
-    clock_gettime(CLOCK_REALTIME, &rt);
-    uint64_t mono = sim_now_ns();
-    unsigned long long now_us = (unsigned long long)rt.tv_sec * 1000000ull + (unsigned long long)rt.tv_nsec / 1000;
-    uint64_t to = mono / SIM_BUCKET_NS * SIM_BUCKET_NS;
-    uint64_t from = to - SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS;
-    unsigned long long stamp = now_us - (mono - to) / 1000; /* `to` on the realtime clock */
-    if (last_seen_us) {
-        if (last_seen_us >= stamp) {
-            from = to;
-        } else {
-            uint64_t seen = to - (stamp - last_seen_us) * 1000ull; /* back on the monotonic clock */
-            seen = (seen + SIM_BUCKET_NS / 2) / SIM_BUCKET_NS * SIM_BUCKET_NS;
-            if (seen > from)
-                from = seen;
-        }
-    }
-    uint64_t window = to > from ? to - from : 0;
+    uint64_t from, to;
+    unsigned long long stamp;
+    int any = util_window(idx, last_seen_us, &from, &to, &stamp);
+    uint64_t period = sim_machine()->gpu[idx].util_sample_ns;
+    if (period == SIM_BUCKET_NS) /* the ideal driver: one sample for the whole window */
+        period = to - from;
     unsigned n = 0, cap = *count;
-    for (int i = 0; window && i < SIM_MAX_PROCS; i++) {
-        const struct sim_proc *p = &sim_shm->proc[i];
-        if (!p->live || (!p->contexts[idx] && !p->mem[idx]))
-            continue;
-        uint64_t busy = sim_busy_between(idx, i, from, to);
-        if (!busy)
-            continue;
-        if (samples && n < cap)
-            samples[n] = (nvmlProcessUtilizationSample_t){.pid = (unsigned)sim_pid_for_reader(i), .timeStamp = stamp,
-                                                          .smUtil = percent(busy, window)};
-        n++;
+    for (uint64_t a = from; any && a < to; a += period) {
+        unsigned long long at = stamp - (to - a - period) / 1000;
+        for (int i = 0; i < SIM_MAX_PROCS; i++) {
+            const struct sim_proc *p = &sim_shm->proc[i];
+            if (!p->live || (!p->contexts[idx] && !p->mem[idx]))
+                continue;
+            uint64_t busy = sim_busy_between(idx, i, a, a + period);
+            if (!busy)
+                continue;
+            if (samples && n < cap)
+                samples[n] = (nvmlProcessUtilizationSample_t){.pid = (unsigned)sim_pid_for_reader(i), .timeStamp = at,
+                                                              .smUtil = percent(busy, period)};
+            n++;
+        }
     }
     *count = n;
     if (n == 0)

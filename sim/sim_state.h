@@ -46,6 +46,7 @@ struct sim_gpu_info { /* static, from the config */
     uint64_t memory;         /* bytes */
     uint64_t context_memory; /* bytes charged per CUDA context */
     uint64_t wave_ns;        /* modelled time of one wave of blocks */
+    uint64_t util_sample_ns; /* per-process utilization sample period (a multiple of SIM_BUCKET_NS) */
     int sms;
     int cc_major, cc_minor;
     int clock_khz;

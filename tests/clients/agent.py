@@ -706,6 +706,18 @@ class Agent:
             "samples": {str(k): v for k, v in samples.items()},
         }
 
+    def process_samples(self, last_seen_us: int, device: int = 0) -> list[list[int]]:
+        """[pid, timeStamp, smUtil] of each per-process utilization sample after last_seen_us."""
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(device)
+        try:
+            samples = [[int(s.pid), int(s.timeStamp), int(s.smUtil)] for s in
+                       pynvml.nvmlDeviceGetProcessUtilization(h, last_seen_us)]  # fmt: skip
+        except pynvml.NVMLError_NotFound:
+            samples = []
+        pynvml.nvmlShutdown()
+        return samples
+
     def monitor(self, device: int = 0) -> dict:
         return read_monitor(device)
 

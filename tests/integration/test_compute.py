@@ -14,12 +14,15 @@ import pytest
 from bench.compute_shares import (
     MIXES,
     NS,
+    SETTINGS,
     SETTLE,
     Mix,
     Tenant,
+    measure_mix,
     run_handover,
     run_lending,
     run_mix,
+    run_setting_gpu,
     slice_of,
 )
 from gpuslice.allocator.slice_files import SliceFiles
@@ -64,6 +67,16 @@ def test_each_tenant_gets_its_share(node, mix: Mix):
     print(mix.name, "targets", want, "measured", [round(g, 2) for g in got])
     for g, w in zip(got, want, strict=True):
         assert abs(g - w) <= TOLERANCE, (mix.name, got, want)
+
+
+@pytest.mark.parametrize("setting", SETTINGS[1:], ids=[s.label for s in SETTINGS[1:]])
+def test_hard_shares_hold_to_a_point_at_each_period_and_driver_sampling(daemon, containers, setting):
+    """Issue 30's goal: at longer periods, and with a driver that samples every
+    170 ms (integer percent per sample), hard 30/70 within 1 point over 10 s."""
+    d = daemon([gpu("16Gi", **run_setting_gpu(setting))], compute_period=setting.period)
+    with d.client() as client:
+        got = measure_mix(client, interposer_env(d), containers, MIXES[0])
+    assert got.error([30, 70]) <= 1.0, (setting.label, got.shares, got.seconds)
 
 
 def test_elastic_slice_borrows_the_idle_gpu_and_gives_it_back(node):

@@ -3,6 +3,7 @@ utilisation NVML derives from them."""
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -28,6 +29,26 @@ def test_idle_gpu_reads_near_zero(make_machine, agents):
     time.sleep(0.2)
     nv = a.call("nvml")
     assert nv["util"] <= 2 and nv["samples"] == {}
+
+
+def test_a_coarse_driver_samples_each_process_once_per_sample_period(make_machine, agents):
+    """util_sample_time: as a real driver, one sample per process per period in
+    which it ran, stamped at the period's end, in integer percent of it."""
+    m = make_machine([gpu("16Gi", util_sample_time="170ms")])
+    busy, watcher = agents(m), agents(m, init=False)
+    since = time.time_ns() // 1000
+    busy.call("launch_for", seconds=1.5)
+    time.sleep(1.2)
+    samples = watcher.call("process_samples", last_seen_us=since)
+    busy.call("join")
+    mine = sorted(s for s in samples if s[0] == busy.pid)
+    stamps = [t for _, t, _ in mine]
+    assert len(mine) >= 5 and all(t > since for t in stamps)
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    assert all(abs(g - 170_000) <= 1_000 for g in gaps), gaps  # one per period, none merged
+    assert all(u >= 80 for _, _, u in mine[1:]), mine  # integer percent of each period
+    later = watcher.call("process_samples", last_seen_us=stamps[-1])
+    assert all(t > stamps[-1] for _, t, _ in later)
 
 
 SCRIPT = r"""

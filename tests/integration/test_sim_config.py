@@ -77,6 +77,11 @@ BAD = [
     ),
     ("unknown key", {"gpus": [{"memory": "1Gi", "memroy": "2Gi"}]}, 'unknown key "memroy"'),
     ("no gpus", {"gpus": []}, "gpus: must list 1 to 8 GPUs"),
+    (
+        "sample time off the 10 ms grid",
+        {"gpus": [{"memory": "1Gi", "util_sample_time": "15ms"}]},
+        'gpus[0].util_sample_time: must be a multiple of 10ms up to 1000ms, got "15ms"',
+    ),
     ("not yaml", "gpus: [\n", "not valid YAML/JSON"),
 ]
 

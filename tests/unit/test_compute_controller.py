@@ -45,9 +45,13 @@ class Tenant:
 class FakeGpu:
     """A GPU that runs what was launched, time-sliced when it is more than a period holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, sample_every: int = 1, period: float = PERIOD) -> None:
+        self.period, self.period_ns = period, int(period * 1e9)
         self.now = 100.0
         self.reading = Reading({}, 0)
+        self.sample_every = sample_every  # a driver sampling every this many periods, in integer percent
+        self.periods = 0
+        self.unread: dict[int, float] = {}
 
     def clock(self) -> float:
         return self.now
@@ -60,16 +64,25 @@ class FakeGpu:
     def run(self, tenants: list[Tenant], busy: dict[int, bool]) -> None:
         for t in tenants:
             # a busy tenant launches as much as the GPU could run for it alone; an idle one nothing
-            t.launch(PERIOD_NS // NS_PER_THREAD if busy[t.pid] else 0)
+            t.launch(self.period_ns // NS_PER_THREAD if busy[t.pid] else 0)
         demand = {t.pid: t.launched * NS_PER_THREAD for t in tenants}
-        scale = min(1.0, PERIOD_NS / max(1, sum(demand.values())))
+        scale = min(1.0, self.period_ns / max(1, sum(demand.values())))
         for t in tenants:
             t.ran_ns.append(demand[t.pid] * scale)
-        self.reading = Reading({t.pid: t.ran_ns[-1] for t in tenants if t.ran_ns[-1]}, PERIOD_NS)
-        self.now += PERIOD
+        for t in tenants:
+            self.unread[t.pid] = self.unread.get(t.pid, 0.0) + t.ran_ns[-1]
+        self.periods += 1
+        if self.periods % self.sample_every == 0:
+            window = self.period_ns * self.sample_every
+            pct = {pid: round(100 * ns / window) for pid, ns in self.unread.items()}
+            self.reading = Reading({pid: p / 100 * window for pid, p in pct.items() if p}, window)
+            self.unread = {}
+        self.now += self.period
 
 
-def node(tmp_path: Path, *slices: tuple[int, bool]) -> tuple[FakeGpu, list[Tenant], ComputeController]:
+def node(
+    tmp_path: Path, *slices: tuple[int, bool], sample_every: int = 1, period: float = PERIOD
+) -> tuple[FakeGpu, list[Tenant], ComputeController]:
     """Slices of (cores, hard) on one GPU, each with one process."""
     tenants = []
     limits = {}  # the daemon's records, as SliceManager.limits_of gives them
@@ -79,9 +92,9 @@ def node(tmp_path: Path, *slices: tuple[int, bool]) -> tuple[FakeGpu, list[Tenan
         f.write_limits(limits[f.slice_id])
         f.claim_slot(1000 + i)
         tenants.append(Tenant(f, 1000 + i))
-    gpu = FakeGpu()
+    gpu = FakeGpu(sample_every, period)
     files = {t.files.slice_id: t.files for t in tenants}
-    controller = ComputeController(lambda: files, lambda sid: limits.get(sid, []), gpu.sample, PERIOD,
+    controller = ComputeController(lambda: files, lambda sid: limits.get(sid, []), gpu.sample, period,
                                    clock=gpu.clock)  # fmt: skip
     return gpu, tenants, controller
 
@@ -91,10 +104,10 @@ def drive(gpu: FakeGpu, tenants: list[Tenant], controller: ComputeController, se
     """Run for a while; each tenant's share of the GPU over that time, in percent."""
     busy = busy or {t.pid: True for t in tenants}
     start = [len(t.ran_ns) for t in tenants]
-    for _ in range(round(seconds / PERIOD)):
+    for _ in range(round(seconds / gpu.period)):
         gpu.run(tenants, busy)
         controller.tick()
-    total_ns = round(seconds / PERIOD) * PERIOD_NS
+    total_ns = round(seconds / gpu.period) * gpu.period_ns
     return [100 * sum(t.ran_ns[s:]) / total_ns for t, s in zip(tenants, start, strict=True)]
 
 
@@ -124,3 +137,57 @@ def test_an_idle_slice_lends_its_share_to_an_elastic_one_and_gets_it_back(tmp_pa
     drive(gpu, tenants, controller, 2.0)  # the hard slice starts: the elastic one hands its share back
     both = drive(gpu, tenants, controller, 8.0)
     assert both == pytest.approx([30, 70], abs=3.0)
+
+
+def test_a_driver_that_samples_less_often_than_the_budget_is_refilled_still_gives_exact_shares(tmp_path):
+    """Readings every 3 refills, in integer percent (a real driver's coarse
+    samples): the threads launched between readings pair with the next one."""
+    gpu, tenants, controller = node(tmp_path, (30, True), (70, True), sample_every=3)
+    drive(gpu, tenants, controller, 3.0)
+    assert drive(gpu, tenants, controller, 10.0) == pytest.approx([30, 70], abs=1.0)
+
+
+@pytest.mark.parametrize("period", [0.05, 0.2, 0.5])
+def test_a_new_hard_slice_learns_its_cost_within_four_periods_or_half_a_second(tmp_path, period):
+    gpu, tenants, controller = node(tmp_path, (30, True), period=period)
+    drive(gpu, tenants, controller, max(0.5, 4 * period))
+    assert drive(gpu, tenants, controller, 2.0) == pytest.approx([30], abs=1.0)
+
+
+@pytest.mark.parametrize("period", [0.2, 0.5])
+def test_hard_shares_hold_at_long_periods(tmp_path, period):
+    gpu, tenants, controller = node(tmp_path, (30, True), (70, True), period=period)
+    drive(gpu, tenants, controller, 2.0)
+    assert drive(gpu, tenants, controller, 10.0) == pytest.approx([30, 70], abs=1.0)
+
+
+class FakeNvml:
+    """pynvml's process utilization as a driver that samples every 170 ms gives it."""
+
+    class Sample:
+        def __init__(self, pid: int, ts: int, util: int) -> None:
+            self.pid, self.timeStamp, self.smUtil = pid, ts, util
+
+    def __init__(self, samples: list[tuple[int, int, int]]) -> None:
+        self.samples = samples
+
+    def __call__(self, handle: object, last_seen: int) -> list[Sample]:
+        return [self.Sample(*s) for s in self.samples if s[1] > last_seen]
+
+
+def test_nvml_readings_weigh_each_sample_by_the_period_it_covers(monkeypatch):
+    from gpuslice.allocator import compute
+
+    monkeypatch.setattr(compute.pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(compute.pynvml, "nvmlDeviceGetHandleByUUID", lambda u: u)
+    t0 = 1_000_000_000
+    # pid 7 ran in both periods, pid 8 only in the second: a driver leaves a process out of a period it did not run in
+    fake = FakeNvml([(7, t0, 10), (7, t0 + 170_000, 50), (8, t0 + 170_000, 20), (7, t0 + 340_000, 30)])
+    monkeypatch.setattr(compute.pynvml, "nvmlDeviceGetProcessUtilization", fake)
+    sampler = compute.NvmlUtilization()
+    sampler.last_seen[UUID] = t0
+    r = sampler(UUID)
+    assert r.window_ns == 340_000_000
+    assert r.busy_ns == pytest.approx({7: (0.5 + 0.3) * 170e6, 8: 0.2 * 170e6})
+    assert sampler.sample_interval(UUID) == pytest.approx(0.17)
+    assert sampler(UUID) == Reading({}, 0)  # nothing newer
