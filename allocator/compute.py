@@ -130,6 +130,7 @@ class GateState:
     window_ns: int = 0  # the time that reading covered
     used_avg: float = 0.0  # busy, averaged over about a second (for status and metrics)
     history: deque = field(default_factory=deque)  # (GPU ns, threads launched, window ns) per reading
+    measured_ns: int = 0  # the time all readings paired so far covered
     recent: deque = field(default_factory=deque)  # busy per reading over LEND_WINDOW_S, while active
 
     def ns_per_thread(self, settled: bool = True) -> float | None:
@@ -144,6 +145,7 @@ class GateState:
         """One reading and the threads launched in the time it covers; about
         RATIO_WINDOW_S of them are kept, and at least RATIO_MIN_PERIODS."""
         self.history.append((busy_ns, threads, window_ns))
+        self.measured_ns += window_ns
         while len(self.history) > RATIO_MIN_PERIODS and sum(w for _, _, w in self.history) > RATIO_WINDOW_S * 1e9:
             self.history.popleft()
 
@@ -334,8 +336,9 @@ class ComputeController:
         ratio = st.ns_per_thread() or prior
         if not entitled and st.after is not None:
             err = st.target * st.window_ns - st.busy_ns
-            if ratio is None:
-                # still learning its cost: what it ran beyond its target is owed, nothing is banked
+            if ratio is None or st.measured_ns < RATIO_WINDOW_S * 1e9:
+                # still learning its cost: what it ran beyond its target is owed, nothing is
+                # banked (a hard slice is not paid back a slow start in a burst beyond its share)
                 st.credit_ns += min(err, 0.0)
             elif err < 0 or self._last - st.last_hungry < HUNGRY_HOLD_S:
                 # a slice under its target by choice (it has not waited for budget
