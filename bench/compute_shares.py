@@ -263,7 +263,8 @@ def main() -> None:
 
 
 def report(columns: list[Column]) -> None:
-    w = 26
+    w = 2 + max(len("/".join(f"{g:.1f}" for g in r.shares)) for c in columns for r in c.mixes.values())
+    w = max(w, 2 + max(len(s.label) for s in SETTINGS))
     click.echo(f"one simulated GPU; % per tenant over {WINDOW:.0f} s from {SETTLE:.0f} s after the last start;")
     click.echo("worst error in points: over the 10 s | over any whole second of it")
     click.echo(f"  {'mix':<22}{'target %':<24}" + "".join(f"{s.label:<{w}}" for s in SETTINGS))
