@@ -31,6 +31,12 @@ from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
+# The slice model is one lock: beyond a few handler threads, more only queue on it
+# and on the GIL, and the one holding it waits its turn (32 made Reserve's p99
+# under 32 clients 2.3x that of 4: docs/performance.md). Calls past these wait in
+# gRPC's own queue, which costs no Python.
+GRPC_WORKERS = 4
+
 
 def _load_nvml(cfg: Config) -> inventory.Inventory:
     if cfg.nvml == "sim":
@@ -102,7 +108,7 @@ class Daemon:
             start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_address)
         self.cfg.socket.parent.mkdir(parents=True, exist_ok=True)
         self.cfg.socket.unlink(missing_ok=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS))
         pb_grpc.add_AllocatorServicer_to_server(AllocatorService(self.manager, self.compute), server)
         health_servicer = health.HealthServicer()
         health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
