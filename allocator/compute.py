@@ -312,6 +312,21 @@ class ComputeController:
         need = max(peak * LEND_HEADROOM, peak + LEND_MARGIN)
         return need if need < s.guarantee else None
 
+    @staticmethod
+    def _pair(st: GateState, tokens: int) -> None:
+        """Count the threads launched since our last refill (`tokens` is the
+        gate now), and pair a new reading with those launched in the time it
+        covers (a driver may sample less often than we refill)."""
+        if st.after is not None:
+            st.consumed = max(0, st.after - tokens)
+            st.unpaired += st.consumed
+        if st.window_ns:
+            if not st.switched:
+                # the launch queue's lag is a small part of a long reading, and the ratio
+                # spans about a second of them
+                st.remember(st.busy_ns, st.unpaired, st.window_ns)
+            st.unpaired, st.switched, st.reading_ns = 0, False, float(st.window_ns)
+
     def _budget(
         self,
         f: SliceFiles,
@@ -323,15 +338,7 @@ class ComputeController:
         prior: float | None,
     ) -> None:
         tokens = int(f.usage.gate[s.gpu].tokens)
-        if st.after is not None:
-            st.consumed = max(0, st.after - tokens)  # threads launched since our last refill
-            st.unpaired += st.consumed
-        if st.window_ns:  # a new reading (a driver may sample less often than we refill)
-            if not st.switched:
-                # paired with the threads launched in the time it covers: the launch queue's lag
-                # is a small part of a long reading, and the ratio spans about a second
-                st.remember(st.busy_ns, st.unpaired, st.window_ns)
-            st.unpaired, st.switched, st.reading_ns = 0, False, float(st.window_ns)
+        self._pair(st, tokens)
         entitled = st.opened and st.target >= OPEN_AT and not s.hard  # had the whole GPU to itself
         ratio = st.ns_per_thread() or prior
         if not entitled and st.after is not None:
