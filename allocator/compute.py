@@ -47,6 +47,7 @@ class Reading:
 
     busy_ns: dict[int, float]
     window_ns: int
+    age_ns: int = 0  # how long before the call the newest sample ended
 
 
 Sampler = Callable[[str], Reading]
@@ -91,7 +92,7 @@ class NvmlUtilization:
         if uuid in self.last_seen:
             gaps.append(span[stamps[0]])
         self.last_seen[uuid] = stamps[-1]
-        return Reading(busy, (stamps[-1] - seen) * 1000)
+        return Reading(busy, (stamps[-1] - seen) * 1000, max(0, time.time_ns() // 1000 - stamps[-1]) * 1000)
 
     def sample_interval(self, uuid: str) -> float | None:
         """The driver's sample interval on this GPU (s): the shortest of the
@@ -128,6 +129,7 @@ class GateState:
     busy: float = 0.0  # fraction of the GPU used in the last reading
     busy_ns: float = 0.0  # GPU time used in the last reading
     window_ns: int = 0  # the time that reading covered
+    age_ns: int = 0  # ... and how long before it was read it ended
     used_avg: float = 0.0  # busy, averaged over about a second (for status and metrics)
     history: deque = field(default_factory=deque)  # (GPU ns, threads launched, window ns) per reading
     measured_ns: int = 0  # the time all readings paired so far covered
@@ -259,7 +261,7 @@ class ComputeController:
                 f = files[s.slice_id]
                 pids = f.slot_pids().values()
                 st.busy_ns = sum(reading.busy_ns.get(pid, 0.0) for pid in pids)
-                st.window_ns = reading.window_ns
+                st.window_ns, st.age_ns = reading.window_ns, reading.age_ns
                 if reading.window_ns:
                     st.busy = st.busy_ns / reading.window_ns
                     w = min(1.0, reading.window_ns / 1e9)
@@ -313,7 +315,7 @@ class ComputeController:
         return need if need < s.guarantee else None
 
     @staticmethod
-    def _pair(st: GateState, tokens: int) -> None:
+    def _pair(st: GateState, tokens: int, dt: float) -> None:
         """Count the threads launched since our last refill (`tokens` is the
         gate now), and pair a new reading with those launched in the time it
         covers (a driver may sample less often than we refill)."""
@@ -321,11 +323,13 @@ class ComputeController:
             st.consumed = max(0, st.after - tokens)
             st.unpaired += st.consumed
         if st.window_ns:
+            # what was launched after the newest sample ended goes with the next reading
+            later = int(st.consumed * min(1.0, st.age_ns / (dt * 1e9)))
             if not st.switched:
                 # the launch queue's lag is a small part of a long reading, and the ratio
                 # spans about a second of them
-                st.remember(st.busy_ns, st.unpaired, st.window_ns)
-            st.unpaired, st.switched, st.reading_ns = 0, False, float(st.window_ns)
+                st.remember(st.busy_ns, st.unpaired - later, st.window_ns)
+            st.unpaired, st.switched, st.reading_ns = later, False, float(st.window_ns)
 
     def _budget(
         self,
@@ -338,7 +342,7 @@ class ComputeController:
         prior: float | None,
     ) -> None:
         tokens = int(f.usage.gate[s.gpu].tokens)
-        self._pair(st, tokens)
+        self._pair(st, tokens, dt)
         entitled = st.opened and st.target >= OPEN_AT and not s.hard  # had the whole GPU to itself
         ratio = st.ns_per_thread() or prior
         if not entitled and st.after is not None:
