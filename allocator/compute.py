@@ -36,7 +36,6 @@ LEND_HEADROOM = 1.5  # ... keeping this multiple of its peak use over that windo
 LEND_MARGIN = 0.05  # ... and at least this much of the GPU above it
 BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %)
 BEST_EFFORT_FLOOR = 0.01  # ... which still progresses when every share is taken
-SAMPLE_GAPS = 16  # the driver's sample interval is the shortest of this many gaps between samples
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
 TIERS = ("high", "normal", "low")
 
@@ -58,14 +57,12 @@ class NvmlUtilization:
     since the newest sample of the previous one (pids as this process sees
     them).  A driver returns a sample per process per sample period in which
     it ran, in integer percent of that period; the periods are the gaps
-    between the samples' timestamps, which also tell the driver's sample
-    interval."""
+    between the samples' timestamps."""
 
     def __init__(self) -> None:
         pynvml.nvmlInit()
         self.handles: dict[str, object] = {}
         self.last_seen: dict[str, int] = {}
-        self.gaps: dict[str, deque[int]] = {}  # the latest gaps between sample timestamps, us
 
     def __call__(self, uuid: str) -> Reading:
         h = self.handles.get(uuid)
@@ -87,18 +84,8 @@ class NvmlUtilization:
         for x in samples:
             if int(x.timeStamp) in span:
                 busy[int(x.pid)] = busy.get(int(x.pid), 0.0) + int(x.smUtil) / 100 * span[int(x.timeStamp)] * 1000
-        gaps = self.gaps.setdefault(uuid, deque(maxlen=SAMPLE_GAPS))
-        gaps.extend(span[t] for t in stamps[1:] if uuid in self.last_seen)
-        if uuid in self.last_seen:
-            gaps.append(span[stamps[0]])
         self.last_seen[uuid] = stamps[-1]
         return Reading(busy, (stamps[-1] - seen) * 1000, max(0, time.time_ns() // 1000 - stamps[-1]) * 1000)
-
-    def sample_interval(self, uuid: str) -> float | None:
-        """The driver's sample interval on this GPU (s): the shortest of the
-        latest gaps between samples, None until some were seen."""
-        gaps = self.gaps.get(uuid)
-        return min(gaps) / 1e6 if gaps else None
 
 
 @dataclass

@@ -189,5 +189,4 @@ def test_nvml_readings_weigh_each_sample_by_the_period_it_covers(monkeypatch):
     r = sampler(UUID)
     assert r.window_ns == 340_000_000
     assert r.busy_ns == pytest.approx({7: (0.5 + 0.3) * 170e6, 8: 0.2 * 170e6})
-    assert sampler.sample_interval(UUID) == pytest.approx(0.17)
     assert sampler(UUID) == Reading({}, 0)  # nothing newer
