@@ -35,6 +35,7 @@ from gpuslice import errors
 from gpuslice.device_plugin import gpu_fit, node_gpus
 from gpuslice.device_plugin.admission import asks_of
 from gpuslice.device_plugin.gpu_fit import Take
+from gpuslice.http_json import send_json
 
 log = logging.getLogger(__name__)
 
@@ -222,12 +223,7 @@ class Server:
                 log.debug(fmt, *args)
 
             def _send(self, code: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, body)
 
             def do_GET(self) -> None:
                 if self.path == "/healthz":

@@ -21,6 +21,8 @@ from urllib.parse import parse_qs
 import kubernetes_validate
 import yaml
 
+from gpuslice.http_json import send_json
+
 K8S_VERSION = "1.37"
 BASE = "/apis/resource.k8s.io/v1"
 
@@ -123,12 +125,7 @@ class ApiServer:
                 pass
 
             def _send(self, code: int, body: dict[str, Any]) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, code, body)
 
             def _missing(self) -> None:
                 self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
