@@ -1,0 +1,161 @@
+"""The Helm chart (deploy/helm/gpuslice) through the real helm v4: lint and
+template for every mode on every Kubernetes version it is meant for, each
+object valid for that version (kubernetes-validate, strict); the combinations
+and values it must refuse, refused with one line; and the kustomize overlays
+it renders for package-installed nodes (tools/render_deploy.py) up to date."""
+
+from __future__ import annotations
+
+import json
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from tests.harness import REPO
+from tests.harness.helm import CHART, helm, template, template_args
+from tools import render_deploy
+
+VERSIONS = ("1.30", "1.33", "1.35", "1.37")
+MODES = ("dra", "devicePlugin", "runtimeClass")
+# the objects of kinds Kubernetes itself does not serve (the Prometheus Operator's CRDs)
+CUSTOM = {"ServiceMonitor"}
+
+
+def meant_for(mode: str, version: str) -> bool:
+    return mode != "dra" or version >= "1.34"
+
+
+def by_kind(objects: list[dict]) -> dict[tuple[str, str], dict]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("mode", MODES)
+def test_helm_lint_passes_in_every_mode_where_it_is_meant_for(mode, version):
+    r = helm("lint", str(CHART), "--strict", "--set", f"mode={mode}", "--kube-version", f"{version}.0", check=False)
+    if meant_for(mode, version):
+        assert r.returncode == 0 and "1 chart(s) linted, 0 chart(s) failed" in r.stdout, r.stdout + r.stderr
+    else:  # lint reports a template's fail without failing; template (below) refuses
+        assert "mode dra needs Kubernetes 1.34 or later" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("mode", MODES)
+def test_every_object_is_valid_for_the_kubernetes_it_is_rendered_for(mode, version):
+    if not meant_for(mode, version):
+        r = helm(*template_args(f"{version}.0", f"mode={mode}"), check=False)
+        assert r.returncode != 0 and "mode dra needs Kubernetes 1.34 or later" in r.stderr
+        return
+    extra = ("devicePlugin.schedulerExtender.enabled=true",) if mode == "devicePlugin" else ()
+    objects = template(f"{version}.0", f"mode={mode}", "metrics.serviceMonitor.enabled=true", *extra)
+    kinds = {o["kind"] for o in objects}
+    assert {"DaemonSet", "Service", "ConfigMap", "ServiceMonitor"} <= kinds
+    for obj in objects:
+        if obj["kind"] not in CUSTOM:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_each_mode_installs_its_own_components_and_the_node_agent():
+    for mode, ours in (("dra", {("DaemonSet", "gpuslice-kubelet-plugin"), ("DeviceClass", "gpuslice.io")}),
+                       ("devicePlugin", {("DaemonSet", "gpuslice-device-plugin")}),
+                       ("runtimeClass", {("RuntimeClass", "gpuslice")})):  # fmt: skip
+        objects = by_kind(template("1.35.0", f"mode={mode}"))
+        assert ours <= set(objects), mode
+        assert ("DaemonSet", "gpuslice-node-agent") in objects
+        others = {("DaemonSet", "gpuslice-kubelet-plugin"), ("DaemonSet", "gpuslice-device-plugin"),
+                  ("RuntimeClass", "gpuslice")} - ours  # fmt: skip
+        assert not others & set(objects), mode
+    off = by_kind(template("1.35.0", "mode=devicePlugin", "nodeAgent.enabled=false"))
+    assert ("DaemonSet", "gpuslice-node-agent") not in off
+    # nodes with the package: the plugin waits for its daemon's directory rather than creating it
+    plugin = off[("DaemonSet", "gpuslice-device-plugin")]["spec"]["template"]["spec"]
+    assert {"name": "daemon", "hostPath": {"path": "/run/gpuslice", "type": "Directory"}} in plugin["volumes"]
+
+
+def test_the_image_defaults_to_the_project_version_and_follows_the_values():
+    project = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    import tomllib
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert project["appVersion"] == project["version"] == version
+    images = {c["image"] for o in template("1.37.0") if o["kind"] == "DaemonSet"
+              for c in o["spec"]["template"]["spec"]["containers"]}  # fmt: skip
+    assert images == {f"gpuslice/kubelet-plugin:{version}"}
+    images = {c["image"] for o in template("1.37.0", "image.repository=reg.example/gs", "image.tag=9.9")
+              if o["kind"] == "DaemonSet" for c in o["spec"]["template"]["spec"]["containers"]}  # fmt: skip
+    assert images == {"reg.example/gs:9.9"}
+
+
+def test_the_agent_and_the_metrics_service_agree_on_the_port_and_it_is_not_dcgm_exporters():
+    objects = by_kind(template("1.37.0", "metrics.serviceMonitor.enabled=true"))
+    agent = objects[("DaemonSet", "gpuslice-node-agent")]["spec"]["template"]["spec"]
+    [container] = agent["containers"]
+    port = int(next(a for a in container["command"] if a.startswith("--metrics-port=")).split("=")[1])
+    assert port != 9400 and container["ports"] == [{"name": "metrics", "containerPort": port}]
+    svc = objects[("Service", "gpuslice-metrics")]["spec"]
+    assert svc["ports"][0]["port"] == port and svc["selector"] == {"app.kubernetes.io/name": "gpuslice-node-agent"}
+    monitor = objects[("ServiceMonitor", "gpuslice")]["spec"]
+    assert monitor["endpoints"][0]["port"] == "metrics" and monitor["endpoints"][0]["honorLabels"] is True
+    assert (
+        monitor["selector"]["matchLabels"].items()
+        <= objects[("Service", "gpuslice-metrics")]["metadata"]["labels"].items()
+    )
+    assert agent["hostPID"] is True  # the daemon knows containers by their host pids
+    dashboard = objects[("ConfigMap", "gpuslice-dashboard")]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["gpuslice.json"]) == json.loads(
+        (CHART / "dashboards" / "gpuslice.json").read_text()
+    )
+
+
+@pytest.mark.parametrize(
+    "sets, says",
+    [
+        (("mode=dra", "runtimeClass.enabled=true"), "runtimeClass.enabled with mode dra books GPUs twice"),
+        (("mode=devicePlugin", "runtimeClass.enabled=true"), "runtimeClass.enabled with mode devicePlugin books"),
+        (("mode=dra", "devicePlugin.schedulerExtender.enabled=true"), "schedulerExtender.enabled needs mode"),
+        (("metrics.port=9400",), "metrics.port 9400 is dcgm-exporter's"),
+        (("nodeAgent.enabled=false", "metrics.serviceMonitor.enabled=true"), "needs nodeAgent.enabled"),
+    ],
+)
+def test_the_chart_refuses_combinations_that_double_book_or_cannot_work(sets, says):
+    r = helm(*template_args("1.37.0", *sets), check=False)
+    assert r.returncode != 0 and says in r.stderr
+    assert len([line for line in r.stderr.splitlines() if line.startswith("Error:")]) == 1
+
+
+@pytest.mark.parametrize(
+    "values, says",
+    [
+        ({"mode": "mig"}, "at '/mode': value must be one of 'dra', 'devicePlugin', 'runtimeClass'"),
+        ({"nodeAgent": {"runtime": "docker"}}, "at '/nodeAgent/runtime'"),
+        ({"metrics": {"port": "9445"}}, "at '/metrics/port'"),
+        ({"nodeAgent": {"hostDir": "relative/dir"}}, "at '/nodeAgent/hostDir'"),
+        ({"devicePlugin": {"schedulerExtender": {"policy": "random"}}}, "at '/devicePlugin/schedulerExtender/policy'"),
+        ({"nodeAgnet": {"enabled": False}}, "additional properties 'nodeAgnet' not allowed"),
+    ],
+)
+def test_a_bad_values_file_is_refused_by_the_schema_with_helms_message(tmp_path, values, says):
+    f = tmp_path / "values.yaml"
+    f.write_text(yaml.safe_dump(values))
+    for verb in (template_args("1.37.0", values=f), ["lint", str(CHART), "--values", str(f)]):
+        r = helm(*verb, check=False)
+        assert r.returncode != 0 and says in r.stderr + r.stdout, (verb[0], r.stderr + r.stdout)
+
+
+def test_the_notes_name_what_was_installed_and_a_first_pod():
+    for mode, says in (("dra", "deviceClassName: gpuslice.io"), ("devicePlugin", '"gpuslice.io/memory":"4"'),
+                       ("runtimeClass", "gpuslice.io/memory=4Gi")):  # fmt: skip
+        # helm template leaves NOTES.txt out; install --dry-run (for helm's own Kubernetes, 1.35) shows it
+        r = helm("install", "gpuslice", str(CHART), "--dry-run=client", "--namespace", "gpuslice-system",
+                 "--set", f"mode={mode}")  # fmt: skip
+        notes = r.stdout.split("NOTES:", 1)[1]
+        assert says in notes and f"mode {mode}" in notes and "gpuslice-node-agent" in notes, mode
+
+
+def test_the_kustomize_overlays_are_the_chart_rendered():
+    for o in render_deploy.OVERLAY_LIST:
+        for name, text in render_deploy.rendered(o).items():
+            path = render_deploy.OVERLAYS / o.name / name
+            assert path.is_file() and path.read_text() == text, f"{path}: run python -m tools.render_deploy"
