@@ -55,7 +55,8 @@ class Config:
     state_dir: Path = Path(constants.STATE_DIR)
     slice_files_dir: Path = Path(constants.SLICE_FILES_DIR)  # each slice's limits and usage files
     metrics_address: str = "127.0.0.1"
-    metrics_port: int = 9400  # 0 turns the endpoint off
+    # 0 turns the endpoint off; not 9400, where NVIDIA's dcgm-exporter listens on the same nodes
+    metrics_port: int = 9445
     sweep_interval: float = 5.0
     compute_period: float = 0.05  # seconds between launch-budget refills (docs/compute.md)
     reservation_timeout: float = 300.0

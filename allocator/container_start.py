@@ -121,7 +121,7 @@ def create_runtime(state: oci.State, slices: SliceManager) -> None:
         if any(s.claim.startswith(constants.DEVICES_SLICE_PREFIX) for s in shares):
             compute = request.read_compute(requested(config, state))  # its size is the kubelet's allocation
         _container_process(cid, state.pid)
-        slices.join(cid, shares, state.pid, compute)
+        slices.join(cid, shares, state.pid, compute, oci.workload_of(oci.annotations_of(config, state)))
         return
     try:
         slices.get(cid)
@@ -134,7 +134,7 @@ def create_runtime(state: oci.State, slices: SliceManager) -> None:
         asked = request.read(_with_injected(ours, config))  # bad values fail here, with the parser's one line
         assert asked is not None
         _container_process(cid, state.pid)
-        slices.reserve(cid, asked, owner="hook")
+        slices.reserve(cid, asked, owner="hook", workload=oci.workload_of(oci.annotations_of(config, state)))
         reserved_here = True
     try:
         slices.bind(cid, state.pid)
@@ -169,7 +169,9 @@ def prepare(bundle: Path, container_id: str, slices: SliceManager, spec_path: st
     asked = request.read(requested(config))  # the one line for bad values, before anything is reserved
     if asked is None:
         return False
-    placed = slices.reserve(container_id, asked, owner="runtime-shim")
+    placed = slices.reserve(
+        container_id, asked, owner="runtime-shim", workload=oci.workload_of(oci.annotations_of(config))
+    )
     try:
         cdi_apply.inject(config, _devices(spec_path, [a.gpu_uuid for a in placed.allocations]))
         path = bundle / oci.CONFIG_NAME

@@ -1,13 +1,30 @@
-"""Prometheus metrics: RPC counts and latencies, and per GPU / per slice
-gauges collected from the slice store at scrape time."""
+"""Prometheus metrics: RPC counts and latencies, reservations, and per GPU /
+per slice series collected from the slice store and the slice files at scrape
+time.
+
+Every per-slice series carries who it serves as people look for it: the node,
+and the Kubernetes namespace, pod and container name (from the CRI's
+annotations, the DRA claim, the device plugin's admission; empty outside
+Kubernetes), beside the container ID and slice ID that name it to gpuslice."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import socket
+from collections.abc import Callable, Iterator
+from functools import wraps
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from prometheus_client import Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
+
+from gpuslice import errors
+
+if TYPE_CHECKING:
+    from gpuslice.allocator.compute import ComputeController
+    from gpuslice.allocator.slices import SliceManager
+    from gpuslice.allocator.store import SliceRecord
 
 RPCS = Counter("gpuslice_rpc_total", "gRPC calls by method and status", ["method", "code"])
 RPC_SECONDS = Histogram(
@@ -16,61 +33,108 @@ RPC_SECONDS = Histogram(
     ["method"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
+RESERVATIONS = Counter(
+    "gpuslice_reservations_total",
+    "slices asked for, by owner kind (container, claim, devices, member) and result (ok, or the refusal's kind)",
+    ["kind", "result"],
+)
+
+WORKLOAD = ["node", "namespace", "pod", "container"]
+SLICE = [*WORKLOAD, "container_id", "slice"]
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def node_name() -> str:
+    """The node the daemon serves: NODE_NAME (the DaemonSet's downward API), else the host name."""
+    return os.environ.get("NODE_NAME", "").strip() or socket.gethostname()
+
+
+def counted(kind: str) -> Callable[[Callable[P, T]], Callable[P, T]]:
+    """Count a reservation of `kind` by its result."""
+
+    def wrap(fn: Callable[P, T]) -> Callable[P, T]:
+        @wraps(fn)
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            try:
+                got = fn(*args, **kwargs)
+            except errors.GpusliceError as e:
+                RESERVATIONS.labels(kind, type(e).__name__).inc()
+                raise
+            RESERVATIONS.labels(kind, "ok").inc()
+            return got
+
+        return call
+
+    return wrap
 
 
 class SliceCollector(Collector):
-    def __init__(self, manager, compute=None) -> None:
+    def __init__(self, manager: SliceManager, compute: ComputeController | None = None, node: str = "") -> None:
         self.m = manager
         self.compute = compute
+        self.node = node or node_name()
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        gpu_total = GaugeMetricFamily("gpuslice_gpu_memory_total_bytes", "GPU memory", labels=["gpu", "uuid"])
-        gpu_reserved = GaugeMetricFamily(
-            "gpuslice_gpu_memory_reserved_bytes", "GPU memory held by slices", labels=["gpu", "uuid"]
-        )
-        gpu_cores = GaugeMetricFamily("gpuslice_gpu_cores_reserved", "compute shares held", labels=["gpu", "uuid"])
-        gpu_slices = GaugeMetricFamily("gpuslice_gpu_slices", "slices on the GPU", labels=["gpu", "uuid"])
+    def _who(self, r: SliceRecord) -> list[str]:
+        w = r.workload
+        return [self.node, w.namespace, w.pod, w.container, r.container_id, r.id]
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield from self._gpus()
+        yield from self._slices()
+
+    def _gpus(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["node", "gpu", "uuid"]
+        total = GaugeMetricFamily("gpuslice_gpu_memory_total_bytes", "GPU memory", labels=labels)
+        reserved = GaugeMetricFamily("gpuslice_gpu_memory_reserved_bytes", "GPU memory held by slices", labels=labels)
+        cores = GaugeMetricFamily("gpuslice_gpu_cores_reserved", "compute shares held (percent)", labels=labels)
+        slices = GaugeMetricFamily("gpuslice_gpu_slices", "slices on the GPU", labels=labels)
         for c in self.m.capacities():
-            labels = [str(c.index), c.uuid]
-            gpu_total.add_metric(labels, c.memory_total)
-            gpu_reserved.add_metric(labels, c.memory_reserved)
-            gpu_cores.add_metric(labels, c.cores_reserved)
-            gpu_slices.add_metric(labels, c.slices)
-        lim = GaugeMetricFamily(
-            "gpuslice_slice_memory_limit_bytes", "slice memory limit", labels=["container", "slice", "gpu"]
-        )
-        used = GaugeMetricFamily(
-            "gpuslice_slice_memory_used_bytes", "slice memory in use", labels=["container", "slice"]
-        )
-        cores = GaugeMetricFamily("gpuslice_slice_cores", "slice compute share", labels=["container", "slice", "gpu"])
-        procs = GaugeMetricFamily("gpuslice_slice_processes", "processes attached", labels=["container", "slice"])
-        driver = GaugeMetricFamily(
-            "gpuslice_slice_driver_enforced", "1 when the driver enforces the slice's memory limit too",
-            labels=["container", "slice"],
-        )  # fmt: skip
+            values = [self.node, str(c.index), c.uuid]
+            total.add_metric(values, c.memory_total)
+            reserved.add_metric(values, c.memory_reserved)
+            cores.add_metric(values, c.cores_reserved)
+            slices.add_metric(values, c.slices)
+        yield from (total, reserved, cores, slices)
+
+    def _slices(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        per_gpu = [*SLICE, "gpu"]
+        limit = GaugeMetricFamily("gpuslice_slice_memory_limit_bytes", "slice memory limit", labels=per_gpu)
+        cores = GaugeMetricFamily("gpuslice_slice_cores", "compute share asked (percent of the GPU)", labels=per_gpu)
+        used = GaugeMetricFamily("gpuslice_slice_memory_used_bytes", "slice memory in use, all GPUs", labels=SLICE)
+        procs = GaugeMetricFamily("gpuslice_slice_processes", "processes attached", labels=SLICE)
+        driver = GaugeMetricFamily("gpuslice_slice_driver_enforced",
+                                   "1 when the driver enforces the slice's memory limit too", labels=SLICE)  # fmt: skip
+        throttled = CounterMetricFamily("gpuslice_slice_throttled_launches",
+                                        "kernel launches that waited for the slice's compute budget",
+                                        labels=per_gpu)  # fmt: skip
+        refused = CounterMetricFamily("gpuslice_slice_oom_refusals",
+                                      "allocations refused at the slice's memory limit", labels=per_gpu)  # fmt: skip
+        target = GaugeMetricFamily("gpuslice_slice_compute_target_ratio",
+                                   "share of the GPU the controller aims at", labels=per_gpu)  # fmt: skip
+        got = GaugeMetricFamily("gpuslice_slice_compute_used_ratio",
+                                "share of the GPU used, over about a second", labels=per_gpu)  # fmt: skip
         for v in self.m.views():
-            r = v.record
+            r, who = v.record, self._who(v.record)
+            in_files = list(dict.fromkeys(a.gpu_uuid for a in r.allocations))  # the slice files' GPU order
             for a in r.allocations:
-                lim.add_metric([r.container_id, r.id, str(a.gpu_index)], a.memory)
-                cores.add_metric([r.container_id, r.id, str(a.gpu_index)], a.cores)
-            used.add_metric([r.container_id, r.id], v.memory_used)
-            procs.add_metric([r.container_id, r.id], v.processes)
-            driver.add_metric([r.container_id, r.id], 1 if v.enforcement.startswith("driver") else 0)
-        yield from (gpu_total, gpu_reserved, gpu_cores, gpu_slices, lim, used, cores, procs, driver)
-        yield from self._compute()
-
-    def _compute(self) -> Iterator[GaugeMetricFamily]:
-        target = GaugeMetricFamily(
-            "gpuslice_slice_compute_target_ratio", "share of the GPU the controller aims at", labels=["slice", "gpu"]
-        )
-        used = GaugeMetricFamily(
-            "gpuslice_slice_compute_used_ratio", "share of the GPU used in the last period", labels=["slice", "gpu"]
-        )
-        for sid, g, t, u in self.compute.report() if self.compute else ():
-            target.add_metric([sid, str(g)], t)
-            used.add_metric([sid, str(g)], u)
-        yield from (target, used)
+                limit.add_metric([*who, str(a.gpu_index)], a.memory)
+                cores.add_metric([*who, str(a.gpu_index)], a.cores)
+            used.add_metric(who, v.memory_used)
+            procs.add_metric(who, v.processes)
+            driver.add_metric(who, 1 if v.enforcement.startswith("driver") else 0)
+            index = {a.gpu_uuid: a.gpu_index for a in r.allocations}
+            for g, (waits, refusals) in enumerate(self.m.counters(r)):
+                gpu = str(index[in_files[g]])
+                throttled.add_metric([*who, gpu], waits)
+                refused.add_metric([*who, gpu], refusals)
+            for g, uuid in enumerate(in_files):
+                t, u = self.compute.view(r.id, g) if self.compute else (0.0, 0.0)
+                if t or u:
+                    target.add_metric([*who, str(index[uuid])], t)
+                    got.add_metric([*who, str(index[uuid])], u)
+        yield from (limit, cores, used, procs, driver, throttled, refused, target, got)
 
 
-def register(manager, compute=None) -> None:
-    REGISTRY.register(SliceCollector(manager, compute))
+def register(manager: SliceManager, compute: ComputeController | None = None, node: str = "") -> None:
+    REGISTRY.register(SliceCollector(manager, compute, node))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice import errors
+from gpuslice.allocator.store import NO_WORKLOAD, Workload
 
 CONFIG_NAME = "config.json"
 MAX_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes; never read a device or a huge file whole
@@ -21,6 +22,17 @@ SANDBOX_MARKS = (
     ("io.kubernetes.cri.container-type", "sandbox"),  # containerd
     ("io.kubernetes.cri-o.ContainerType", "sandbox"),  # CRI-O
 )
+
+
+# The pod's namespace and name and the container's name, as each CRI
+# implementation writes them into every container's annotations: containerd's
+# CRI plugin (its annotations package), and CRI-O (the kubelet's own container
+# labels, which CRI-O also keeps as one JSON annotation).
+WORKLOAD_KEYS = (
+    ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.cri.sandbox-name", "io.kubernetes.cri.container-name"),
+    ("io.kubernetes.pod.namespace", "io.kubernetes.pod.name", "io.kubernetes.container.name"),
+)
+CRIO_LABELS = "io.kubernetes.cri-o.Labels"
 
 
 class OciError(errors.InvalidArgument):
@@ -83,6 +95,21 @@ def annotations_of(config: dict[str, Any], state: State | None = None) -> dict[s
 def is_sandbox(notes: dict[str, str]) -> bool:
     """A CRI pod's sandbox (pause) container, which never gets a GPU."""
     return any(notes.get(key) == value for key, value in SANDBOX_MARKS)
+
+
+def workload_of(notes: dict[str, str]) -> Workload:
+    """The Kubernetes workload a CRI runtime's container belongs to; nothing
+    for a container no CRI made (Podman, Docker, ctr)."""
+    for keys in WORKLOAD_KEYS:
+        if notes.get(keys[1]):
+            return Workload(*(notes.get(k, "") for k in keys))
+    try:
+        labels = json.loads(notes.get(CRIO_LABELS) or "{}")
+    except ValueError:
+        return NO_WORKLOAD
+    if isinstance(labels, dict) and labels.get(WORKLOAD_KEYS[1][1]):
+        return Workload(*(str(labels.get(k, "")) for k in WORKLOAD_KEYS[1]))
+    return NO_WORKLOAD
 
 
 def root_path(bundle: Path, config: dict[str, Any], container_id: str = "") -> Path:

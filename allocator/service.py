@@ -13,6 +13,7 @@ from gpuslice import errors, inventory, request
 from gpuslice.allocator import metrics
 from gpuslice.allocator.compute import ComputeController
 from gpuslice.allocator.slices import ShareRequest, SliceManager, SliceView
+from gpuslice.allocator.store import Workload
 from gpuslice.grpc_server import status_of
 from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
@@ -50,7 +51,16 @@ def slice_message(view: SliceView, compute: ComputeController | None = None,
         enforcement=view.enforcement,
         kind=r.kind.value,
         member_of=member_of,
+        workload=pb.Workload(namespace=r.workload.namespace, pod=r.workload.pod, container=r.workload.container),
     )
+
+
+def workload(w: pb.Workload) -> Workload:
+    """The workload from the wire: names of at most 253 characters (a DNS subdomain's)."""
+    names = (w.namespace, w.pod, w.container)
+    if any(len(n) > 253 for n in names):
+        raise errors.InvalidArgument("workload: a namespace, pod or container name over 253 characters")
+    return Workload(*names)
 
 
 def share_request(share: pb.Share) -> ShareRequest:
@@ -146,19 +156,19 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         if asked is None:
             raise errors.InvalidArgument(f"no {request.PREFIX}* annotation: the container asks for no GPU")
         # the record the change returned: no second read of the store
-        return self._message(self.m.view(self.m.reserve(req.container_id, asked, req.owner)))
+        return self._message(self.m.view(self.m.reserve(req.container_id, asked, req.owner, workload(req.workload))))
 
     @_rpc("ReserveClaim")
     def ReserveClaim(self, req, context):
         shares = [share_request(s) for s in req.shares]
-        rec = self.m.reserve_claim(req.uid, shares, req.owner)
+        rec = self.m.reserve_claim(req.uid, shares, req.owner, workload(req.workload))
         message = self._message(self.m.view(rec))
         message.share_keys.update(self.m.share_keys(rec))
         return message
 
     @_rpc("ReserveDevices")
     def ReserveDevices(self, req, context):
-        rec = self.m.reserve_devices(req.key, devices_share(req, self.m.inventory), req.owner)
+        rec = self.m.reserve_devices(req.key, devices_share(req, self.m.inventory), req.owner, workload(req.workload))
         message = self._message(self.m.view(rec))
         message.share_keys.update(self.m.share_keys(rec))
         return message

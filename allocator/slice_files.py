@@ -190,6 +190,10 @@ class SliceFiles:
     def gate_waits(self, gpu: int) -> int:
         return int(self.usage.gate[gpu].waits)
 
+    def refusals(self, gpu: int) -> int:
+        """Allocations the slice's processes were refused on `gpu` at its memory limit."""
+        return int(self.usage.gate[gpu].refused)
+
     def open_fds(self) -> tuple[int, int]:
         """fds to pass to a process: limits read-only, usage read-write."""
         return (

@@ -21,11 +21,11 @@ from pathlib import Path
 
 from gpuslice import constants, errors
 from gpuslice import request as requests
-from gpuslice.allocator import identity, slice_files
+from gpuslice.allocator import identity, metrics, slice_files
 from gpuslice.allocator.membership import MembershipKey, claim_share, devices_share
 from gpuslice.allocator.placement import CannotFit, GpuCapacity, NoRoom, demand, describe, fits, place
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
-from gpuslice.allocator.store import Allocation, OwnerKind, SliceRecord, SliceStore, now_ms
+from gpuslice.allocator.store import NO_WORKLOAD, Allocation, OwnerKind, SliceRecord, SliceStore, Workload, now_ms
 from gpuslice.inventory import Inventory
 from gpuslice.units import format_bytes
 
@@ -372,9 +372,11 @@ class SliceManager:
             )  # fmt: skip
 
     # -- operations ----------------------------------------------------------------------
-    def reserve(self, container_id: str, asked: requests.Parsed, owner: str = "") -> SliceRecord:
+    @metrics.counted(OwnerKind.CONTAINER.value)
+    def reserve(self, container_id: str, asked: requests.Parsed, owner: str = "",
+                workload: Workload = NO_WORKLOAD) -> SliceRecord:  # fmt: skip
         """A container's slice, placed here; `asked` is its request, parsed once
-        by the caller (requests.read)."""
+        by the caller (requests.read); `workload`, the pod's container it serves."""
         if not container_id:
             raise errors.InvalidArgument("container_id: must not be empty")
         req, ours = asked.request, asked.annotations
@@ -393,22 +395,34 @@ class SliceManager:
             allocs = [Allocation(p.index, p.uuid, p.memory, p.cores) for p in placed]
             rec = self.store.transaction(
                 lambda store: store.insert(
-                    container_id, ours, req.policy.value, req.priority.value, req.whole_gpus, owner, allocs
+                    container_id,
+                    ours,
+                    req.policy.value,
+                    req.priority.value,
+                    req.whole_gpus,
+                    owner,
+                    allocs,
+                    workload=workload,
                 )
             )
             self.index.put(rec)
             self._files_or_nothing(rec)
         return rec
 
-    def reserve_claim(self, uid: str, shares: list[ShareRequest], owner: str = "") -> SliceRecord:
+    @metrics.counted(OwnerKind.CLAIM.value)
+    def reserve_claim(self, uid: str, shares: list[ShareRequest], owner: str = "",
+                      workload: Workload = NO_WORKLOAD) -> SliceRecord:  # fmt: skip
         """A DRA claim's slice, on exactly the GPUs and of exactly the sizes the
         scheduler allocated: each share its own memory, cores, policy and
         priority. Idempotent for the same shares; all or nothing."""
         if not uid:
             raise errors.InvalidArgument("claim uid: must not be empty")
-        return self._reserve_joinable(OwnerKind.CLAIM, constants.claim_slice_key(uid), f"claim {uid}", shares, owner)
+        key = constants.claim_slice_key(uid)
+        return self._reserve_joinable(OwnerKind.CLAIM, key, f"claim {uid}", shares, owner, workload)
 
-    def reserve_devices(self, key: str, share: ShareRequest, owner: str = "") -> SliceRecord:
+    @metrics.counted(OwnerKind.DEVICES.value)
+    def reserve_devices(self, key: str, share: ShareRequest, owner: str = "",
+                        workload: Workload = NO_WORKLOAD) -> SliceRecord:  # fmt: skip
         """A device plugin allocation's slice: the units of one resource the
         kubelet gave one container, on their GPU (share.share names the
         resource). Idempotent for the same key and size."""
@@ -416,10 +430,10 @@ class SliceManager:
             raise errors.InvalidArgument(
                 f"allocation key {key!r}: accepted {constants.DEVICES_SLICE_PREFIX} and 24 lowercase hex digits"
             )
-        return self._reserve_joinable(OwnerKind.DEVICES, key, f"allocation {key}", [share], owner)
+        return self._reserve_joinable(OwnerKind.DEVICES, key, f"allocation {key}", [share], owner, workload)
 
     def _reserve_joinable(self, kind: OwnerKind, key: str, what: str, shares: list[ShareRequest],
-                          owner: str) -> SliceRecord:  # fmt: skip
+                          owner: str, workload: Workload) -> SliceRecord:  # fmt: skip
         if not shares:
             raise errors.InvalidArgument(f"{what}: no share to reserve")
         with self._lock:
@@ -432,7 +446,7 @@ class SliceManager:
             policy, priority = _agreed(allocs)
             whole = all(s.request().whole_gpus for s in shares)
             rec = self.store.transaction(
-                lambda store: store.insert(key, {}, policy, priority, whole, owner, allocs, kind)
+                lambda store: store.insert(key, {}, policy, priority, whole, owner, allocs, kind, workload=workload)
             )
             self.index.put(rec)  # no files: its containers charge its shares through ledgers (join)
         return rec
@@ -506,8 +520,10 @@ class SliceManager:
             self._driver_limit(bound)
             return bound
 
+    @metrics.counted(OwnerKind.MEMBER.value)
     def join(self, container_id: str, shares: list[ShareRef], pid: int,
-             compute: tuple[requests.ComputePolicy, requests.Priority] | None = None) -> SliceRecord:  # fmt: skip
+             compute: tuple[requests.ComputePolicy, requests.Priority] | None = None,
+             workload: Workload = NO_WORKLOAD) -> SliceRecord:  # fmt: skip
         """A container given claim devices, bound to the ledger of exactly those
         shares: its processes charge them together with the other containers
         given the same ones (and see no other share of the claim). `compute`:
@@ -534,10 +550,10 @@ class SliceManager:
                 ledger = self.index.by_container.get(key)
                 made = None
                 if ledger is None:
-                    made = ledger = self._insert_ledger(store, key, wanted)
+                    made = ledger = self._insert_ledger(store, key, wanted, workload)
                 member = store.bind(
                     store.insert(container_id, {}, ledger.policy, ledger.priority, False, f"member of {key}", [],
-                                 OwnerKind.MEMBER, ledger.id),
+                                 OwnerKind.MEMBER, ledger.id, workload),
                     who.pid, who.pid_ns, who.cgroup, who.start_time,
                 )  # fmt: skip
                 return made, member
@@ -597,13 +613,16 @@ class SliceManager:
                         "that do not overlap"
                     )
 
-    def _insert_ledger(self, store: SliceStore, key: str, wanted: dict[str, Allocation]) -> SliceRecord:
+    def _insert_ledger(self, store: SliceStore, key: str, wanted: dict[str, Allocation],
+                       workload: Workload) -> SliceRecord:  # fmt: skip
+        """The ledger of the shares `wanted`, labelled with the workload of the
+        container that first joins it (its memory use is charged here)."""
         copies = [dataclasses.replace(a, share=name) for name, a in sorted(wanted.items())]
         copies.sort(key=lambda a: (a.gpu_index, a.share))
         policy, priority = _agreed(copies)
         claims = sorted({name.split("/", 1)[0] for name in wanted})
         return store.insert(key, {}, policy, priority, False, f"shares of claim {', '.join(claims)}", copies,
-                            OwnerKind.SHARES)  # fmt: skip
+                            OwnerKind.SHARES, workload=workload)  # fmt: skip
 
     def release(self, container_id: str) -> bool:
         with self._lock:
@@ -718,6 +737,12 @@ class SliceManager:
 
     def views(self) -> list[SliceView]:
         return [self.view(r) for r in self.records()]
+
+    def counters(self, rec: SliceRecord) -> list[tuple[int, int]]:
+        """Per GPU of its slice files: launches that waited for budget, and
+        allocations refused at the limit; none for a slice without files."""
+        f = self.files.get(rec.id)
+        return [(f.gate_waits(g), f.refusals(g)) for g in range(f.gpu_count())] if f else []
 
     def view(self, rec: SliceRecord) -> SliceView:
         f = self.files.get(rec.id)

@@ -87,6 +87,13 @@ DROP TABLE allocations;
 ALTER TABLE shares RENAME TO allocations;
 CREATE INDEX allocations_by_gpu ON allocations(gpu_uuid);
 """,
+    # 3: the Kubernetes workload a slice serves (namespace, pod, container
+    # name), for the metrics' labels; empty where there is none (Podman, ctr)
+    """
+ALTER TABLE slices ADD COLUMN workload_namespace TEXT NOT NULL DEFAULT '';
+ALTER TABLE slices ADD COLUMN workload_pod TEXT NOT NULL DEFAULT '';
+ALTER TABLE slices ADD COLUMN workload_container TEXT NOT NULL DEFAULT '';
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -131,6 +138,23 @@ class Allocation:
 
 
 @dataclass(frozen=True)
+class Workload:
+    """The Kubernetes workload a slice serves, as people look for it: its
+    namespace, pod and container name (a claim's slice: the claim's namespace
+    and the pod it is reserved for, no container). Empty outside Kubernetes."""
+
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.namespace or self.pod or self.container)
+
+
+NO_WORKLOAD = Workload()
+
+
+@dataclass(frozen=True)
 class SliceRecord:
     id: str
     container_id: str
@@ -149,6 +173,7 @@ class SliceRecord:
     allocations: tuple[Allocation, ...]
     kind: OwnerKind = OwnerKind.CONTAINER
     member_of: str | None = None  # a member's claim slice (its id)
+    workload: Workload = NO_WORKLOAD
 
     @property
     def books(self) -> bool:
@@ -308,12 +333,12 @@ class SliceStore:
             )
         return SliceRecord(
             row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], bool(row[6]), row[7], row[8], row[9],
-            row[10], row[11], row[12], row[13], allocs, OwnerKind(row[14]), row[15],
+            row[10], row[11], row[12], row[13], allocs, OwnerKind(row[14]), row[15], Workload(*row[16:19]),
         )  # fmt: skip
 
     _COLUMNS = (
         "id, container_id, state, request, policy, priority, whole, owner, created_ms, bound_ms, pid, pid_ns, "
-        "cgroup, pid_start, kind, member_of"
+        "cgroup, pid_start, kind, member_of, workload_namespace, workload_pod, workload_container"
     )
 
     def get(self, container_id: str) -> SliceRecord | None:
@@ -336,17 +361,19 @@ class SliceStore:
     def insert(
         self, container_id: str, request: dict, policy: str, priority: str, whole: bool, owner: str,
         allocations: list[Allocation], kind: OwnerKind = OwnerKind.CONTAINER, member_of: str | None = None,
+        workload: Workload = NO_WORKLOAD,
     ) -> SliceRecord:  # fmt: skip
         """Insert a reservation; the record as written (no read back)."""
         rec = SliceRecord(
             uuid.uuid4().hex[:16], container_id, "reserved", dict(request), policy, priority, whole, owner, now_ms(),
-            None, None, None, None, None, tuple(allocations), kind, member_of,
+            None, None, None, None, None, tuple(allocations), kind, member_of, workload,
         )  # fmt: skip
         self._db.execute(
             "INSERT INTO slices (id, container_id, state, request, policy, priority, whole, owner, created_ms, kind, "
-            "member_of) VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?, ?, ?)",
+            "member_of, workload_namespace, workload_pod, workload_container) "
+            "VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (rec.id, container_id, json.dumps(request), policy, priority, int(whole), owner, rec.created_ms,
-             kind.value, member_of),
+             kind.value, member_of, workload.namespace, workload.pod, workload.container),
         )  # fmt: skip
         self._db.executemany(
             f"INSERT INTO allocations (slice_id, {self._ALLOCATION}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

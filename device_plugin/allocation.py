@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from gpuslice import constants, errors
 from gpuslice.client import AllocatorClient
 from gpuslice.device_plugin import units as u
+from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2 as dp
 
 log = logging.getLogger(__name__)
@@ -66,23 +67,24 @@ def cdi_device(gpu: str) -> str:
     return f"{constants.CDI_KIND}={gpu}"
 
 
-def reserve(daemon: AllocatorClient, h: Holding, owner: str) -> str:
-    """Book the holding; its share's membership key."""
+def reserve(daemon: AllocatorClient, h: Holding, owner: str, workload: pb.Workload | None = None) -> str:
+    """Book the holding (for `workload`, the pod's container, where known); its share's membership key."""
     size = len(h.device_ids)
     memory = size * u.GIB if h.resource == u.MEMORY else 0
     cores = size if h.resource == u.CORES else 0
-    reply = daemon.reserve_devices(h.key, SHARE[h.resource], h.gpu, memory=memory, cores=cores, owner=owner)
+    reply = daemon.reserve_devices(h.key, SHARE[h.resource], h.gpu, memory=memory, cores=cores, owner=owner,
+                                   workload=workload)  # fmt: skip
     return reply.share_keys[SHARE[h.resource]]
 
 
-def answer(daemon: AllocatorClient, resource: str, device_ids: list[str],
-           owner: str) -> tuple[dp.ContainerAllocateResponse, list[Holding]]:  # fmt: skip
+def answer(daemon: AllocatorClient, resource: str, device_ids: list[str], owner: str,
+           workload: pb.Workload | None = None) -> tuple[dp.ContainerAllocateResponse, list[Holding]]:  # fmt: skip
     """Book every allocation the units make, all or none: the container's answer, and what was booked."""
     made: list[Holding] = []
     response = dp.ContainerAllocateResponse()
     try:
         for h in holdings(resource, device_ids):
-            token = reserve(daemon, h, owner)
+            token = reserve(daemon, h, owner, workload)
             made.append(h)
             name, value = env_entry(h.key, resource, token)
             response.envs[name] = value

@@ -16,6 +16,7 @@ from gpuslice.device_plugin import units as u
 from gpuslice.device_plugin.admission import Admitting, Held
 from gpuslice.device_plugin.node_view import NodeApi, PodResources
 from gpuslice.device_plugin.preference import Partner
+from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2 as dp
 
 log = logging.getLogger(__name__)
@@ -103,13 +104,17 @@ class Booking:
                         f"{who.held_gpu}; a slice lies on one GPU"
                     )
             owner = f"device-plugin {resource}" + (f" {who.name}" if who else "")
+            workload = None
+            if who is not None:
+                namespace, _, pod = who.asks.pod.partition("/")
+                workload = pb.Workload(namespace=namespace, pod=pod, container=who.asks.container)
             try:
-                response, made = allocation.answer(self.daemon, resource, device_ids, owner)
+                response, made = allocation.answer(self.daemon, resource, device_ids, owner, workload)
             except errors.ResourceExhausted:
                 # room may be held by allocations the kubelet has let go of (a pod refused or deleted moments ago)
                 if not self._reconcile(grace_s=0.0):
                     raise
-                response, made = allocation.answer(self.daemon, resource, device_ids, owner)
+                response, made = allocation.answer(self.daemon, resource, device_ids, owner, workload)
             for h in made:
                 self.steering.allocated(resource, h.gpu)
         self.notify()

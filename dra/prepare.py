@@ -31,6 +31,16 @@ _INTERPOSER_ENV = (constants.ENV_REAL_LIBCUDA, constants.ENV_REAL_LIBNVML, const
                    "LD_LIBRARY_PATH")  # fmt: skip
 
 
+def workload_of(claim: dict[str, Any]) -> pb.Workload:
+    """The claim's workload for the metrics: its namespace and the pod the
+    scheduler reserved it for (status.reservedFor; a claim shared by several
+    pods names the first)."""
+    meta = claim.get("metadata") or {}
+    users = (claim.get("status") or {}).get("reservedFor") or []
+    pod = next((str(u.get("name", "")) for u in users if isinstance(u, dict) and u.get("resource") == "pods"), "")
+    return pb.Workload(namespace=str(meta.get("namespace", "")), pod=pod)
+
+
 @dataclass(frozen=True)
 class ClaimRef:
     uid: str
@@ -108,7 +118,7 @@ class Preparer:
         if shares:
             try:
                 owner = f"dra {ref.namespace}/{ref.name}"
-                reserved = self.daemon.reserve_claim(ref.uid, shares, owner=owner)
+                reserved = self.daemon.reserve_claim(ref.uid, shares, owner=owner, workload=workload_of(claim))
                 sid, keys = reserved.container_id, dict(reserved.share_keys)
             except errors.GpusliceError as e:  # the daemon's kind (no room: RESOURCE_EXHAUSTED), named for the claim
                 raise _named(ref, e) from e

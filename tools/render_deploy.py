@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from tests.harness import REPO
-from tests.harness.helm import template_text
+from tools.helm import REPO, template_text
 
 OVERLAYS = REPO / "deploy" / "overlays"
 NAMESPACE = "gpuslice-system"

@@ -58,8 +58,18 @@ class InventoryReply(_message.Message):
     driver_version: str
     def __init__(self, gpus: _Optional[_Iterable[_Union[Gpu, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[Link, _Mapping]]] = ..., driver_version: _Optional[str] = ...) -> None: ...
 
+class Workload(_message.Message):
+    __slots__ = ("namespace", "pod", "container")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    POD_FIELD_NUMBER: _ClassVar[int]
+    CONTAINER_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    pod: str
+    container: str
+    def __init__(self, namespace: _Optional[str] = ..., pod: _Optional[str] = ..., container: _Optional[str] = ...) -> None: ...
+
 class ReserveRequest(_message.Message):
-    __slots__ = ("container_id", "annotations", "owner")
+    __slots__ = ("container_id", "annotations", "owner", "workload")
     class AnnotationsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -70,10 +80,12 @@ class ReserveRequest(_message.Message):
     CONTAINER_ID_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     container_id: str
     annotations: _containers.ScalarMap[str, str]
     owner: str
-    def __init__(self, container_id: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ...) -> None: ...
+    workload: Workload
+    def __init__(self, container_id: _Optional[str] = ..., annotations: _Optional[_Mapping[str, str]] = ..., owner: _Optional[str] = ..., workload: _Optional[_Union[Workload, _Mapping]] = ...) -> None: ...
 
 class Share(_message.Message):
     __slots__ = ("gpu_index", "memory", "cores", "policy", "priority", "share_id")
@@ -92,30 +104,34 @@ class Share(_message.Message):
     def __init__(self, gpu_index: _Optional[int] = ..., memory: _Optional[int] = ..., cores: _Optional[int] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., share_id: _Optional[str] = ...) -> None: ...
 
 class ReserveDevicesRequest(_message.Message):
-    __slots__ = ("key", "resource", "gpu_uuid", "memory", "cores", "owner")
+    __slots__ = ("key", "resource", "gpu_uuid", "memory", "cores", "owner", "workload")
     KEY_FIELD_NUMBER: _ClassVar[int]
     RESOURCE_FIELD_NUMBER: _ClassVar[int]
     GPU_UUID_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     key: str
     resource: str
     gpu_uuid: str
     memory: int
     cores: int
     owner: str
-    def __init__(self, key: _Optional[str] = ..., resource: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., memory: _Optional[int] = ..., cores: _Optional[int] = ..., owner: _Optional[str] = ...) -> None: ...
+    workload: Workload
+    def __init__(self, key: _Optional[str] = ..., resource: _Optional[str] = ..., gpu_uuid: _Optional[str] = ..., memory: _Optional[int] = ..., cores: _Optional[int] = ..., owner: _Optional[str] = ..., workload: _Optional[_Union[Workload, _Mapping]] = ...) -> None: ...
 
 class ReserveClaimRequest(_message.Message):
-    __slots__ = ("uid", "shares", "owner")
+    __slots__ = ("uid", "shares", "owner", "workload")
     UID_FIELD_NUMBER: _ClassVar[int]
     SHARES_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     uid: str
     shares: _containers.RepeatedCompositeFieldContainer[Share]
     owner: str
-    def __init__(self, uid: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ..., owner: _Optional[str] = ...) -> None: ...
+    workload: Workload
+    def __init__(self, uid: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ..., owner: _Optional[str] = ..., workload: _Optional[_Union[Workload, _Mapping]] = ...) -> None: ...
 
 class SliceGpu(_message.Message):
     __slots__ = ("index", "uuid", "memory_limit", "cores", "compute_target", "compute_used", "share_id", "policy", "priority")
@@ -140,7 +156,7 @@ class SliceGpu(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., memory_limit: _Optional[int] = ..., cores: _Optional[int] = ..., compute_target: _Optional[float] = ..., compute_used: _Optional[float] = ..., share_id: _Optional[str] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
 
 class Slice(_message.Message):
-    __slots__ = ("id", "container_id", "state", "gpus", "policy", "priority", "whole", "created_unix_ms", "pid", "pid_ns", "cgroup", "memory_used", "processes", "enforcement", "kind", "member_of", "share_keys")
+    __slots__ = ("id", "container_id", "state", "gpus", "policy", "priority", "whole", "created_unix_ms", "pid", "pid_ns", "cgroup", "memory_used", "processes", "enforcement", "kind", "member_of", "share_keys", "workload")
     class ShareKeysEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +181,7 @@ class Slice(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     MEMBER_OF_FIELD_NUMBER: _ClassVar[int]
     SHARE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_FIELD_NUMBER: _ClassVar[int]
     id: str
     container_id: str
     state: str
@@ -182,7 +199,8 @@ class Slice(_message.Message):
     kind: str
     member_of: str
     share_keys: _containers.ScalarMap[str, str]
-    def __init__(self, id: _Optional[str] = ..., container_id: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[SliceGpu, _Mapping]]] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., whole: _Optional[bool] = ..., created_unix_ms: _Optional[int] = ..., pid: _Optional[int] = ..., pid_ns: _Optional[int] = ..., cgroup: _Optional[str] = ..., memory_used: _Optional[int] = ..., processes: _Optional[int] = ..., enforcement: _Optional[str] = ..., kind: _Optional[str] = ..., member_of: _Optional[str] = ..., share_keys: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    workload: Workload
+    def __init__(self, id: _Optional[str] = ..., container_id: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[SliceGpu, _Mapping]]] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., whole: _Optional[bool] = ..., created_unix_ms: _Optional[int] = ..., pid: _Optional[int] = ..., pid_ns: _Optional[int] = ..., cgroup: _Optional[str] = ..., memory_used: _Optional[int] = ..., processes: _Optional[int] = ..., enforcement: _Optional[str] = ..., kind: _Optional[str] = ..., member_of: _Optional[str] = ..., share_keys: _Optional[_Mapping[str, str]] = ..., workload: _Optional[_Union[Workload, _Mapping]] = ...) -> None: ...
 
 class BindRequest(_message.Message):
     __slots__ = ("container_id", "pid")

@@ -90,7 +90,8 @@ struct gpuslice_gate {
     int64_t tokens;          /* budget left, in threads; a launch waits while <= 0 */
     uint64_t next_refill_ns; /* CLOCK_MONOTONIC of the daemon's next refill */
     uint64_t waits;          /* launches that found the budget spent: the slice wants more */
-    uint64_t pad[5];
+    uint64_t refused;        /* allocations refused at the memory limit (this GPU's out-of-memory answers) */
+    uint64_t pad[4];
 };
 
 /* Shared read-write by every process of the slice; updated with atomics:

@@ -18,8 +18,11 @@ LEDGER_API int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpus
     uint64_t limit = __atomic_load_n(&l->gpu[gpu].memory_limit, __ATOMIC_ACQUIRE);
     uint64_t cur = __atomic_load_n(&u->used[gpu], __ATOMIC_ACQUIRE);
     do {
-        if (bytes > limit || cur > limit - bytes)
+        if (bytes > limit || cur > limit - bytes) {
+            /* counted for the metrics; a cold path, and one line the launches rarely touch */
+            __atomic_add_fetch(&u->gate[gpu].refused, 1, __ATOMIC_RELAXED);
             return -1;
+        }
     } while (!__atomic_compare_exchange_n(&u->used[gpu], &cur, cur + bytes, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
     __atomic_add_fetch(&u->proc[slot].used[gpu], bytes, __ATOMIC_ACQ_REL);
     return 0;

@@ -126,6 +126,8 @@ def test_pod_annotations_give_the_app_container_its_slice_and_the_sandbox_none(n
     assert out["total"] == 4 * GiB and out["allocated"] == 4 * GiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
     [held] = gpu_node.slices()
     assert held.container_id == cid and held.state == "bound" and held.gpus[0].cores == 30
+    # who it serves, for the metrics: containerd's CRI wrote the pod's names into the container's annotations
+    assert (held.workload.namespace, held.workload.pod, held.workload.container) == ("default", "probe", "app")
     status = subprocess.run([sys.executable, "-m", "gpuslice.cli", "status", "--socket", str(gpu_node.daemon.socket)],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert status.returncode == 0 and cid[:12] in status.stdout and pod.id[:12] not in status.stdout, status.stdout

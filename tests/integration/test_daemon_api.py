@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -10,6 +11,7 @@ import urllib.request
 
 import grpc
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice import errors
 from gpuslice.allocator.slice_files import SliceFiles
@@ -154,10 +156,22 @@ def test_health_metrics_and_status(daemon):
     port = free_port()
     d = daemon(metrics={"port": port})
     c = d.client()
-    c.reserve("m", {MEM: "3Gi", CORES: "25"})
+    c.reserve(
+        "m", {MEM: "3Gi", CORES: "25"}, workload=pb.Workload(namespace="team-a", pod="trainer-0", container="main")
+    )
+    with pytest.raises(grpc.RpcError):
+        c.reserve("too-big", {MEM: "900Gi"})
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    assert 'gpuslice_slice_memory_limit_bytes{container="m"' in body
-    assert 'gpuslice_gpu_memory_reserved_bytes{gpu="0"' in body
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(body) for s in f.samples}  # fmt: skip
+    [(name, labels)] = [k for k in samples if k[0] == "gpuslice_slice_memory_limit_bytes"]
+    [sid] = [x.id for x in c.list()]
+    assert dict(labels) == {"node": socket.gethostname(), "namespace": "team-a", "pod": "trainer-0",
+                            "container": "main", "container_id": "m", "slice": sid, "gpu": "0"}  # fmt: skip
+    assert samples[(name, labels)] == 3 * (1 << 30)
+    assert 'gpuslice_gpu_memory_reserved_bytes{gpu="0",node=' in body
+    assert samples[("gpuslice_reservations_total", (("kind", "container"), ("result", "ok")))] == 1
+    assert samples[("gpuslice_reservations_total", (("kind", "container"), ("result", "CannotFit")))] == 1
     assert 'gpuslice_rpc_total{code="OK",method="Reserve"} 1.0' in body
     assert "gpuslice_rpc_duration_seconds_bucket" in body
     # the compute controller looks only at slices with processes (docs/daemon.md, "Scale"): this one

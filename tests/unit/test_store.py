@@ -8,7 +8,16 @@ import sqlite3
 
 import pytest
 
-from gpuslice.allocator.store import MIGRATIONS, SCHEMA_VERSION, Allocation, OwnerKind, SliceStore, StoreError
+from gpuslice.allocator.store import (
+    MIGRATIONS,
+    NO_WORKLOAD,
+    SCHEMA_VERSION,
+    Allocation,
+    OwnerKind,
+    SliceStore,
+    StoreError,
+    Workload,
+)
 from gpuslice.errors import Code, code_of
 
 
@@ -91,5 +100,12 @@ def test_version_1_owners_become_kinds_and_allocations_become_shares(tmp_path):
     assert [a.share for a in store.get("claim-u2").allocations] == ["a", "b"]
     store.transaction(lambda s: s.delete("s2"))
     assert sorted(r.container_id for r in store.all()) == ["c1", "claim-u2"]
+    # version 3: a slice made before workloads were kept serves none; a new one keeps its own
+    assert got["c1"].workload == NO_WORKLOAD and not got["c1"].workload
+    who = Workload("team-a", "trainer-0", "main")
+    store.transaction(lambda s: s.insert("c3", {}, "elastic", "normal", False, "hook", [], workload=who))
     store.close()
-    assert version(path) == SCHEMA_VERSION == 2
+    assert version(path) == SCHEMA_VERSION == 3
+    again = SliceStore(path)
+    assert again.get("c3").workload == who and again.get("c1").workload == NO_WORKLOAD
+    again.close()
