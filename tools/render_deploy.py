@@ -15,7 +15,7 @@ from tools.helm import REPO, template_text
 OVERLAYS = REPO / "deploy" / "overlays"
 NAMESPACE = "gpuslice-system"
 # the nodes carry the .deb (its daemon under systemd): no node agent, no dashboard
-NODE_PACKAGE = ("nodeAgent.enabled=false", "metrics.dashboard.enabled=false")
+NODE_PACKAGE = ("nodeAgent.enabled=false", "metrics.dashboard.enabled=false")  # explicit, whatever the defaults
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ def test_every_object_is_valid_for_the_kubernetes_it_is_rendered_for(mode, versi
         assert r.returncode != 0 and "mode dra needs Kubernetes 1.34 or later" in r.stderr
         return
     extra = ("devicePlugin.schedulerExtender.enabled=true",) if mode == "devicePlugin" else ()
-    objects = template(f"{version}.0", f"mode={mode}", "metrics.serviceMonitor.enabled=true", *extra)
+    objects = template(f"{version}.0", f"mode={mode}", "nodeAgent.enabled=true", "metrics.serviceMonitor.enabled=true",
+                       *extra)  # fmt: skip
     kinds = {o["kind"] for o in objects}
     assert {"DaemonSet", "Service", "ConfigMap", "ServiceMonitor"} <= kinds
     for obj in objects:
@@ -60,7 +61,7 @@ def test_each_mode_installs_its_own_components_and_the_node_agent():
     for mode, ours in (("dra", {("DaemonSet", "gpuslice-kubelet-plugin"), ("DeviceClass", "gpuslice.io")}),
                        ("devicePlugin", {("DaemonSet", "gpuslice-device-plugin")}),
                        ("runtimeClass", {("RuntimeClass", "gpuslice")})):  # fmt: skip
-        objects = by_kind(template("1.35.0", f"mode={mode}"))
+        objects = by_kind(template("1.35.0", f"mode={mode}", "nodeAgent.enabled=true"))
         assert ours <= set(objects), mode
         assert ("DaemonSet", "gpuslice-node-agent") in objects
         others = {("DaemonSet", "gpuslice-kubelet-plugin"), ("DaemonSet", "gpuslice-device-plugin"),
@@ -79,7 +80,7 @@ def test_the_image_defaults_to_the_project_version_and_follows_the_values():
 
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert project["appVersion"] == project["version"] == version
-    images = {c["image"] for o in template("1.37.0") if o["kind"] == "DaemonSet"
+    images = {c["image"] for o in template("1.37.0", "nodeAgent.enabled=true") if o["kind"] == "DaemonSet"
               for c in o["spec"]["template"]["spec"]["containers"]}  # fmt: skip
     assert images == {f"gpuslice/kubelet-plugin:{version}"}
     images = {c["image"] for o in template("1.37.0", "image.repository=reg.example/gs", "image.tag=9.9")
@@ -88,7 +89,7 @@ def test_the_image_defaults_to_the_project_version_and_follows_the_values():
 
 
 def test_the_agent_and_the_metrics_service_agree_on_the_port_and_it_is_not_dcgm_exporters():
-    objects = by_kind(template("1.37.0", "metrics.serviceMonitor.enabled=true"))
+    objects = by_kind(template("1.37.0", "nodeAgent.enabled=true", "metrics.serviceMonitor.enabled=true"))
     agent = objects[("DaemonSet", "gpuslice-node-agent")]["spec"]["template"]["spec"]
     [container] = agent["containers"]
     port = int(next(a for a in container["command"] if a.startswith("--metrics-port=")).split("=")[1])
@@ -151,7 +152,7 @@ def test_the_notes_name_what_was_installed_and_a_first_pod():
         r = helm("install", "gpuslice", str(CHART), "--dry-run=client", "--namespace", "gpuslice-system",
                  "--set", f"mode={mode}")  # fmt: skip
         notes = r.stdout.split("NOTES:", 1)[1]
-        assert says in notes and f"mode {mode}" in notes and "gpuslice-node-agent" in notes, mode
+        assert says in notes and f"mode {mode}" in notes and "must carry the gpuslice package" in notes, mode
 
 
 def test_the_kustomize_overlays_are_the_chart_rendered():
