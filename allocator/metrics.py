@@ -116,23 +116,24 @@ class SliceCollector(Collector):
                                 "share of the GPU used, over about a second", labels=per_gpu)  # fmt: skip
         for v in self.m.views():
             r, who = v.record, self._who(v.record)
-            in_files = list(dict.fromkeys(a.gpu_uuid for a in r.allocations))  # the slice files' GPU order
-            for a in r.allocations:
-                limit.add_metric([*who, str(a.gpu_index)], a.memory)
-                cores.add_metric([*who, str(a.gpu_index)], a.cores)
+            # per GPU of the slice: shares of one GPU add up, as in its slice files (one series each)
+            index = {a.gpu_uuid: str(a.gpu_index) for a in r.allocations}
+            for uuid in r.file_gpus:
+                shares = [a for a in r.allocations if a.gpu_uuid == uuid]
+                limit.add_metric([*who, index[uuid]], sum(a.memory for a in shares))
+                cores.add_metric([*who, index[uuid]], min(100, sum(a.cores for a in shares)))
             used.add_metric(who, v.memory_used)
             procs.add_metric(who, v.processes)
             driver.add_metric(who, 1 if v.enforcement.startswith("driver") else 0)
-            index = {a.gpu_uuid: a.gpu_index for a in r.allocations}
-            for g, (waits, refusals) in enumerate(self.m.counters(r)):
-                gpu = str(index[in_files[g]])
+            in_files = [index[u] for u in r.file_gpus]
+            for gpu, (waits, refusals) in zip(in_files, self.m.counters(r), strict=False):
                 throttled.add_metric([*who, gpu], waits)
                 refused.add_metric([*who, gpu], refusals)
-            for g, uuid in enumerate(in_files):
-                t, u = self.compute.view(r.id, g) if self.compute else (0.0, 0.0)
+            for g, gpu in enumerate(in_files):
+                t, u = self.compute.view(r.id, g) if self.compute is not None else (0.0, 0.0)
                 if t or u:
-                    target.add_metric([*who, str(index[uuid])], t)
-                    got.add_metric([*who, str(index[uuid])], u)
+                    target.add_metric([*who, gpu], t)
+                    got.add_metric([*who, gpu], u)
         yield from (limit, cores, used, procs, driver, throttled, refused, target, got)
 
 

@@ -26,7 +26,7 @@ def slice_message(view: SliceView, compute: ComputeController | None = None,
                   member_of: str = "") -> pb.Slice:  # fmt: skip
     r = view.record
     gpus = []
-    in_files = {u: i for i, u in enumerate(dict.fromkeys(a.gpu_uuid for a in r.allocations))}  # shares add up
+    in_files = {u: i for i, u in enumerate(r.file_gpus)}
     for a in r.allocations:
         target, used = compute.view(r.id, in_files[a.gpu_uuid]) if compute else (0.0, 0.0)
         gpus.append(

@@ -176,6 +176,12 @@ class SliceRecord:
     workload: Workload = NO_WORKLOAD
 
     @property
+    def file_gpus(self) -> tuple[str, ...]:
+        """The UUIDs of its slice files' GPUs, in the files' order: shares on
+        one GPU add up to one entry there (SliceManager._limits)."""
+        return tuple(dict.fromkeys(a.gpu_uuid for a in self.allocations))
+
+    @property
     def books(self) -> bool:
         """Whether its allocations count against the GPUs (a SHARES ledger's are its claims')."""
         return self.kind is not OwnerKind.SHARES

@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.harness import REPO
+import gpuslice
 from tests.harness.helm import CHART, helm, template, template_args
 from tools import render_deploy
 
@@ -76,9 +76,7 @@ def test_each_mode_installs_its_own_components_and_the_node_agent():
 
 def test_the_image_defaults_to_the_project_version_and_follows_the_values():
     project = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    import tomllib
-
-    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    version = gpuslice.__version__  # pyproject.toml's, as installed
     assert project["appVersion"] == project["version"] == version
     images = {c["image"] for o in template("1.37.0", "nodeAgent.enabled=true") if o["kind"] == "DaemonSet"
               for c in o["spec"]["template"]["spec"]["containers"]}  # fmt: skip

@@ -171,6 +171,13 @@ def test_health_metrics_and_status(daemon):
     assert samples[(name, labels)] == 3 * (1 << 30)
     assert 'gpuslice_gpu_memory_reserved_bytes{gpu="0",node=' in body
     assert samples[("gpuslice_reservations_total", (("kind", "container"), ("result", "ok")))] == 1
+    # a claim's two shares of one GPU: one series for that GPU, the shares added up (as its slice files have it)
+    c.reserve_claim("u2", [pb.Share(gpu_index=0, memory=GiB, cores=10, share_id="a"),
+                           pb.Share(gpu_index=0, memory=2 * GiB, cores=20, share_id="b")])  # fmt: skip
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    claim = [s for f in text_string_to_metric_families(body) for s in f.samples
+             if s.name == "gpuslice_slice_memory_limit_bytes" and s.labels["container_id"] == "claim-u2"]  # fmt: skip
+    assert [(s.labels["gpu"], s.value) for s in claim] == [("0", 3 * GiB)]
     assert samples[("gpuslice_reservations_total", (("kind", "container"), ("result", "CannotFit")))] == 1
     assert 'gpuslice_rpc_total{code="OK",method="Reserve"} 1.0' in body
     assert "gpuslice_rpc_duration_seconds_bucket" in body
