@@ -35,6 +35,8 @@ SCHEMA = {
         "memory_oversubscription": {"type": "number", "minimum": 1, "maximum": 16},
         "context_reserve": {"type": ["string", "integer"]},
         "nvml": {"enum": ["driver", "sim"]},
+        "host_root": {"type": "string", "pattern": "^/"},
+        "cdi_dirs": {"type": "array", "items": {"type": "string", "pattern": "^/"}, "minItems": 1},
         "sim": {
             "type": "object",
             "additionalProperties": False,
@@ -65,6 +67,12 @@ class Config:
     nvml: str = "driver"
     sim_config: str | None = None
     sim_state_dir: str | None = None
+    # where the host's / is as the daemon sees it: / on the host, /host in the node
+    # agent's container; a bundle the hook or shim names is read under it
+    host_root: Path = Path("/")
+    # the CDI spec directories (as the daemon sees them), lowest priority first: the
+    # shim's containers get their GPUs' edits from them
+    cdi_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
     extra: dict = field(default_factory=dict)
 
     @property
@@ -111,4 +119,6 @@ def load(path: str | Path | None) -> Config:
         nvml=data.get("nvml", d.nvml),
         sim_config=sim.get("config"),
         sim_state_dir=sim.get("state_dir"),
+        host_root=Path(data.get("host_root", d.host_root)),
+        cdi_dirs=tuple(Path(x) for x in data["cdi_dirs"]) if "cdi_dirs" in data else d.cdi_dirs,
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslice import constants, errors, request
@@ -35,7 +36,21 @@ from gpuslice.cdi import apply as cdi_apply
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cdi.registry import Found, Registry
 
-REGISTRY = Registry()  # kept for the daemon's life: each spec file is parsed and validated once per change
+
+@dataclass(frozen=True)
+class Host:
+    """The host's files as the daemon reaches them: at / on the host, under
+    /host in the node agent's container. A runtime names bundles and specs by
+    their host paths; what the daemon hands back (a container's root) stays one."""
+
+    root: Path = Path("/")
+    # kept for the daemon's life: each spec file is parsed and validated once per change
+    registry: Registry = field(default_factory=Registry)
+
+    def here(self, path: Path) -> Path:
+        if not path.is_absolute():
+            raise oci.OciError(f"{path}: not an absolute path")
+        return path if self.root == Path("/") else self.root / path.relative_to("/")
 
 
 def requested(config: dict, state: oci.State | None = None) -> request.Asked:
@@ -110,11 +125,11 @@ def shares_of(config: dict) -> list[ShareRef]:
     return list(dict.fromkeys(found))
 
 
-def create_runtime(state: oci.State, slices: SliceManager) -> None:
+def create_runtime(state: oci.State, slices: SliceManager, host: Host) -> None:
     cid = state.id
     if state.pid <= 0:
         raise oci.OciError(f"container {cid}: the OCI state has no pid (createRuntime runs once the container exists)")
-    config = oci.read_config(state.bundle, cid)
+    config = oci.read_config(host.here(state.bundle), cid)
     shares = shares_of(config)
     if shares:  # reserved by the DRA or device plugin: the container joins the ledger of the shares it was given
         compute = None
@@ -148,23 +163,25 @@ def poststop(state: oci.State, slices: SliceManager) -> None:
     slices.release(state.id)
 
 
-def container_root(state: oci.State) -> str:
-    return str(oci.root_path(state.bundle, oci.read_config(state.bundle, state.id), state.id))
+def container_root(state: oci.State, host: Host) -> str:
+    """The container's root as the host names it (the hook writes there)."""
+    return str(oci.root_path(state.bundle, oci.read_config(host.here(state.bundle), state.id), state.id))
 
 
-def _devices(spec_path: str, uuids: list[str]) -> list[Found]:
+def _devices(spec_path: str, uuids: list[str], host: Host) -> list[Found]:
     """The CDI devices of the placed GPUs: from the spec the shim names, else the
     spec directories (with their precedence)."""
     if not spec_path:
-        return REGISTRY.resolve(uuids)
-    spec = cdi_spec.load(Path(spec_path))
+        return host.registry.resolve(uuids)
+    spec = cdi_spec.load(host.here(Path(spec_path)))
     return [Found(spec, spec.device(u), Path(spec_path), 0) for u in uuids]
 
 
-def prepare(bundle: Path, container_id: str, slices: SliceManager, spec_path: str = "") -> bool:
+def prepare(bundle: Path, container_id: str, slices: SliceManager, host: Host, spec_path: str = "") -> bool:
     """Give the container its slice (the shim's create); False when it asks for none."""
     if not bundle.is_absolute():
         raise oci.OciError(f"bundle {bundle}: not an absolute path")
+    bundle = host.here(bundle)
     config = oci.read_config(bundle, container_id)
     asked = request.read(requested(config))  # the one line for bad values, before anything is reserved
     if asked is None:
@@ -173,7 +190,7 @@ def prepare(bundle: Path, container_id: str, slices: SliceManager, spec_path: st
         container_id, asked, owner="runtime-shim", workload=oci.workload_of(oci.annotations_of(config))
     )
     try:
-        cdi_apply.inject(config, _devices(spec_path, [a.gpu_uuid for a in placed.allocations]))
+        cdi_apply.inject(config, _devices(spec_path, [a.gpu_uuid for a in placed.allocations], host))
         path = bundle / oci.CONFIG_NAME
         write_text_atomically(path, json.dumps(config), os.stat(path).st_mode & 0o777)
     except BaseException:

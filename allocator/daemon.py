@@ -14,7 +14,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
 from gpuslice import constants, errors, inventory, simulator
-from gpuslice.allocator import metrics, slice_files
+from gpuslice.allocator import container_start, metrics, slice_files
 from gpuslice.allocator.compute import ComputeController, NvmlUtilization
 from gpuslice.allocator.config import Config
 from gpuslice.allocator.driver_limits import DriverLimits
@@ -27,6 +27,7 @@ from gpuslice.allocator.state_lock import StateLock
 from gpuslice.allocator.store import SliceStore
 from gpuslice.allocator.unix_socket import UnixSocketServer
 from gpuslice.allocator.watcher import ProcessWatcher
+from gpuslice.cdi.registry import Registry
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ class Daemon:
         self.compute = ComputeController(self.watcher.files_in_use, self.manager.limits_of, NvmlUtilization(),
                                          cfg.compute_period)  # fmt: skip
         self._stop = threading.Event()
+        self._server: grpc.Server | None = None
+        self._health: health.HealthServicer | None = None
+        self._sockets: list[UnixSocketServer] = []
 
     def _reattach(self) -> None:
         """Processes that attached before a restart are watched again."""
@@ -95,7 +99,8 @@ class Daemon:
             except Exception:
                 log.exception("sweep failed")
 
-    def serve(self) -> None:
+    def start(self) -> None:
+        """Every socket, the metrics and the controller up; returns once serving."""
         self.manager.restore()
         self.watcher.start()
         self._reattach()
@@ -108,9 +113,9 @@ class Daemon:
             start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_address)
         self.cfg.socket.parent.mkdir(parents=True, exist_ok=True)
         self.cfg.socket.unlink(missing_ok=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS))
+        self._server = server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS))
         pb_grpc.add_AllocatorServicer_to_server(AllocatorService(self.manager, self.compute), server)
-        health_servicer = health.HealthServicer()
+        self._health = health_servicer = health.HealthServicer()
         health_servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
         old = os.umask(0o077)  # the control socket is root-only from its first moment
@@ -121,9 +126,10 @@ class Daemon:
             os.umask(old)
         slice_server = SliceSocketServer(self.cfg.slice_socket, self.manager, self.watcher)
         slice_server.start()
-        runtime_server = RuntimeSocketServer(constants.runtime_socket_beside(self.cfg.socket), self.manager)
+        host = container_start.Host(self.cfg.host_root, Registry(self.cfg.cdi_dirs))
+        runtime_server = RuntimeSocketServer(constants.runtime_socket_beside(self.cfg.socket), self.manager, host)
         runtime_server.start()
-        sockets = [slice_server, runtime_server]
+        self._sockets = sockets = [slice_server, runtime_server]
         threading.Thread(target=self._sweeper, args=(sockets, health_servicer), name="sweeper", daemon=True).start()
         self.compute.start()
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -131,14 +137,32 @@ class Daemon:
         log.info(
             "serving %d GPUs on %s (slice socket %s)", len(self.inventory.gpus), self.cfg.socket, self.cfg.slice_socket
         )
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self._stop.set())
+
+    def wait(self) -> None:
+        """Until stopping is asked (request_stop, or SIGTERM/SIGINT under serve)."""
         self._stop.wait()
-        health_servicer.enter_graceful_shutdown()
-        server.stop(2).wait()
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def stop(self) -> None:
+        """Sockets closed, the store closed and the state unlocked; the slices stay
+        in the store for the next daemon (a restart or an upgrade loses none)."""
+        self._stop.set()
+        if self._health is not None:
+            self._health.enter_graceful_shutdown()
+        if self._server is not None:
+            self._server.stop(2).wait()
         self.compute.stop()
-        runtime_server.stop()
-        slice_server.stop()
+        for server in reversed(self._sockets):
+            server.stop()
         self.watcher.stop()
         self.store.close()
         self.lock.release()
+
+    def serve(self) -> None:
+        self.start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.request_stop())
+        self.wait()
+        self.stop()

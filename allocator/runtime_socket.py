@@ -51,8 +51,9 @@ class RuntimeSocketServer(UnixSocketServer):
     # root's hooks and shims, one per container start: a burst queues, never a reset
     max_pending = per_uid_queue = 4096
 
-    def __init__(self, path: Path, manager: SliceManager) -> None:
+    def __init__(self, path: Path, manager: SliceManager, host: container_start.Host | None = None) -> None:
         self.manager = manager
+        self.host = host or container_start.Host()
         self.verbs: dict[str, Callable[[Request], str]] = {
             "createRuntime": self._create_runtime,
             "poststop": self._poststop,
@@ -101,7 +102,7 @@ class RuntimeSocketServer(UnixSocketServer):
     def _create_runtime(self, req: Request) -> str:
         state = oci.parse_state(req.payload)
         req.context = f"createRuntime for container {state.id}"
-        container_start.create_runtime(state, self.manager)
+        container_start.create_runtime(state, self.manager, self.host)
         return ""
 
     def _poststop(self, req: Request) -> str:
@@ -111,12 +112,12 @@ class RuntimeSocketServer(UnixSocketServer):
         return ""
 
     def _ldcache_root(self, req: Request) -> str:
-        return container_start.container_root(oci.parse_state(req.payload))
+        return container_start.container_root(oci.parse_state(req.payload), self.host)
 
     def _create(self, req: Request) -> str:
         cid, bundle = req.keys.get("id", ""), req.keys.get("bundle", "")
         if not cid or not bundle:
             raise errors.InvalidArgument("create needs id= and bundle=")
         req.context = f"create {cid}"
-        container_start.prepare(Path(bundle), cid, self.manager, req.keys.get("spec", ""))
+        container_start.prepare(Path(bundle), cid, self.manager, self.host, req.keys.get("spec", ""))
         return ""

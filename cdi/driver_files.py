@@ -52,6 +52,7 @@ class DriverFiles:
     extra_libs: tuple[Path, ...] = ()  # what the libraries need beyond a base image (the simulator's libyaml)
     nvidia_smi: Path | None = None
     control_nodes: tuple[str, ...] = ()  # container paths of /dev/nvidiactl, ... that the host has
+    gpu_nodes: tuple[int, ...] = ()  # N of each /dev/nvidiaN the host has
 
 
 def watched_state(root: Path) -> tuple[tuple[int, int, int] | None, ...]:
@@ -69,34 +70,89 @@ def watched_state(root: Path) -> tuple[tuple[int, int, int] | None, ...]:
     return tuple(state)
 
 
-def _find_lib(root: Path, stem: str, version: str) -> Path:
+MAX_LINKS = 40  # as the kernel's own limit on symlinks in one lookup
+
+
+def resolve_under(root: Path, path: Path) -> Path:
+    """`path` (under `root`) with its symlinks followed as the host would: an
+    absolute target is taken under `root`, never this process's own `/` (the
+    node agent sees the host's files under /host)."""
+    rel = path.relative_to(root).parts
+    here, links = root, 0
+    todo = list(rel)
+    while todo:
+        part = todo.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            here = here.parent if here != root else root
+            continue
+        step = here / part
+        if not step.is_symlink():
+            here = step
+            continue
+        links += 1
+        if links > MAX_LINKS:
+            raise DriverFilesError(f"{path}: too many levels of symbolic links")
+        target = os.readlink(step)
+        if target.startswith("/"):
+            here = root
+        todo = [*Path(target).parts[1 if target.startswith("/") else 0 :], *todo]
+    return here
+
+
+def find_lib(root: Path, stem: str, version: str) -> Path:
+    """The driver library STEM.so.VERSION (else STEM.so.1) under `root`, its links followed."""
     for d in LIB_DIRS:
         for name in (f"{stem}.so.{version}", f"{stem}.so.1"):
             p = root / d / name
-            if p.exists():
-                return p.resolve()
+            if p.is_symlink() or p.exists():
+                found = resolve_under(root, p)
+                if found.is_file():
+                    return found
     raise DriverFilesError(f"{stem}.so.{version} not found under {root} ({', '.join(LIB_DIRS)})")
+
+
+def _needed(lib: Path) -> list[tuple[str, str]]:
+    """(soname, where this process's loader finds it or "") of what lib needs."""
+    out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True).stdout
+    return [(m.group(1), m.group(2)) for m in re.finditer(r"^\s*(\S+) => (\S+)", out, re.M)]
 
 
 def _extra_deps(lib: Path) -> tuple[Path, ...]:
     """Shared libraries lib needs beyond what every image has (e.g. libyaml)."""
-    out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True).stdout
-    deps = []
-    for line in out.splitlines():
-        m = re.match(r"\s*(\S+) => (/\S+)", line)
-        if m and not BASE_LIBS.match(m.group(1)):
-            deps.append(Path(m.group(2)).resolve())
-    return tuple(deps)
+    return tuple(
+        Path(where).resolve() for name, where in _needed(lib) if where.startswith("/") and not BASE_LIBS.match(name)
+    )
+
+
+def _deps_beside(root: Path, libs: tuple[Path, ...]) -> tuple[Path, ...]:
+    """What the driver's libraries need beyond a base image, found where the
+    driver is (under `root`), not where this process's loader would look."""
+    found: dict[Path, None] = {}
+    for lib in libs:
+        for name, _ in _needed(lib):
+            if BASE_LIBS.match(name):
+                continue
+            for d in (lib.parent, *(root / d for d in LIB_DIRS)):
+                if (d / name).is_symlink() or (d / name).exists():
+                    found[resolve_under(root, d / name)] = None
+                    break
+    return tuple(p for p in found if p not in libs)
 
 
 def nvidia(root: Path, driver_version: str) -> DriverFiles:
-    """The NVIDIA driver's files under a root (/ on a node, a fixture in tests)."""
+    """The NVIDIA driver's files under a root (/ on a node, /host/<driver root> in
+    the node agent, a fixture in tests)."""
     smi = shutil.which("nvidia-smi", path=":".join(str(root / d) for d in BIN_DIRS))
+    libs = (find_lib(root, "libcuda", driver_version), find_lib(root, "libnvidia-ml", driver_version))
     return DriverFiles(
-        libcuda=_find_lib(root, "libcuda", driver_version),
-        libnvml=_find_lib(root, "libnvidia-ml", driver_version),
-        nvidia_smi=Path(smi) if smi else None,
+        libcuda=libs[0],
+        libnvml=libs[1],
+        extra_libs=_deps_beside(root, libs),
+        nvidia_smi=resolve_under(root, Path(smi)) if smi else None,
         control_nodes=tuple(f"/dev/{n}" for n in CONTROL_NODES if (root / "dev" / n).exists()),
+        gpu_nodes=tuple(sorted(int(p.name[6:]) for p in (root / "dev").glob("nvidia*") if p.name[6:].isdigit())),
     )
 
 

@@ -22,6 +22,7 @@ SLICE_DIR = constants.SLICE_SOCKET_DIR
 SIM_STATE = "/run/gpuslice/sim"
 SIM_CONFIG = "/etc/gpuslice/sim.yaml"
 RW = ("rw", "nosuid", "nodev", "bind")
+INTERPOSER = ("libcuda.so.1", "libnvidia-ml.so.1")  # the files of the interposer's directory
 
 
 @dataclass(frozen=True)
@@ -33,23 +34,43 @@ class Options:
     slice_dir: str = constants.SLICE_SOCKET_DIR  # host directory of the slice socket
     sim_config: str | None = None
     sim_state_dir: str | None = None
+    # where the host's / is as this process sees it: the node agent finds the
+    # driver under /host, and the spec names the host's paths, without /host
+    host_root: Path = Path("/")
+    interposer_dir: str = ""  # the interposer's directory on the host (default: the one built with gpuslice)
+
+    @property
+    def driver_here(self) -> Path:
+        """The driver root (a host path) as this process reaches it."""
+        if self.host_root == Path("/"):
+            return self.driver_root
+        return self.host_root / self.driver_root.relative_to("/")
+
+    def on_host(self, path: Path) -> str:
+        """A path this process found, as the host (the runtime reading the spec) names it."""
+        if self.host_root == Path("/"):
+            return str(path)
+        try:
+            return "/" + str(path.relative_to(self.host_root))
+        except ValueError:
+            raise driver_files.DriverFilesError(f"{path} is not under the host root {self.host_root}") from None
 
 
-def _driver_mounts(files: driver_files.DriverFiles) -> list[Mount]:
+def _driver_mounts(files: driver_files.DriverFiles, opts: Options) -> list[Mount]:
     mounts = [
-        Mount(str(files.libcuda), f"{DRIVER_DIR}/libcuda.so.1"),
-        Mount(str(files.libnvml), f"{DRIVER_DIR}/libnvidia-ml.so.1"),
+        Mount(opts.on_host(files.libcuda), f"{DRIVER_DIR}/libcuda.so.1"),
+        Mount(opts.on_host(files.libnvml), f"{DRIVER_DIR}/libnvidia-ml.so.1"),
     ]
-    mounts += [Mount(str(p), f"{DRIVER_DIR}/{p.name}") for p in files.extra_libs]
+    mounts += [Mount(opts.on_host(p), f"{DRIVER_DIR}/{p.name}") for p in files.extra_libs]
     if files.nvidia_smi:
-        mounts.append(Mount(str(files.nvidia_smi), "/usr/bin/nvidia-smi"))
+        mounts.append(Mount(opts.on_host(files.nvidia_smi), "/usr/bin/nvidia-smi"))
     return mounts
 
 
 def _common_edits(files: driver_files.DriverFiles, opts: Options) -> ContainerEdits:
-    wrap = native_dir() / "wrap"
-    mounts = _driver_mounts(files)
-    mounts += [Mount(str(wrap / n), f"{WRAP_DIR}/{n}") for n in ("libcuda.so.1", "libnvidia-ml.so.1")]
+    wrap = opts.interposer_dir or str(native_dir() / "wrap")
+    mounts = _driver_mounts(files, opts)
+    mounts += [Mount(f"{wrap}/{n}", f"{WRAP_DIR}/{n}") for n in INTERPOSER]
     # the directory, never the socket: a restarted daemon's new socket is seen
     mounts.append(Mount(opts.slice_dir, SLICE_DIR, RW))
     env = [
@@ -76,17 +97,18 @@ def _common_edits(files: driver_files.DriverFiles, opts: Options) -> ContainerEd
     return ContainerEdits(env=tuple(env), device_nodes=nodes, mounts=tuple(mounts), hooks=hooks)
 
 
-def _device_edits(indices_uuids: list[tuple[int, str]], opts: Options) -> ContainerEdits:
+def _device_edits(indices_uuids: list[tuple[int, str]], files: driver_files.DriverFiles) -> ContainerEdits:
     # the hook reads the env entries to pin the slice to the GPUs CDI injected
     env = tuple(f"{constants.CDI_DEVICE_ENV_PREFIX}{i}={uuid}" for i, uuid in indices_uuids)
-    nodes = tuple(DeviceNode(f"/dev/nvidia{i}") for i, _ in indices_uuids) if opts.driver != "sim" else ()
+    # the nodes the host has: a runtime refuses a container whose device node is missing
+    nodes = tuple(DeviceNode(f"/dev/nvidia{i}") for i, _ in indices_uuids if i in files.gpu_nodes)
     return ContainerEdits(env=env, device_nodes=nodes)
 
 
 def discover(inv: Inventory, opts: Options) -> driver_files.DriverFiles:
     if opts.driver == "sim":
         return driver_files.simulated()
-    return driver_files.nvidia(opts.driver_root, inv.driver_version)
+    return driver_files.nvidia(opts.driver_here, inv.driver_version)
 
 
 def compose(inv: Inventory, files: driver_files.DriverFiles, opts: Options) -> Spec:
@@ -95,9 +117,9 @@ def compose(inv: Inventory, files: driver_files.DriverFiles, opts: Options) -> S
         raise driver_files.DriverFilesError("the gpuslice-hook executable was not found (pass --hook)")
     devices: list[Device] = []
     for g in inv.gpus:
-        edits = _device_edits([(g.index, g.uuid)], opts)
+        edits = _device_edits([(g.index, g.uuid)], files)
         devices += [Device(str(g.index), edits), Device(g.uuid, edits)]
-    devices.append(Device("all", _device_edits([(g.index, g.uuid) for g in inv.gpus], opts)))
+    devices.append(Device("all", _device_edits([(g.index, g.uuid) for g in inv.gpus], files)))
     return Spec(kind=constants.CDI_KIND, devices=tuple(devices), edits=_common_edits(files, opts))
 
 

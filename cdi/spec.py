@@ -420,10 +420,14 @@ def load(path: Path) -> Spec:
         raise SpecError("\n".join(f"{path}: {line}" for line in str(e).splitlines())) from e
 
 
-def write(spec: Spec, path: Path) -> None:
-    """Validate, then write atomically (temp file + rename), mode 0644; YAML for a
-    .yaml/.yml path, JSON otherwise."""
+def render(spec: Spec, suffix: str = ".json") -> str:
+    """The spec validated, as the text of a file with this suffix (YAML for .yaml/.yml)."""
     data = spec.to_dict()
     validate(data)
-    text = yaml.safe_dump(data, sort_keys=False) if path.suffix in (".yaml", ".yml") else json.dumps(data, indent=2)
-    write_text_atomically(path, text.rstrip("\n") + "\n", 0o644)
+    text = yaml.safe_dump(data, sort_keys=False) if suffix in (".yaml", ".yml") else json.dumps(data, indent=2)
+    return text.rstrip("\n") + "\n"
+
+
+def write(spec: Spec, path: Path) -> None:
+    """Validate, then write atomically (temp file + rename), mode 0644."""
+    write_text_atomically(path, render(spec, path.suffix), 0o644)

@@ -67,6 +67,8 @@ class Context:
     remove: bool = False
     binary: str = ""  # the runtime to ask its version: containerd, dockerd
     version: tuple[int, int] | None = None  # given: not asked
+    config: Path | None = None  # containerd's config.toml where it is not ROOT/etc/containerd (k3s, ...)
+    manifest_dir: Path | None = None  # where what install found is kept (default ROOT/var/lib/gpuslice/install)
 
     def runtime_version(self, default_binary: str) -> tuple[int, int]:
         return self.version or runtime_version(self.binary or default_binary)
@@ -182,8 +184,8 @@ def _imported(main: dict[str, Any], cfg: Path, dropin: Path) -> bool:
 
 
 def containerd(ctx: Context) -> list[Change]:
-    main_cfg = ctx.root / "etc/containerd/config.toml"
-    dropin = ctx.root / CONTAINERD_DROPIN
+    main_cfg = ctx.config or ctx.root / "etc/containerd/config.toml"
+    dropin = main_cfg.parent / DROPIN_IMPORT
     before_main = _read(main_cfg)
     line = f'imports = ["{DROPIN_IMPORT}"]\n'
     if ctx.remove:
@@ -292,7 +294,7 @@ TARGETS: dict[str, Callable[[Context], list[Change]]] = {
 
 
 def _manifest(ctx: Context, target: str) -> Path:
-    return ctx.root / MANIFEST_DIR / f"{target}.json"
+    return (ctx.manifest_dir or ctx.root / MANIFEST_DIR) / f"{target}.json"
 
 
 def plan(target: str, ctx: Context) -> list[Change]:

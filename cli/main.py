@@ -109,6 +109,11 @@ def daemon(config_path: str | None, verbose: bool) -> None:
         sys.exit(2)
 
 
+_RUNTIME_VERSION_OPTION = click.option(
+    "--runtime-version", help="the runtime's version, MAJOR.MINOR, instead of asking it"
+)
+
+
 @main.command()
 @click.option("--socket", "socket_path", type=click.Path(), help="daemon socket (default $GPUSLICE_SOCKET or /run/...)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON")
@@ -378,11 +383,68 @@ def scheduler_extender(listen, policy, verbose):
     _serve_node_component("scheduler-extender", verbose, make)
 
 
+@main.command("node-agent")
+@click.option("--host-root", type=click.Path(file_okay=False), default="/host", show_default=True,
+              help="where the host's / is mounted in this container")  # fmt: skip
+@click.option("--host-dir", default="/opt/gpuslice", show_default=True, help="host directory for the node's parts")
+@click.option("--driver-root", default="/", show_default=True,
+              help="where the NVIDIA driver is on the host (/run/nvidia/driver under a driver container)")  # fmt: skip
+@click.option("--runtime", type=click.Choice(["containerd", "crio", "none"]), default="containerd", show_default=True,
+              help="the runtime to configure (none: leave it as it is)")  # fmt: skip
+@click.option("--runtime-restart", type=click.Choice(["systemd", "none"]), default="systemd", show_default=True,
+              help="how the runtime loads its new configuration")  # fmt: skip
+@click.option("--runtime-config", default="", help="containerd's config.toml on the host, where not in /etc/containerd")
+@_RUNTIME_VERSION_OPTION
+@click.option("--run-dir", type=click.Path(file_okay=False), default=str(Path(constants.CONTROL_SOCKET).parent),
+              show_default=True, help="the daemon's sockets, the host's directory mounted here at the same path "
+              "(the runtime shim looks in the default)")  # fmt: skip
+@click.option("--state-dir", type=click.Path(file_okay=False), default=constants.STATE_DIR, show_default=True,
+              help="the host's state directory, mounted here at the same path")  # fmt: skip
+@click.option("--cdi-dir", type=click.Path(file_okay=False), default="/var/run/cdi", show_default=True,
+              help="the host's CDI spec directory, mounted here")  # fmt: skip
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=9445, show_default=True, help="0: none")
+@click.option("--compute-period", type=click.FloatRange(0.01, 5), default=0.05, show_default=True,
+              help="seconds between launch-budget refills")  # fmt: skip
+@click.option("--driver-poll", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
+              help="seconds between looks at the driver's files (the spec is made again when they change)")  # fmt: skip
+@click.option("-v", "--verbose", is_flag=True, help="log at debug level")
+def node_agent_cmd(host_root, host_dir, driver_root, runtime, runtime_restart, runtime_config, runtime_version,
+                   run_dir, state_dir, cdi_dir, metrics_port, compute_period, driver_poll, verbose):  # fmt: skip
+    """Install gpuslice onto this node from its image and run the daemon; on
+    SIGTERM, undo exactly that (the chart's node agent, docs/cluster-install.md)."""
+    import logging
+
+    import pynvml
+
+    from gpuslice import inventory
+    from gpuslice.cli import install as installer
+    from gpuslice.cli import node_agent
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="gpuslice-node-agent: %(message)s")
+    try:
+        opts = node_agent.Options(
+            Path(host_root), host_dir, driver_root, runtime, runtime_restart, runtime_config,
+            installer.parse_version(runtime_version) if runtime_version else None, Path(run_dir), Path(state_dir),
+            Path(cdi_dir),
+            metrics_port, compute_period, driver_poll,
+        )  # fmt: skip
+        node_agent.NodeAgent(opts).serve()
+    except inventory.NoDriver as e:
+        click.echo(f"gpuslice node-agent: {e} (driver root {driver_root}); nothing left installed", err=True)
+        sys.exit(EXIT_NO_DRIVER)
+    except (errors.GpusliceError, pynvml.NVMLError) as e:
+        click.echo(f"gpuslice node-agent: {e}; nothing left installed", err=True)
+        sys.exit(2)
+    except OSError as e:
+        click.echo(f"gpuslice node-agent: {e.filename or ''}: {e.strerror}; nothing left installed", err=True)
+        sys.exit(2)
+
+
 _TARGETS = click.Choice(["containerd", "crio", "podman", "docker"])
 _RUNTIME_BINARY = click.option(
     "--runtime-binary", "binary", default="", help="the runtime to ask its version (default: containerd, dockerd)"
 )
-_RUNTIME_VERSION = click.option("--runtime-version", help="the runtime's version, MAJOR.MINOR, instead of asking it")
+_RUNTIME_VERSION = _RUNTIME_VERSION_OPTION
 
 
 @main.command("install")

@@ -11,11 +11,15 @@ from pathlib import Path
 def write_text_atomically(path: Path, text: str, mode: int = 0o644, durable: bool = False) -> None:
     """`durable`: on disk before it returns (the file, then the rename in its
     directory), for records whose loss after a crash would be answered as kept."""
+    write_bytes_atomically(path, text.encode(), mode, durable)
+
+
+def write_bytes_atomically(path: Path, data: bytes, mode: int = 0o644, durable: bool = False) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
