@@ -83,6 +83,7 @@ class Kubelet:
         env: dict[str, str] | None = None,
         cdi_devices: list[str] = (),  # type: ignore[assignment]
         log_path: str = "",
+        mounts: dict[str, str] | None = None,  # container path -> host path, read-only
     ) -> str:
         pb = self.pb
         config = pb.ContainerConfig(
@@ -93,6 +94,7 @@ class Kubelet:
             envs=[pb.KeyValue(key=k, value=v.encode()) for k, v in (env or {}).items()],  # value: bytes in the proto
             CDI_devices=[pb.CDIDevice(name=d) for d in cdi_devices],
             log_path=log_path,
+            mounts=[pb.Mount(container_path=c, host_path=h, readonly=True) for c, h in (mounts or {}).items()],
         )
         reply = self.runtime.CreateContainer(
             pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod_config),

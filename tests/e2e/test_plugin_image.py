@@ -13,7 +13,6 @@ from collections.abc import Iterator
 import pytest
 
 from gpuslice.cli import sim_daemon
-from tests.harness import build_package
 from tests.harness.dra import DraNode, allocated
 
 GiB = 1 << 30
@@ -22,14 +21,6 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("debootstrap", "podman", "runc", "dpkg-deb")),
     reason="needs root, debootstrap, podman, runc and dpkg-dev (./dev.sh installs them as root)",
 )
-
-
-@pytest.fixture(scope="module")
-def image(tmp_path_factory) -> str:
-    out = tmp_path_factory.mktemp("image")
-    archive = build_package("image", out)
-    assert archive.name.endswith(".oci.tar") and archive.stat().st_size > 0
-    return "localhost/gpuslice/kubelet-plugin:" + archive.name.split("_")[1].removesuffix(".oci.tar")
 
 
 @pytest.fixture

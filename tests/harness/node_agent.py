@@ -39,8 +39,8 @@ class Dirs:
         return d
 
 
-def agent_args(host_root: Path | str, dirs: Dirs, *extra: str) -> list[str]:
-    return ["node-agent", f"--host-root={host_root}", f"--host-dir={HOST_DIR}", f"--run-dir={dirs.run}",
+def agent_args(host_root: Path | str, dirs: Dirs, *extra: str, host_dir: str = HOST_DIR) -> list[str]:
+    return ["node-agent", f"--host-root={host_root}", f"--host-dir={host_dir}", f"--run-dir={dirs.run}",
             f"--state-dir={dirs.state}", f"--cdi-dir={dirs.cdi}", "--metrics-port=0", "--driver-poll=0.3",
             "--runtime-restart=none", *extra]  # fmt: skip
 
@@ -99,7 +99,7 @@ def start_process(host: FakeHost, work: Path, *extra: str) -> AgentRun:
 
 
 def podman_command(image: str, name: str, host_root: Path, dirs: Dirs, env: dict[str, str], mounts: list[Path],
-                   *extra: str) -> list[str]:  # fmt: skip
+                   *extra: str, host_dir: str = HOST_DIR) -> list[str]:  # fmt: skip
     """The DaemonSet's pod, in podman's words."""
     cmd = ["podman", "--runtime", "runc", "run", "--rm", "--name", name, "--privileged", "--pid", "host",
            "--network", "host", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024",
@@ -108,7 +108,7 @@ def podman_command(image: str, name: str, host_root: Path, dirs: Dirs, env: dict
         cmd += ["-v", f"{p}:{p}"]
     for k, v in env.items():
         cmd += ["-e", f"{k}={v}"]
-    return [*cmd, image, *agent_args("/host", dirs, *extra)]
+    return [*cmd, image, *agent_args("/host", dirs, *extra, host_dir=host_dir)]
 
 
 def start_image(image: str, name: str, host: FakeHost, work: Path, *extra: str) -> AgentRun:

@@ -86,6 +86,29 @@ def test_the_image_defaults_to_the_project_version_and_follows_the_values():
     assert images == {"reg.example/gs:9.9"}
 
 
+def test_the_agents_command_is_the_node_agent_commands_own_options():
+    """Every argument the DaemonSet passes is an option of `gpuslice node-agent`,
+    and the values reach it (runtimeConfig and runtimeVersion only when set)."""
+    import click
+
+    from gpuslice.cli.main import node_agent_cmd
+
+    k3s = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
+    sets = ("nodeAgent.driverRoot=/run/nvidia/driver", "nodeAgent.runtimeVersion=1.7", f"nodeAgent.runtimeConfig={k3s}")
+    for extra, want in (((), {"--host-root": "/host", "--driver-root": "/", "--runtime": "containerd"}),
+                        (sets, {"--driver-root": "/run/nvidia/driver", "--runtime-version": "1.7",
+                                "--runtime-config": k3s})):  # fmt: skip
+        objects = by_kind(template("1.35.0", *extra))
+        [container] = objects[("DaemonSet", "gpuslice-node-agent")]["spec"]["template"]["spec"]["containers"]
+        assert container["command"][:2] == ["gpuslice", "node-agent"]
+        args = dict(a.split("=", 1) for a in container["command"][2:])
+        ctx = node_agent_cmd.make_context("node-agent", [f"{k}={v}" for k, v in args.items()])
+        assert isinstance(ctx, click.Context)  # click took every one: no unknown option, no bad value
+        assert want.items() <= args.items(), args
+        if not extra:
+            assert "--runtime-version" not in args and "--runtime-config" not in args
+
+
 def test_the_agent_and_the_metrics_service_agree_on_the_port_and_it_is_not_dcgm_exporters():
     objects = by_kind(template("1.37.0", "nodeAgent.enabled=true", "metrics.serviceMonitor.enabled=true"))
     agent = objects[("DaemonSet", "gpuslice-node-agent")]["spec"]["template"]["spec"]
@@ -131,6 +154,8 @@ def test_the_chart_refuses_combinations_that_double_book_or_cannot_work(sets, sa
         ({"nodeAgent": {"runtime": "docker"}}, "at '/nodeAgent/runtime'"),
         ({"metrics": {"port": "9445"}}, "at '/metrics/port'"),
         ({"nodeAgent": {"hostDir": "relative/dir"}}, "at '/nodeAgent/hostDir'"),
+        ({"nodeAgent": {"driverRoot": "run/nvidia/driver"}}, "at '/nodeAgent/driverRoot'"),
+        ({"nodeAgent": {"runtimeVersion": "2"}}, "at '/nodeAgent/runtimeVersion'"),
         ({"devicePlugin": {"schedulerExtender": {"policy": "random"}}}, "at '/devicePlugin/schedulerExtender/policy'"),
         ({"nodeAgnet": {"enabled": False}}, "additional properties 'nodeAgnet' not allowed"),
     ],
@@ -150,7 +175,9 @@ def test_the_notes_name_what_was_installed_and_a_first_pod():
         r = helm("install", "gpuslice", str(CHART), "--dry-run=client", "--namespace", "gpuslice-system",
                  "--set", f"mode={mode}")  # fmt: skip
         notes = r.stdout.split("NOTES:", 1)[1]
-        assert says in notes and f"mode {mode}" in notes and "must carry the gpuslice package" in notes, mode
+        assert says in notes and f"mode {mode}" in notes and "DaemonSet gpuslice-node-agent" in notes, mode
+    r = helm("install", "gpuslice", str(CHART), "--dry-run=client", "--set", "nodeAgent.enabled=false")
+    assert "must carry the gpuslice package" in r.stdout.split("NOTES:", 1)[1]
 
 
 def test_the_kustomize_overlays_are_the_chart_rendered():
