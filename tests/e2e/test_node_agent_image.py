@@ -18,10 +18,17 @@ from gpuslice.cli import rootfs
 from tests.clients.cri import Kubelet, compile_api
 from tests.harness import fake_host
 from tests.harness.containerd import HOLD, VERSIONS, ContainerdNode, Pod, containerd_bin
-from tests.harness.node_agent import AgentRun, Dirs, podman_command, start_image, wait_for
+from tests.harness.node_agent import AgentRun, Dirs, podman_command, start_image, stop_all, wait_for
 from tests.integration.test_node_agent import check_installed
 
 GiB = 1 << 30
+
+
+@pytest.fixture(autouse=True)
+def _no_agent_left_running() -> Iterator[None]:
+    yield
+    stop_all()
+
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or not all(shutil.which(t) for t in ("debootstrap", "podman", "runc", "dpkg-deb", "containerd")),
@@ -99,7 +106,7 @@ def node_root_agent(image, tmp_path) -> Iterator[tuple[AgentRun, ContainerdNode,
                          f"--driver-root={driver.root}", f"--runtime-config={ctd.config}", "--runtime-version=1.7",
                          host_dir=str(host_dir))  # fmt: skip
     agent = AgentRun(subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT), dirs, log,
-                     ["podman", "stop", "-t", "60", "gs-agent-node"])  # fmt: skip
+                     ["podman", "kill", "--signal", "TERM", "gs-agent-node"])  # fmt: skip
     kubelet = None
     try:
         agent.wait_serving()

@@ -50,7 +50,9 @@ class AgentRun:
     proc: subprocess.Popen
     dirs: Dirs
     log: Path
-    stop_cmd: list[str] = field(default_factory=list)  # podman stop NAME; else SIGTERM to the process
+    # podman kill -s TERM NAME: podman 4.3's `stop` delivers nothing to a container in the
+    # host's pid namespace (it waits out its timeout, then kills); else SIGTERM to the process
+    stop_cmd: list[str] = field(default_factory=list)
     offset: int = 0  # where this run's lines start in the log
 
     @property
@@ -65,6 +67,9 @@ class AgentRun:
         with self.log.open("rb") as f:
             f.seek(self.offset)
             return f.read().decode(errors="replace")
+
+    def __post_init__(self) -> None:
+        STARTED.append(self)
 
     def wait_serving(self) -> AgentRun:
         deadline = time.monotonic() + STARTED_WITHIN_S
@@ -85,6 +90,21 @@ class AgentRun:
             else:
                 self.proc.terminate()
         return self.proc.wait(90)
+
+
+STARTED: list[AgentRun] = []
+
+
+def stop_all() -> None:
+    """Every agent a test started and left running (it failed half-way) stopped."""
+    while STARTED:
+        run = STARTED.pop()
+        if run.proc.poll() is None:
+            try:
+                run.stop()
+            except subprocess.TimeoutExpired:
+                run.proc.kill()
+                run.proc.wait(30)
 
 
 def start_process(host: FakeHost, work: Path, *extra: str) -> AgentRun:
@@ -117,7 +137,7 @@ def start_image(image: str, name: str, host: FakeHost, work: Path, *extra: str) 
     offset = log.stat().st_size if log.exists() else 0
     cmd = podman_command(image, name, host.root, dirs, host.env(), [host.sim_config.parent], *extra)
     proc = subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT)
-    return AgentRun(proc, dirs, log, ["podman", "stop", "-t", "60", name], offset)
+    return AgentRun(proc, dirs, log, ["podman", "kill", "--signal", "TERM", name], offset)
 
 
 # ---- what an installed node holds ------------------------------------------------

@@ -10,14 +10,31 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
 
 from tests.e2e.test_kubelet_cri import cri_sections
 from tests.harness import fake_host
 from tests.harness.containerd import VERSIONS, containerd_bin
-from tests.harness.node_agent import HOST_DIR, Dirs, agent_args, mounts_of, parts_built, start_process, wait_for
+from tests.harness.node_agent import (
+    HOST_DIR,
+    Dirs,
+    agent_args,
+    mounts_of,
+    parts_built,
+    start_process,
+    stop_all,
+    wait_for,
+)
 from tests.harness.references import schema_validator
+
+
+@pytest.fixture(autouse=True)
+def _no_agent_left_running() -> Iterator[None]:
+    yield
+    stop_all()
+
 
 pytestmark = pytest.mark.skipif(
     not shutil.which("containerd") or not shutil.which("apt-get"),
