@@ -19,14 +19,9 @@ import pytest
 
 from gpuslice.cli import rootfs
 from tests.clients.cri import Kubelet, compile_api
-from tests.harness.containerd import PAUSE, VERSIONS, ContainerdNode, Pod, containerd_bin, cri_node
+from tests.harness.containerd import PAUSE, VERSIONS, ContainerdNode, Pod, containerd_bin, cri_node, cri_sections
 from tests.harness.gpu_node import GpuNode
 from tests.harness.gpu_node import gpu_node as sim_gpu_node
-
-try:
-    import tomllib
-except ImportError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
 
 GiB, MiB = 1 << 30, 1 << 20
 SPEC_PATH = Path("/var/run/cdi/gpuslice-cri.json")
@@ -75,17 +70,6 @@ def pods(node, tmp_path):
     yield make
     for pod in made:
         pod.close()
-
-
-def cri_sections(dump: str) -> tuple[dict, str, str]:
-    """The CRI runtime section, the sandbox image and the snapshotter, from
-    `containerd config dump` (config version 3 splits them into two plugins)."""
-    plugins = tomllib.loads(dump)["plugins"]
-    if "io.containerd.cri.v1.runtime" in plugins:
-        images = plugins["io.containerd.cri.v1.images"]
-        return plugins["io.containerd.cri.v1.runtime"], images["pinned_images"]["sandbox"], images["snapshotter"]
-    cri = plugins["io.containerd.grpc.v1.cri"]
-    return cri, cri["sandbox_image"], cri["containerd"]["snapshotter"]
 
 
 def test_install_keeps_runc_the_sandbox_image_and_adds_our_runtime_class(node):

@@ -18,8 +18,7 @@ from gpuslice.cli import rootfs
 from tests.clients.cri import Kubelet, compile_api
 from tests.harness import fake_host
 from tests.harness.containerd import HOLD, VERSIONS, ContainerdNode, Pod, containerd_bin
-from tests.harness.node_agent import AgentRun, Dirs, podman_command, start_image, stop_all, wait_for
-from tests.integration.test_node_agent import check_installed
+from tests.harness.node_agent import AgentRun, Dirs, check_installed, podman_command, start_image, stop_all, wait_for
 
 GiB = 1 << 30
 
@@ -70,9 +69,7 @@ def test_an_upgrade_to_a_new_tag_keeps_a_bound_slice(image, tmp_path):
             with new.client() as c:
                 [kept] = c.list()  # ... and the slice outlived it
             assert (kept.container_id, kept.state, kept.pid) == ("app", "bound", holder.pid)
-            assert [(g.gpu_uuid, g.memory_limit, g.cores) for g in kept.gpus] == [
-                (g.gpu_uuid, 3 * GiB, 40) for g in bound.gpus
-            ]
+            assert [(g.uuid, g.memory_limit, g.cores) for g in kept.gpus] == [(g.uuid, 3 * GiB, 40) for g in bound.gpus]
             assert (host.root / "etc/containerd/conf.d/gpuslice.toml").exists()
         finally:
             assert new.stop() == 0, new.text()
@@ -98,7 +95,7 @@ def node_root_agent(image, tmp_path) -> Iterator[tuple[AgentRun, ContainerdNode,
     ctd = ContainerdNode(containerd_bin("1.7"), tmp_path / "containerd", Path("/nonexistent"), probe)
     config_before = ctd.config.read_bytes()
     dirs = Dirs(RUN_DIR, tmp_path / "agent/state", tmp_path / "agent/cdi")
-    for d in (dirs.state, dirs.cdi):
+    for d in (dirs.run, dirs.state, dirs.cdi):  # the chart's hostPath volumes: DirectoryOrCreate
         d.mkdir(parents=True)
     host_dir = tmp_path / "opt-gpuslice"
     log = tmp_path / "agent.log"

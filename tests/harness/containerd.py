@@ -18,6 +18,11 @@ from pathlib import Path
 
 import pytest
 
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
 from gpuslice.cli import rootfs
 from tests.clients.cri import Kubelet, compile_api
 from tests.harness import wait_until_ready
@@ -62,6 +67,17 @@ state = "{run}/state"
   [plugins."io.containerd.grpc.v1.cri".cni]
     conf_dir = "{work}/cni"
 """
+
+
+def cri_sections(dump: str) -> tuple[dict, str, str]:
+    """The CRI runtime section, the sandbox image and the snapshotter, from
+    `containerd config dump` (config version 3 splits them into two plugins)."""
+    plugins = tomllib.loads(dump)["plugins"]
+    if "io.containerd.cri.v1.runtime" in plugins:
+        images = plugins["io.containerd.cri.v1.images"]
+        return plugins["io.containerd.cri.v1.runtime"], images["pinned_images"]["sandbox"], images["snapshotter"]
+    cri = plugins["io.containerd.grpc.v1.cri"]
+    return cri, cri["sandbox_image"], cri["containerd"]["snapshotter"]
 
 
 class ContainerdNode:

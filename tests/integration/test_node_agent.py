@@ -14,20 +14,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e.test_kubelet_cri import cri_sections
 from tests.harness import fake_host
 from tests.harness.containerd import VERSIONS, containerd_bin
 from tests.harness.node_agent import (
-    HOST_DIR,
     Dirs,
     agent_args,
+    check_installed,
     mounts_of,
     parts_built,
     start_process,
     stop_all,
     wait_for,
 )
-from tests.harness.references import schema_validator
 
 
 @pytest.fixture(autouse=True)
@@ -40,43 +38,6 @@ pytestmark = pytest.mark.skipif(
     not shutil.which("containerd") or not shutil.which("apt-get"),
     reason="needs containerd and apt-get (./dev.sh installs them as root)",
 )
-
-
-def config_dump(host: fake_host.FakeHost) -> dict:
-    r = subprocess.run([str(containerd_bin(host.version) / "containerd"), "--config", str(host.containerd_config),
-                        "config", "dump"], capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    return cri_sections(r.stdout)[0]
-
-
-def check_installed(host: fake_host.FakeHost, spec: dict, parts: dict[str, bytes] | None) -> None:
-    """The parts under HOST_DIR, the spec naming host paths, containerd's merged config."""
-    base = host.root / HOST_DIR.lstrip("/")
-    for rel in ("bin/gpuslice-hook", "bin/gpuslice-runtime", "wrap/libcuda.so.1", "wrap/libnvidia-ml.so.1"):
-        assert (base / rel).stat().st_mode & 0o777 == 0o755, rel
-        assert (base / rel).read_bytes()[:4] == b"\x7fELF"
-        if parts is not None:
-            assert (base / rel).read_bytes() == parts[rel], rel
-    schema_validator("cdi", "schema.json").validate(spec)
-    lib = f"/{fake_host.LIBDIR}"
-    assert mounts_of(spec) == {
-        # the links followed on the host: the absolute one under the host's root, not the agent's
-        "/usr/lib/gpuslice/driver/libcuda.so.1": f"{lib}/libcuda.so.{fake_host.DRIVER_VERSION}",
-        "/usr/lib/gpuslice/driver/libnvidia-ml.so.1": f"{lib}/libnvidia-ml.so.{fake_host.DRIVER_VERSION}",
-        "/usr/lib/gpuslice/driver/libyaml-0.so.2": f"{lib}/libyaml-0.so.2",  # what the driver needs, beside it
-        "/usr/lib/gpuslice/wrap/libcuda.so.1": f"{HOST_DIR}/wrap/libcuda.so.1",
-        "/usr/lib/gpuslice/wrap/libnvidia-ml.so.1": f"{HOST_DIR}/wrap/libnvidia-ml.so.1",
-        "/run/gpuslice/slice": mounts_of(spec)["/run/gpuslice/slice"],
-    }
-    hooks = spec["containerEdits"]["hooks"]
-    assert {h["path"] for h in hooks} == {f"{HOST_DIR}/bin/gpuslice-hook"}
-    assert all("deviceNodes" not in d["containerEdits"] for d in spec["devices"])  # the host has no /dev/nvidia0
-    cri = config_dump(host)
-    ours = cri["containerd"]["runtimes"]["gpuslice"]
-    assert ours["options"]["BinaryName"] == f"{HOST_DIR}/bin/gpuslice-runtime"
-    assert cri["containerd"]["runtimes"]["runc"]["runtime_type"] == "io.containerd.runc.v2"
-    if host.version != "1.6":
-        assert cri["enable_cdi"] is True
 
 
 @pytest.fixture(params=sorted(VERSIONS))
