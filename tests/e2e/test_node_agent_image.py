@@ -17,7 +17,7 @@ import pytest
 from gpuslice.cli import rootfs
 from tests.clients.cri import Kubelet, compile_api
 from tests.harness import fake_host
-from tests.harness.containerd import HOLD, VERSIONS, ContainerdNode, Pod, containerd_bin
+from tests.harness.containerd import HOLD, VERSIONS, ContainerdNode, Pod, containerd_bin, kubelet_on
 from tests.harness.node_agent import AgentRun, Dirs, check_installed, podman_command, start_image, stop_all, wait_for
 
 GiB = 1 << 30
@@ -104,20 +104,12 @@ def node_root_agent(image, tmp_path) -> Iterator[tuple[AgentRun, ContainerdNode,
                          host_dir=str(host_dir))  # fmt: skip
     agent = AgentRun(subprocess.Popen(cmd, stdout=log.open("ab"), stderr=subprocess.STDOUT), dirs, log,
                      ["podman", "kill", "--signal", "TERM", "gs-agent-node"])  # fmt: skip
-    kubelet = None
     try:
         agent.wait_serving()
-        ctd.start()  # what --runtime-restart does on a node: containerd reads the drop-in
-        ctd.import_images()
-        kubelet = Kubelet(ctd.socket, compile_api(tmp_path / "cri-api"))
-        yield agent, ctd, kubelet, driver
+        # containerd started now reads the drop-in, as --runtime-restart has it on a node
+        with kubelet_on(ctd, compile_api(tmp_path / "cri-api")) as kubelet:
+            yield agent, ctd, kubelet, driver
     finally:
-        if kubelet:
-            for pod in kubelet.pods():
-                kubelet.stop_pod(pod.id)
-                kubelet.remove_pod(pod.id)
-            kubelet.close()
-        ctd.cleanup()
         rc = agent.stop()
         shutil.rmtree(RUN_DIR, ignore_errors=True)
     assert rc == 0, agent.text()

@@ -172,17 +172,26 @@ def cri_node(bin_dir: Path, work: Path, shim: Path, image_rootfs: Path, api: tup
     """containerd with the node's config plus `gpuslice install containerd`,
     started with its images, and a kubelet-like CRI client on it; every pod,
     container and containerd itself gone afterwards."""
-    from tests.clients.cri import Kubelet
 
     ctd = ContainerdNode(bin_dir, work, shim, image_rootfs)
     installed = ctd.install()
     assert installed.returncode == 0, installed.stderr
+    with kubelet_on(ctd, api) as kubelet:
+        yield ctd, kubelet
+
+
+@contextmanager
+def kubelet_on(ctd: ContainerdNode, api: tuple) -> Iterator[Kubelet]:
+    """containerd started with its images and a kubelet-like CRI client on it;
+    every pod, container and containerd itself gone afterwards."""
+    from tests.clients.cri import Kubelet
+
     kubelet = None
     try:
         ctd.start()
         ctd.import_images()
         kubelet = Kubelet(ctd.socket, api)
-        yield ctd, kubelet
+        yield kubelet
     finally:
         if kubelet:
             for pod in kubelet.pods():
