@@ -10,6 +10,7 @@ import jsonschema
 import yaml
 
 from gpuslice import constants, errors
+from gpuslice.cdi.registry import SPEC_DIRS
 from gpuslice.units import parse_bytes
 
 SCHEMA = {
@@ -72,7 +73,7 @@ class Config:
     host_root: Path = Path("/")
     # the CDI spec directories (as the daemon sees them), lowest priority first: the
     # shim's containers get their GPUs' edits from them
-    cdi_dirs: tuple[Path, ...] = (Path("/etc/cdi"), Path("/var/run/cdi"))
+    cdi_dirs: tuple[Path, ...] = SPEC_DIRS
     extra: dict = field(default_factory=dict)
 
     @property

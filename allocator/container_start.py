@@ -47,10 +47,11 @@ class Host:
     # kept for the daemon's life: each spec file is parsed and validated once per change
     registry: Registry = field(default_factory=Registry)
 
-    def here(self, path: Path) -> Path:
+    def here(self, path: Path, what: str = "path") -> Path:
         if not path.is_absolute():
-            raise oci.OciError(f"{path}: not an absolute path")
-        return path if self.root == Path("/") else self.root / path.relative_to("/")
+            raise oci.OciError(f"{what} {path}: not an absolute path")
+        # normalised first: a `..` never leads out of the host's root
+        return self.root / Path(os.path.normpath(path)).relative_to("/")
 
 
 def requested(config: dict, state: oci.State | None = None) -> request.Asked:
@@ -129,7 +130,7 @@ def create_runtime(state: oci.State, slices: SliceManager, host: Host) -> None:
     cid = state.id
     if state.pid <= 0:
         raise oci.OciError(f"container {cid}: the OCI state has no pid (createRuntime runs once the container exists)")
-    config = oci.read_config(host.here(state.bundle), cid)
+    config = oci.read_config(host.here(state.bundle, "bundle"), cid)
     shares = shares_of(config)
     if shares:  # reserved by the DRA or device plugin: the container joins the ledger of the shares it was given
         compute = None
@@ -165,7 +166,7 @@ def poststop(state: oci.State, slices: SliceManager) -> None:
 
 def container_root(state: oci.State, host: Host) -> str:
     """The container's root as the host names it (the hook writes there)."""
-    return str(oci.root_path(state.bundle, oci.read_config(host.here(state.bundle), state.id), state.id))
+    return str(oci.root_path(state.bundle, oci.read_config(host.here(state.bundle, "bundle"), state.id), state.id))
 
 
 def _devices(spec_path: str, uuids: list[str], host: Host) -> list[Found]:
@@ -173,15 +174,13 @@ def _devices(spec_path: str, uuids: list[str], host: Host) -> list[Found]:
     spec directories (with their precedence)."""
     if not spec_path:
         return host.registry.resolve(uuids)
-    spec = cdi_spec.load(host.here(Path(spec_path)))
+    spec = cdi_spec.load(host.here(Path(spec_path), "spec"))
     return [Found(spec, spec.device(u), Path(spec_path), 0) for u in uuids]
 
 
 def prepare(bundle: Path, container_id: str, slices: SliceManager, host: Host, spec_path: str = "") -> bool:
     """Give the container its slice (the shim's create); False when it asks for none."""
-    if not bundle.is_absolute():
-        raise oci.OciError(f"bundle {bundle}: not an absolute path")
-    bundle = host.here(bundle)
+    bundle = host.here(bundle, "bundle")
     config = oci.read_config(bundle, container_id)
     asked = request.read(requested(config))  # the one line for bad values, before anything is reserved
     if asked is None:

@@ -113,17 +113,10 @@ def find_lib(root: Path, stem: str, version: str) -> Path:
     raise DriverFilesError(f"{stem}.so.{version} not found under {root} ({', '.join(LIB_DIRS)})")
 
 
-def _needed(lib: Path) -> list[tuple[str, str]]:
-    """(soname, where this process's loader finds it or "") of what lib needs."""
+def _needed(lib: Path) -> list[str]:
+    """The sonames lib needs (where this process's loader would find them is not asked)."""
     out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True).stdout
-    return [(m.group(1), m.group(2)) for m in re.finditer(r"^\s*(\S+) => (\S+)", out, re.M)]
-
-
-def _extra_deps(lib: Path) -> tuple[Path, ...]:
-    """Shared libraries lib needs beyond what every image has (e.g. libyaml)."""
-    return tuple(
-        Path(where).resolve() for name, where in _needed(lib) if where.startswith("/") and not BASE_LIBS.match(name)
-    )
+    return re.findall(r"^\s*(\S+) => ", out, re.M)
 
 
 def _deps_beside(root: Path, libs: tuple[Path, ...]) -> tuple[Path, ...]:
@@ -131,7 +124,7 @@ def _deps_beside(root: Path, libs: tuple[Path, ...]) -> tuple[Path, ...]:
     driver is (under `root`), not where this process's loader would look."""
     found: dict[Path, None] = {}
     for lib in libs:
-        for name, _ in _needed(lib):
+        for name in _needed(lib):
             if BASE_LIBS.match(name):
                 continue
             for d in (lib.parent, *(root / d for d in LIB_DIRS)):
@@ -163,7 +156,9 @@ def simulated() -> DriverFiles:
 
     sim = gpuslice_sim.lib_dir()
     libcuda = sim / "libcuda.so.1"
-    return DriverFiles(libcuda=libcuda, libnvml=sim / "libnvidia-ml.so.1", extra_libs=_extra_deps(libcuda))
+    return DriverFiles(
+        libcuda=libcuda, libnvml=sim / "libnvidia-ml.so.1", extra_libs=_deps_beside(Path("/"), (libcuda,))
+    )
 
 
 # a spec is made again when the driver's files changed meanwhile, at most this often

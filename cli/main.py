@@ -109,9 +109,7 @@ def daemon(config_path: str | None, verbose: bool) -> None:
         sys.exit(2)
 
 
-_RUNTIME_VERSION_OPTION = click.option(
-    "--runtime-version", help="the runtime's version, MAJOR.MINOR, instead of asking it"
-)
+_RUNTIME_VERSION = click.option("--runtime-version", help="the runtime's version, MAJOR.MINOR, instead of asking it")
 
 
 @main.command()
@@ -394,7 +392,7 @@ def scheduler_extender(listen, policy, verbose):
 @click.option("--runtime-restart", type=click.Choice(["systemd", "none"]), default="systemd", show_default=True,
               help="how the runtime loads its new configuration")  # fmt: skip
 @click.option("--runtime-config", default="", help="containerd's config.toml on the host, where not in /etc/containerd")
-@_RUNTIME_VERSION_OPTION
+@_RUNTIME_VERSION
 @click.option("--run-dir", type=click.Path(file_okay=False), default=str(Path(constants.CONTROL_SOCKET).parent),
               show_default=True, help="the daemon's sockets, the host's directory mounted here at the same path "
               "(the runtime shim looks in the default)")  # fmt: skip
@@ -444,7 +442,6 @@ _TARGETS = click.Choice(["containerd", "crio", "podman", "docker"])
 _RUNTIME_BINARY = click.option(
     "--runtime-binary", "binary", default="", help="the runtime to ask its version (default: containerd, dockerd)"
 )
-_RUNTIME_VERSION = _RUNTIME_VERSION_OPTION
 
 
 @main.command("install")

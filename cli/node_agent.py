@@ -47,6 +47,8 @@ RECORD = "node-agent.json"  # in the state directory: what the agent wrote on th
 RUNTIME_BIN_DIRS = ("usr/local/bin", "usr/bin", "bin")
 # the binaries the runtime runs, and the interposer the spec mounts (host_dir/bin, host_dir/wrap)
 EXECUTABLES = ("gpuslice-hook", "gpuslice-runtime")
+RUNTIMES = ("containerd", "crio", "none")  # none: the runtime is left as it is
+RUN_DIR = Path(constants.CONTROL_SOCKET).parent
 
 
 class AgentError(errors.FailedPrecondition):
@@ -64,7 +66,7 @@ class Options:
     runtime_version: tuple[int, int] | None = None  # else asked of the host's binary
     # the daemon's sockets and slice files, the host's, mounted at the same path; the
     # runtime shim looks in /run/gpuslice (the hook is told by the spec)
-    run_dir: Path = Path(constants.CONTROL_SOCKET).parent
+    run_dir: Path = RUN_DIR
     state_dir: Path = Path(constants.STATE_DIR)  # the host's /var/lib/gpuslice, mounted
     cdi_dir: Path = Path("/var/run/cdi")  # the host's, mounted
     metrics_port: int = 9445
@@ -129,13 +131,13 @@ class NodeAgent:
     # ---- 2. the CDI spec --------------------------------------------------------
 
     def spec_options(self) -> gen.Options:
-        o = self.opts
+        o, daemon = self.opts, self.daemon_config()
         return gen.Options(
             driver="nvidia",
             driver_root=Path(o.driver_root),
             hook=f"{o.host_dir}/bin/gpuslice-hook",
-            daemon_socket=str(o.run_dir / Path(constants.CONTROL_SOCKET).name),
-            slice_dir=str(o.run_dir / "slice"),
+            daemon_socket=str(daemon.socket),
+            slice_dir=str(daemon.slice_socket.parent),
             host_root=o.host_root,
             interposer_dir=f"{o.host_dir}/wrap",
         )
@@ -210,10 +212,11 @@ class NodeAgent:
 
     def daemon_config(self) -> Config:
         o = self.opts
+        # the package's layout (gpuslice_constants.h), under run_dir
         return Config(
             socket=o.run_dir / Path(constants.CONTROL_SOCKET).name,
-            slice_socket=o.run_dir / "slice" / constants.SLICE_SOCKET_NAME,
-            slice_files_dir=o.run_dir / "ledgers",
+            slice_socket=o.run_dir / Path(constants.SLICE_SOCKET).relative_to(RUN_DIR),
+            slice_files_dir=o.run_dir / Path(constants.SLICE_FILES_DIR).relative_to(RUN_DIR),
             state_dir=o.state_dir,
             metrics_address="0.0.0.0",  # the pod's own address, where the chart's Service looks
             metrics_port=o.metrics_port,
