@@ -28,12 +28,18 @@ enum sim_magic {
 
 struct sim_graph;
 
+/* Where some work ends: a mark per GPU in the calling process's queues
+ * (sim_schedule.c; 0: no work there). */
+struct sim_point {
+    uint64_t mark[SIM_MAX_GPUS];
+};
+
 struct sim_stream {
     uint32_t magic;
     struct sim_ctx *ctx;
     unsigned flags;
     int priority;
-    uint64_t ready; /* modelled time at which queued work completes */
+    struct sim_point ready; /* the end of its queued work */
     struct sim_graph *capture;
     uint64_t capture_id;            /* unique per capture sequence */
     CUgraphNode capture_dep;        /* what cuStreamGetCaptureInfo hands out: */
@@ -55,7 +61,10 @@ struct sim_event {
     uint32_t magic;
     unsigned flags;
     int recorded;
-    uint64_t time;
+    int timed;              /* time is known */
+    struct sim_point after; /* the work it waits for */
+    uint64_t recorded_ns;   /* when it was recorded */
+    uint64_t time;          /* when it completed: the later of the two */
 };
 
 struct sim_pool {
@@ -113,18 +122,34 @@ struct sim_kernel_launch {
     unsigned shmem;
 };
 
-/* A stream's completion time is read and raised from any thread. */
-static inline uint64_t sim_ready(const struct sim_stream *s)
+/* A stream's end of work is read and raised from any thread. */
+static inline struct sim_point sim_ready(const struct sim_stream *s)
 {
-    return __atomic_load_n(&s->ready, __ATOMIC_ACQUIRE);
+    struct sim_point p;
+    for (int d = 0; d < SIM_MAX_GPUS; d++)
+        p.mark[d] = __atomic_load_n(&s->ready.mark[d], __ATOMIC_ACQUIRE);
+    return p;
 }
 
-static inline void sim_ready_raise(struct sim_stream *s, uint64_t t)
+static inline void sim_ready_raise(struct sim_stream *s, int dev, uint64_t mark)
 {
-    uint64_t cur = sim_ready(s);
-    while (t > cur && !__atomic_compare_exchange_n(&s->ready, &cur, t, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    uint64_t cur = __atomic_load_n(&s->ready.mark[dev], __ATOMIC_ACQUIRE);
+    while (mark > cur &&
+           !__atomic_compare_exchange_n(&s->ready.mark[dev], &cur, mark, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         ;
 }
+
+static inline void sim_point_max(struct sim_point *into, const struct sim_point *p)
+{
+    for (int d = 0; d < SIM_MAX_GPUS; d++)
+        if (p->mark[d] > into->mark[d])
+            into->mark[d] = p->mark[d];
+}
+
+/* points (sim_cuda_stream.c): done, waited for, or when done (0 if no work) */
+int sim_point_done(const struct sim_point *p);
+void sim_point_wait(const struct sim_point *p);
+uint64_t sim_point_time(const struct sim_point *p);
 
 /* PTX text (sim_ptx.c): the .global variables it declares, at most max; their number */
 int sim_ptx_globals(const char *ptx, struct sim_global *out, int max);
@@ -157,6 +182,8 @@ CUresult sim_global_free(CUdeviceptr dptr);
 
 /* stream capture (sim_cuda_graph_exec.c): cuEventRecord on a capturing stream adds an event record node */
 CUresult sim_capture_event_record(struct sim_stream *s, struct sim_event *e);
+/* cuEventRecord: e completes once the work up to `after` has run (sim_cuda_stream.c) */
+void sim_event_set(struct sim_event *e, struct sim_point after);
 
 /* process state (sim_cuda_device.c, sim_cuda_context.c) */
 extern pthread_mutex_t sim_mu;
@@ -185,11 +212,11 @@ CUresult sim_ctx_or_error(struct sim_ctx **out);
 int sim_valid_ctx(struct sim_ctx *c);
 /* Resolve a stream handle: NULL/legacy/per-thread (ptds selects what 0 means). */
 struct sim_stream *sim_stream_resolve(CUstream h, int ptds, CUresult *err);
-uint64_t sim_stream_not_before(struct sim_stream *s); /* legacy-stream semantics */
+struct sim_point sim_stream_after(struct sim_stream *s); /* what new work on s follows (legacy-stream semantics) */
 void sim_stream_sync_legacy(struct sim_ctx *c);
 void sim_ctx_free_memory(struct sim_ctx *c); /* sim_cuda_memory.c */
 void sim_stream_after_fork(void);            /* sim_cuda_stream.c */
-uint64_t sim_ptds_ready(const struct sim_ctx *c); /* when c's per-thread streams of this thread are done */
+struct sim_point sim_ptds_ready(const struct sim_ctx *c); /* the end of c's per-thread streams of this thread */
 int sim_stream_is_live(const struct sim_stream *s); /* sim_cuda_context.c; caller holds sim_mu */
 
 /* memory (sim_cuda_memory.c) */

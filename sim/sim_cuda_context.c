@@ -298,16 +298,18 @@ CUAPI cuCtxGetDevice(CUdevice *dev)
     return cuCtxGetDevice_v2(dev, NULL);
 }
 
-static uint64_t ctx_ready(struct sim_ctx *c)
+static struct sim_point ctx_ready(struct sim_ctx *c)
 {
     pthread_mutex_lock(&sim_mu);
-    uint64_t t = sim_ready(&c->legacy);
-    for (struct sim_stream *s = c->streams; s; s = s->next)
-        if (sim_ready(s) > t)
-            t = sim_ready(s);
+    struct sim_point p = sim_ready(&c->legacy);
+    for (struct sim_stream *s = c->streams; s; s = s->next) {
+        struct sim_point r = sim_ready(s);
+        sim_point_max(&p, &r);
+    }
     pthread_mutex_unlock(&sim_mu);
-    uint64_t own = sim_ptds_ready(c);
-    return own > t ? own : t;
+    struct sim_point own = sim_ptds_ready(c);
+    sim_point_max(&p, &own);
+    return p;
 }
 
 CUAPI cuCtxSynchronize_v2(CUcontext ctx)
@@ -316,7 +318,8 @@ CUAPI cuCtxSynchronize_v2(CUcontext ctx)
     CUresult r = ctx_arg(ctx, &c);
     if (r)
         return r;
-    sim_sleep_until(ctx_ready(c));
+    struct sim_point p = ctx_ready(c);
+    sim_point_wait(&p);
     return CUDA_SUCCESS;
 }
 

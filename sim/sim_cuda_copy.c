@@ -35,8 +35,10 @@ static CUresult do_copy(uint64_t dst, enum side ds, uint64_t src, enum side ss, 
         return CUDA_ERROR_INVALID_VALUE;
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    if (!async) /* synchronous copies are ordered after queued work */
-        sim_sleep_until(sim_stream_not_before(s));
+    if (!async) { /* synchronous copies are ordered after queued work */
+        struct sim_point after = sim_stream_after(s);
+        sim_point_wait(&after);
+    }
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }
@@ -73,8 +75,10 @@ static CUresult do_set(CUdeviceptr d, unsigned value, unsigned width, size_t cou
         return CUDA_ERROR_INVALID_VALUE;
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    if (!async)
-        sim_sleep_until(sim_stream_not_before(s));
+    if (!async) {
+        struct sim_point after = sim_stream_after(s);
+        sim_point_wait(&after);
+    }
     unsigned char *p = (unsigned char *)(uintptr_t)d;
     if (width == 1) {
         memset(p, (int)(value & 0xff), count);

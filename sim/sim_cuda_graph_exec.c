@@ -258,14 +258,13 @@ static CUresult graph_launch(CUgraphExec h, CUstream hs, int ptds)
         return r;
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    struct sim_point after = sim_stream_after(s);
     for (int d = 0; d < SIM_MAX_GPUS; d++)
         if (e->ns_by_dev[d])
-            sim_run_on_gpu(s, d, e->ns_by_dev[d]);
-    uint64_t now = sim_now_ns(), done = sim_stream_not_before(s);
-    for (unsigned i = 0; i < e->n_events; i++) {
-        e->events[i]->time = done > now ? done : now;
-        e->events[i]->recorded = 1;
-    }
+            sim_run_after(s, d, e->ns_by_dev[d], &after);
+    struct sim_point done = sim_stream_after(s);
+    for (unsigned i = 0; i < e->n_events; i++)
+        sim_event_set(e->events[i], done);
     return CUDA_SUCCESS;
 }
 

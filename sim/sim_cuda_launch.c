@@ -1,7 +1,8 @@
 /* Simulated driver: launches. A kernel runs for waves x wave_time, where a
  * wave is as many blocks as all SMs hold at once (sim_cuda_occupancy.c), so
- * run time follows the grid the program launches. Launches from every
- * process queue on one timeline per GPU (time slicing, as without MPS). */
+ * run time follows the grid the program launches. Each process's launches
+ * queue in its own queue, which the GPU's scheduler runs in turn with the
+ * others' (sim_schedule.c). */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +10,7 @@
 #include "sim_cuda.h"
 #include "sim_graph.h"
 
-#define QUEUE_AHEAD_NS 50000000ull /* launches block past 50 ms of queued work */
+#define QUEUE_AHEAD_NS 50000000ull /* a process's launches block past 50 ms of its own queued work */
 
 /* ---- launches -------------------------------------------------------- */
 
@@ -67,21 +68,24 @@ CUresult sim_graph_add(struct sim_graph *g, const struct sim_kernel_launch *k, s
     return CUDA_SUCCESS;
 }
 
-void sim_run_on_gpu(struct sim_stream *s, int dev, uint64_t ns);
-
 /* Put `ns` of work on the stream's GPU after what the stream waits for. */
 void sim_run_on_stream(struct sim_stream *s, uint64_t ns)
 {
-    sim_run_on_gpu(s, s->ctx->dev, ns);
+    struct sim_point after = sim_stream_after(s);
+    sim_run_after(s, s->ctx->dev, ns, &after);
 }
 
-void sim_run_on_gpu(struct sim_stream *s, int dev, uint64_t ns)
+void sim_run_after(struct sim_stream *s, int dev, uint64_t ns, const struct sim_point *after)
 {
-    uint64_t end = sim_gpu_run(dev, sim_stream_not_before(s), ns);
-    sim_ready_raise(s, end);
-    uint64_t now = sim_now_ns();
-    if (end > now + QUEUE_AHEAD_NS) /* a full launch queue makes the CPU wait */
-        sim_sleep_until(end - QUEUE_AHEAD_NS);
+    /* the process's own queue on dev keeps its order; work it waits for on
+     * another GPU is waited for here, by the CPU (a model's shortcut) */
+    for (int d = 0; d < SIM_MAX_GPUS; d++)
+        if (d != dev && after->mark[d])
+            sim_gpu_wait(d, after->mark[d]);
+    uint64_t pending, mark = sim_gpu_submit(dev, ns, &pending);
+    sim_ready_raise(s, dev, mark);
+    if (pending > QUEUE_AHEAD_NS) /* a full launch queue makes the CPU wait */
+        sim_gpu_wait(dev, mark - QUEUE_AHEAD_NS);
 }
 
 static CUresult launch(const struct sim_kernel_launch *k, CUstream hs, int cooperative, int ptds)
@@ -167,7 +171,8 @@ static CUresult host_func(CUstream hs, CUhostFn fn, void *data, int ptds)
         return CUDA_ERROR_INVALID_VALUE;
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    sim_sleep_until(sim_stream_not_before(s));
+    struct sim_point after = sim_stream_after(s);
+    sim_point_wait(&after);
     fn(data);
     return CUDA_SUCCESS;
 }

@@ -12,12 +12,40 @@ void sim_stream_after_fork(void)
     memset(ptds, 0, sizeof ptds);
 }
 
-uint64_t sim_ptds_ready(const struct sim_ctx *c)
+struct sim_point sim_ptds_ready(const struct sim_ctx *c)
+{
+    struct sim_point p = {0};
+    for (size_t i = 0; i < sizeof ptds / sizeof ptds[0]; i++)
+        if (ptds[i].ctx == c) {
+            struct sim_point r = sim_ready(ptds[i].s);
+            sim_point_max(&p, &r);
+        }
+    return p;
+}
+
+int sim_point_done(const struct sim_point *p)
+{
+    for (int d = 0; d < SIM_MAX_GPUS; d++)
+        if (p->mark[d] && !sim_gpu_done(d, p->mark[d]))
+            return 0;
+    return 1;
+}
+
+void sim_point_wait(const struct sim_point *p)
+{
+    for (int d = 0; d < SIM_MAX_GPUS; d++)
+        if (p->mark[d])
+            sim_gpu_wait(d, p->mark[d]);
+}
+
+uint64_t sim_point_time(const struct sim_point *p)
 {
     uint64_t t = 0;
-    for (size_t i = 0; i < sizeof ptds / sizeof ptds[0]; i++)
-        if (ptds[i].ctx == c && sim_ready(ptds[i].s) > t)
-            t = sim_ready(ptds[i].s);
+    for (int d = 0; d < SIM_MAX_GPUS; d++)
+        if (p->mark[d]) {
+            uint64_t at = sim_gpu_mark_time(d, p->mark[d]);
+            t = at > t ? at : t;
+        }
     return t;
 }
 
@@ -68,29 +96,33 @@ struct sim_stream *sim_stream_resolve(CUstream h, int ptds_default, CUresult *er
     return s;
 }
 
-/* Earliest start of new work on s: the legacy stream waits for every
+/* The work new work on s follows: the legacy stream waits for every
  * blocking stream and they wait for it; non-blocking streams wait for none. */
-uint64_t sim_stream_not_before(struct sim_stream *s)
+struct sim_point sim_stream_after(struct sim_stream *s)
 {
-    uint64_t t = sim_ready(s);
+    struct sim_point p = sim_ready(s);
     struct sim_ctx *c = s->ctx;
     if (s->flags & CU_STREAM_NON_BLOCKING)
-        return t;
+        return p;
     if (s == &c->legacy) {
         pthread_mutex_lock(&sim_mu);
         for (struct sim_stream *i = c->streams; i; i = i->next)
-            if (!(i->flags & CU_STREAM_NON_BLOCKING) && sim_ready(i) > t)
-                t = sim_ready(i);
+            if (!(i->flags & CU_STREAM_NON_BLOCKING)) {
+                struct sim_point r = sim_ready(i);
+                sim_point_max(&p, &r);
+            }
         pthread_mutex_unlock(&sim_mu);
-    } else if (sim_ready(&c->legacy) > t) {
-        t = sim_ready(&c->legacy);
+    } else {
+        struct sim_point r = sim_ready(&c->legacy);
+        sim_point_max(&p, &r);
     }
-    return t;
+    return p;
 }
 
 void sim_stream_sync_legacy(struct sim_ctx *c)
 {
-    sim_sleep_until(sim_stream_not_before(&c->legacy));
+    struct sim_point p = sim_stream_after(&c->legacy);
+    sim_point_wait(&p);
 }
 
 CUAPI cuStreamCreateWithPriority(CUstream *ph, unsigned int flags, int priority)
@@ -155,7 +187,8 @@ static CUresult stream_sync(CUstream h, int ptds_default)
         return r;
     if (s->capture)
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
-    sim_sleep_until(sim_stream_not_before(s));
+    struct sim_point p = sim_stream_after(s);
+    sim_point_wait(&p);
     return CUDA_SUCCESS;
 }
 
@@ -168,7 +201,8 @@ static CUresult stream_query(CUstream h, int ptds_default)
     struct sim_stream *s = sim_stream_resolve(h, ptds_default, &r);
     if (!s)
         return r;
-    return sim_now_ns() >= sim_stream_not_before(s) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    struct sim_point p = sim_stream_after(s);
+    return sim_point_done(&p) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CUAPI cuStreamQuery(CUstream h) { return stream_query(h, 0); }
@@ -231,6 +265,28 @@ static struct sim_event *event_of(CUevent h)
     return e && e->magic == MAGIC_EVENT ? e : NULL;
 }
 
+void sim_event_set(struct sim_event *e, struct sim_point after)
+{
+    e->after = after;
+    e->recorded_ns = sim_now_ns();
+    e->timed = 0;
+    e->recorded = 1;
+}
+
+/* Is it complete (or never recorded)?  Once it is, its time is fixed: the
+ * later of when it was recorded and when the work before it ended. */
+static int event_done(struct sim_event *e)
+{
+    if (!e->recorded || e->timed)
+        return 1;
+    if (!sim_point_done(&e->after))
+        return 0;
+    uint64_t t = sim_point_time(&e->after);
+    e->time = t > e->recorded_ns ? t : e->recorded_ns;
+    e->timed = 1;
+    return 1;
+}
+
 CUAPI cuEventCreate(CUevent *ph, unsigned int flags)
 {
     struct sim_ctx *c;
@@ -276,9 +332,7 @@ static CUresult event_record(CUevent h, CUstream hs, int ptds_default)
         return r;
     if (s->capture) /* recorded when the graph runs, as a real driver's event record node */
         return sim_capture_event_record(s, e);
-    uint64_t now = sim_now_ns(), t = sim_stream_not_before(s);
-    e->time = t > now ? t : now;
-    e->recorded = 1;
+    sim_event_set(e, sim_stream_after(s));
     return CUDA_SUCCESS;
 }
 
@@ -293,7 +347,7 @@ CUAPI cuEventQuery(CUevent h)
     struct sim_event *e = event_of(h);
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
-    return !e->recorded || sim_now_ns() >= e->time ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return event_done(e) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 CUAPI cuEventSynchronize(CUevent h)
@@ -303,7 +357,8 @@ CUAPI cuEventSynchronize(CUevent h)
     if (!e)
         return CUDA_ERROR_INVALID_HANDLE;
     if (e->recorded)
-        sim_sleep_until(e->time);
+        sim_point_wait(&e->after);
+    event_done(e);
     return CUDA_SUCCESS;
 }
 
@@ -317,8 +372,7 @@ CUAPI cuEventElapsedTime(float *ms, CUevent a, CUevent b)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!s->recorded || !e->recorded)
         return CUDA_ERROR_INVALID_HANDLE;
-    uint64_t now = sim_now_ns();
-    if (now < s->time || now < e->time)
+    if (!event_done(s) || !event_done(e))
         return CUDA_ERROR_NOT_READY;
     *ms = (float)((double)((int64_t)(e->time - s->time)) / 1e6);
     return CUDA_SUCCESS;
@@ -341,8 +395,9 @@ static CUresult stream_wait_event(CUstream hs, CUevent h, unsigned flags, int pt
     struct sim_stream *s = sim_stream_resolve(hs, ptds_default, &r);
     if (!s)
         return r;
-    if (e->recorded)
-        sim_ready_raise(s, e->time);
+    if (e->recorded) /* its work is this process's own: a mark per GPU to follow */
+        for (int d = 0; d < SIM_MAX_GPUS; d++)
+            sim_ready_raise(s, d, e->after.mark[d]);
     return CUDA_SUCCESS;
 }
 

@@ -59,6 +59,6 @@ struct sim_node *sim_node_of(CUgraphNode h);
 CUresult sim_graph_add(struct sim_graph *g, const struct sim_kernel_launch *k, struct sim_node **out);
 CUresult sim_launch_validate(const struct sim_kernel_launch *k, int cooperative, int dev);
 void sim_run_on_stream(struct sim_stream *s, uint64_t ns); /* ns of work after what the stream waits for */
-void sim_run_on_gpu(struct sim_stream *s, int dev, uint64_t ns);
+void sim_run_after(struct sim_stream *s, int dev, uint64_t ns, const struct sim_point *after); /* ... on dev, after `after` */
 
 #endif

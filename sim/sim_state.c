@@ -1,6 +1,6 @@
 /* The shared state of the simulated machine: one mmap'ed file per state
  * directory, process slots whose liveness is an OFD lock, and the per-GPU
- * memory counter and kernel timeline. */
+ * memory counter and utilisation buckets (the schedule: sim_schedule.c). */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -105,8 +105,10 @@ static int create_state(const char *dir, const struct sim_machine *m, uint64_t d
     s->machine = *m;
     s->config_digest = dig;
     init_robust(&s->lock);
-    for (int g = 0; g < SIM_MAX_GPUS; g++)
+    for (int g = 0; g < SIM_MAX_GPUS; g++) {
         init_robust(&s->gpu[g].lock);
+        s->gpu[g].running = -1;
+    }
     s->layout_version = SIM_LAYOUT_VERSION;
     __atomic_store_n(&s->magic, SIM_MAGIC, __ATOMIC_RELEASE);
     munmap(s, sizeof *s);
@@ -284,6 +286,7 @@ static void reclaim(int i)
         p->contexts[g] = 0;
         p->busy_total[g] = 0;
         memset(p->util[g], 0, sizeof p->util[g]);
+        memset(&p->queue[g], 0, sizeof p->queue[g]); /* its context is gone, and its work with it */
         sim_gpu_unlock(g);
     }
     __atomic_store_n(&p->live, 0, __ATOMIC_RELEASE);
@@ -452,43 +455,6 @@ void sim_context_count(int g, int delta)
     sim_gpu_unlock(g);
 }
 
-static void add_busy(struct sim_proc *p, int g, uint64_t start, uint64_t end)
-{
-    while (start < end) {
-        uint64_t b = start / SIM_BUCKET_NS;
-        uint64_t b_end = (b + 1) * SIM_BUCKET_NS;
-        uint64_t chunk = (end < b_end ? end : b_end) - start;
-        struct sim_bucket *k = &p->util[g][b % SIM_NBUCKETS];
-        if (k->epoch != b) {
-            k->epoch = b;
-            k->busy_ns = 0;
-        }
-        k->busy_ns += chunk;
-        start += chunk;
-    }
-}
-
-uint64_t sim_gpu_run(int g, uint64_t not_before, uint64_t ns)
-{
-    int slot = sim_register_self();
-    uint64_t now = sim_now_ns();
-    sim_gpu_lock(g);
-    struct sim_gpu_shared *gs = &sim_shm->gpu[g];
-    uint64_t start = now;
-    if (not_before > start)
-        start = not_before;
-    if (gs->busy_until > start)
-        start = gs->busy_until;
-    uint64_t end = start + ns;
-    gs->busy_until = end;
-    if (slot >= 0) {
-        sim_shm->proc[slot].busy_total[g] += ns;
-        add_busy(&sim_shm->proc[slot], g, start, end);
-    }
-    sim_gpu_unlock(g);
-    return end;
-}
-
 uint64_t sim_busy_between(int g, int slot, uint64_t from, uint64_t to)
 {
     uint64_t sum = 0;
@@ -498,6 +464,7 @@ uint64_t sim_busy_between(int g, int slot, uint64_t from, uint64_t to)
     if (b1 - b0 > SIM_NBUCKETS - 8)
         b0 = b1 - (SIM_NBUCKETS - 8);
     sim_gpu_lock(g);
+    sim_gpu_advance(g, sim_now_ns()); /* what ran until now is in the buckets */
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
         if ((slot >= 0 && i != slot) || !sim_shm->proc[i].live)
             continue;

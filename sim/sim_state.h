@@ -22,7 +22,8 @@
 #define SIM_BUCKET_NS 10000000ull /* 10 ms utilisation buckets */
 #define SIM_NBUCKETS 256          /* ring of 2.56 s */
 #define SIM_UTIL_WINDOW_BUCKETS 100 /* NVML reports over the last second */
-#define SIM_LAYOUT_VERSION 2u
+#define SIM_LAYOUT_VERSION 3u
+#define SIM_NSEGS 64          /* when each process's last stretches of work ran, per GPU */
 #define SIM_MAX_CG_LIMITS 64
 #define SIM_CG_PATH 240
 #define SIM_MAGIC 0x67707573696d3031ull /* "gpusim01" */
@@ -47,6 +48,7 @@ struct sim_gpu_info { /* static, from the config */
     uint64_t context_memory; /* bytes charged per CUDA context */
     uint64_t wave_ns;        /* modelled time of one wave of blocks */
     uint64_t util_sample_ns; /* per-process utilization sample period (a multiple of SIM_BUCKET_NS) */
+    uint64_t timeslice_ns;   /* how long one context runs while others wait for the GPU */
     int sms;
     int cc_major, cc_minor;
     int clock_khz;
@@ -79,10 +81,27 @@ struct sim_cg_limit {
 };
 
 struct sim_gpu_shared {
-    pthread_mutex_t lock; /* robust, process-shared: memory, timeline, limits */
+    pthread_mutex_t lock; /* robust, process-shared: memory, schedule, limits */
     uint64_t used;        /* bytes held by live processes */
-    uint64_t busy_until;  /* CLOCK_MONOTONIC ns at which queued work ends */
+    uint64_t sched_t;     /* CLOCK_MONOTONIC ns up to which the schedule has been run */
+    uint64_t slice_left;  /* ns left of the running process's time slice */
+    int32_t running;      /* its slot, -1: none */
+    uint32_t pad;
     struct sim_cg_limit limits[SIM_MAX_CG_LIMITS];
+};
+
+/* A stretch of time in which one process's queue ran: from t, work
+ * done..done+len of it. */
+struct sim_seg {
+    uint64_t t, done, len;
+};
+
+/* One process's work on one GPU, in ns: its marks count `submitted`. */
+struct sim_queue {
+    uint64_t submitted; /* queued since the slot was taken */
+    uint64_t done;      /* ... of which the GPU has run this much */
+    uint64_t segs;      /* stretches recorded; the last SIM_NSEGS are kept */
+    struct sim_seg seg[SIM_NSEGS];
 };
 
 struct sim_proc {
@@ -95,6 +114,7 @@ struct sim_proc {
     uint32_t contexts[SIM_MAX_GPUS]; /* under gpu lock */
     uint64_t busy_total[SIM_MAX_GPUS];
     struct sim_bucket util[SIM_MAX_GPUS][SIM_NBUCKETS];
+    struct sim_queue queue[SIM_MAX_GPUS]; /* under gpu lock */
 };
 
 struct sim_shared {
@@ -126,9 +146,15 @@ void sim_gpu_unlock(int gpu);
 int sim_mem_charge(int gpu, uint64_t bytes);   /* 0 or -1 if it does not fit */
 void sim_mem_uncharge(int gpu, uint64_t bytes);
 void sim_context_count(int gpu, int delta);
-/* Reserve [start, end) on the GPU's timeline for `ns` of work that may not
- * start before not_before; returns the end time. */
-uint64_t sim_gpu_run(int gpu, uint64_t not_before, uint64_t ns);
+/* The GPU's scheduler (sim_schedule.c): each process queues its work in its
+ * own queue, and the GPU runs the queues with work in turn, a time slice
+ * each (time slicing between contexts, as without MPS).  A mark names the
+ * end of some of the calling process's work on a GPU (0: none). */
+uint64_t sim_gpu_submit(int gpu, uint64_t ns, uint64_t *pending); /* its mark; pending: ns queued and not run */
+int sim_gpu_done(int gpu, uint64_t mark);
+void sim_gpu_wait(int gpu, uint64_t mark);        /* sleeps until the GPU has run it */
+uint64_t sim_gpu_mark_time(int gpu, uint64_t mark); /* when a done mark's work ended */
+void sim_gpu_advance(int gpu, uint64_t now);      /* run the schedule up to now; caller holds the GPU lock */
 uint64_t sim_now_ns(void);
 void sim_sleep_until(uint64_t t_ns);
 /* Busy ns of one slot (or all live slots with slot < 0) in [from, to). */

@@ -23,6 +23,23 @@ def test_back_to_back_kernels_show_near_full_utilization(make_machine, agents):
     assert nv["samples"].get(str(busy.pid), 0) >= 85
 
 
+def test_the_gpu_time_slices_between_processes(make_machine, agents):
+    """Each process's work queues on its own, and the GPU runs the queues in
+    turn: a process of 100 µs kernels gets about half of the GPU beside one of
+    10 ms kernels, where one queue for both would give it about 1 %."""
+    m = make_machine([gpu("16Gi")])
+    long, short, watcher = agents(m), agents(m), agents(m, init=False)
+    long.call("launch_for", seconds=2.5, grid=864_000)  # 1000 waves of 10 µs: 10 ms
+    short.call("launch_for", seconds=2.5, grid=8_640)  # 100 µs
+    time.sleep(1.8)
+    nv = watcher.call("nvml")
+    long.call("join")
+    short.call("join")
+    assert nv["util"] >= 90
+    shares = nv["samples"].get(str(long.pid), 0), nv["samples"].get(str(short.pid), 0)
+    assert all(35 <= x <= 65 for x in shares), shares
+
+
 def test_idle_gpu_reads_near_zero(make_machine, agents):
     m = make_machine([gpu("16Gi")])
     a = agents(m)

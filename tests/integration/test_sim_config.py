@@ -82,6 +82,11 @@ BAD = [
         {"gpus": [{"memory": "1Gi", "util_sample_time": "15ms"}]},
         'gpus[0].util_sample_time: must be a multiple of 10ms up to 1000ms, got "15ms"',
     ),
+    (
+        "time slice too short",
+        {"gpus": [{"memory": "1Gi", "timeslice": "10us"}]},
+        'gpus[0].timeslice: must be a duration from 100us to 1s such as 2ms, got "10us"',
+    ),
     ("not yaml", "gpus: [\n", "not valid YAML/JSON"),
 ]
 
