@@ -335,14 +335,20 @@ class ComputeController:
         if not entitled and st.after is not None:
             err = st.target * st.window_ns - st.busy_ns
             if ratio is None or st.measured_ns < RATIO_WINDOW_S * 1e9:
-                # still learning its cost: what it ran beyond its target is owed, nothing is
-                # banked (a hard slice is not paid back a slow start in a burst beyond its share)
-                st.credit_ns += min(err, 0.0)
-            elif err < 0 or self._last - st.last_hungry < HUNGRY_HOLD_S:
-                # a slice under its target by choice (it has not waited for budget
-                # lately) banks nothing; one that waits now and then does, so that
-                # its error integrates both ways
+                # still learning its cost: nothing is integrated either way. A hard slice is not
+                # paid back a slow start in a burst beyond its share, and the overshoot of the
+                # first doublings is not repaid by a dip a second later (each window counts,
+                # not only their sum)
+                st.credit_ns = 0.0
+            elif self._last - st.last_hungry < HUNGRY_HOLD_S:
+                # one that waits for budget now and then: its error integrates both ways
                 st.credit_ns += err
+            else:
+                # one under its target by choice (it has not waited lately) banks nothing, but
+                # time under its target pays back what it owes: a slice that takes what others
+                # leave reads a little over and under by turns, and only the overs would add
+                # up to a debt it then repays all at once
+                st.credit_ns = min(st.credit_ns + err, max(st.credit_ns, 0.0))
             limit = CREDIT_S * 1e9 * max(target, 0.01)
             st.credit_ns = min(max(st.credit_ns, -limit), limit)
         else:
