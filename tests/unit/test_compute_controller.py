@@ -190,3 +190,10 @@ def test_nvml_readings_weigh_each_sample_by_the_period_it_covers(monkeypatch):
     assert r.window_ns == 340_000_000
     assert r.busy_ns == pytest.approx({7: (0.5 + 0.3) * 170e6, 8: 0.2 * 170e6})
     assert sampler(UUID) == Reading({}, 0)  # nothing newer
+
+
+@pytest.mark.parametrize(("period", "growth"), [(0.05, 2), (0.2, 16), (0.5, 64), (1.0, 64)])
+def test_learning_doubles_every_50_ms_but_at_most_64_times_a_period(period, growth):
+    # more than 64x a period at 0.5 s ungated every learning slice and filled its launch queue
+    controller = ComputeController(dict, lambda sid: [], lambda uuid: Reading({}, 0), period)
+    assert controller.learn_growth == growth
