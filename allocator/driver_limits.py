@@ -5,12 +5,31 @@ stays for compute, the slice view and older drivers."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
 from pathlib import Path
 
 import pynvml
 
 log = logging.getLogger(__name__)
+
+# what the driver limits need from pynvml: NVML 610's calls and structs, which
+# nvidia-ml-py releases before 13.610 do not have (a node keeps whatever it has)
+NEEDED = ("c_nvmlGetMemoryLimits_v1_t", "c_nvmlSetMemoryLimits_v1_t", "nvmlDeviceGetMemoryLimits_v1",
+          "nvmlDeviceSetMemoryLimits_v1", "NVML_DEVICE_MEMORY_LIMIT_MAX")  # fmt: skip
+SUPPORTED = "supported"
+
+
+def missing_in_pynvml() -> str:
+    """Why this pynvml cannot ask for driver limits, or "" when it can."""
+    lacking = [n for n in NEEDED if not hasattr(pynvml, n)]
+    if not lacking:
+        return ""
+    try:
+        version = importlib.metadata.version("nvidia-ml-py")
+    except importlib.metadata.PackageNotFoundError:
+        version = "?"
+    return f"unavailable: nvidia-ml-py {version} has no {lacking[0]} (13.610 or newer has it)"
 
 
 def unified_mount() -> Path | None:
@@ -25,27 +44,38 @@ def unified_mount() -> Path | None:
 
 class DriverLimits:
     def __init__(self, uuids: list[str]) -> None:
-        self.supported: dict[str, bool] = {}
+        # per GPU: "supported", or why not (one line, shown by `gpuslice status` and the selftest)
+        self.state: dict[str, str] = {}
         self.mount = unified_mount()
         pynvml.nvmlInit()  # held for the daemon's life: NVML counts its users
         own = self.mount or Path("/sys/fs/cgroup")
+        lacking = missing_in_pynvml()
         for uuid in uuids:
-            self.supported[uuid] = self._probe(uuid, str(own))
-        log.info("driver-enforced memory limits: %s", {u: s for u, s in self.supported.items()})
+            self.state[uuid] = lacking or self._probe(uuid, str(own))
+        if lacking:
+            log.info("driver-enforced memory limits %s; the interposer enforces memory alone", lacking)
+        else:
+            log.info("driver-enforced memory limits: %s", self.state)
+
+    @property
+    def supported(self) -> dict[str, bool]:
+        return {u: s == SUPPORTED for u, s in self.state.items()}
 
     def _handle(self, uuid: str):
         return pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
 
-    def _probe(self, uuid: str, ns: str) -> bool:
+    def _probe(self, uuid: str, ns: str) -> str:
         name = ns.encode()  # kept alive for the call: the struct holds only a pointer
         q = pynvml.c_nvmlGetMemoryLimits_v1_t(nameSpace=name)
         try:
             pynvml.nvmlDeviceGetMemoryLimits_v1(self._handle(uuid), q)
-        except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
-            return False
+        except pynvml.NVMLError_NotSupported:
+            return "not supported by this GPU or driver"
+        except pynvml.NVMLError_FunctionNotFound:
+            return "not in this driver's NVML (610 or newer has it)"
         except pynvml.NVMLError:
-            return True  # not found / no such cgroup: the call itself exists
-        return True
+            return SUPPORTED  # not found / no such cgroup: the call itself exists
+        return SUPPORTED
 
     def cgroup_path(self, cgroup: str | None) -> str | None:
         """The sysfs path of a container's cgroup, or None where no limit may

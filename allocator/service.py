@@ -130,12 +130,14 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     def Inventory(self, request, context):
         inv = self.m.inventory
         caps = {c.uuid: c for c in self.m.capacities()}
+        limits = self.m.driver_limits.state if self.m.driver_limits else {}
         gpus = [
             pb.Gpu(
                 index=g.index, uuid=g.uuid, name=g.name, pci_bus_id=g.pci_bus_id, memory_total=g.memory_total,
                 memory_reserved=caps[g.uuid].memory_reserved, cores_reserved=caps[g.uuid].cores_reserved,
                 slices=caps[g.uuid].slices, exclusive=caps[g.uuid].exclusive,
                 compute_capability=g.compute_capability, health=inventory.health(g.uuid),
+                driver_limits=limits.get(g.uuid, ""),
             )
             for g in inv.gpus
         ]  # fmt: skip

@@ -190,6 +190,12 @@ class SliceFiles:
     def gate_waits(self, gpu: int) -> int:
         return int(self.usage.gate[gpu].waits)
 
+    def gate_record(self, gpu: int) -> dict[str, int]:
+        """A launch gate as it is now, for a person asking why a slice's launches wait."""
+        g = self.usage.gate[gpu]
+        return {"tokens": int(g.tokens), "waits": int(g.waits), "refused": int(g.refused),
+                "next_refill_in_ns": int(g.next_refill_ns) - time.monotonic_ns()}  # fmt: skip
+
     def refusals(self, gpu: int) -> int:
         """Allocations the slice's processes were refused on `gpu` at its memory limit."""
         return int(self.usage.gate[gpu].refused)

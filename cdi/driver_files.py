@@ -37,6 +37,17 @@ WATCHED = (
     "usr/lib64/libcuda.so.1",
     "usr/bin/nvidia-smi",
 )
+# The driver's compute libraries that a CUDA program loads besides libcuda, by the name the
+# loader asks for (None: the driver's version is its soname): PTX JIT (CuPy's and NVRTC's
+# kernels, numba), NVVM (link-time optimisation), the compiler both use, the debugger's back end.
+# A container image has none of them; nvidia-ctk's CDI spec mounts the same set. Each one the
+# driver has is mounted; a driver without one (older, or a minimal install) still gets a spec.
+COMPUTE_LIBS = (
+    ("libnvidia-ptxjitcompiler", "libnvidia-ptxjitcompiler.so.1"),
+    ("libnvidia-nvvm", "libnvidia-nvvm.so.4"),
+    ("libnvidia-gpucomp", None),
+    ("libcudadebugger", "libcudadebugger.so.1"),
+)
 # libraries every container image brings itself
 BASE_LIBS = re.compile(r"^(libc|libm|libdl|libpthread|librt|ld-linux[-\w]*)\.so")
 
@@ -50,6 +61,7 @@ class DriverFiles:
     libcuda: Path
     libnvml: Path
     extra_libs: tuple[Path, ...] = ()  # what the libraries need beyond a base image (the simulator's libyaml)
+    compute_libs: tuple[tuple[str, Path], ...] = ()  # (the name the loader asks for, the host file): COMPUTE_LIBS
     nvidia_smi: Path | None = None
     control_nodes: tuple[str, ...] = ()  # container paths of /dev/nvidiactl, ... that the host has
     gpu_nodes: tuple[int, ...] = ()  # N of each /dev/nvidiaN the host has
@@ -101,10 +113,11 @@ def resolve_under(root: Path, path: Path) -> Path:
     return here
 
 
-def find_lib(root: Path, stem: str, version: str) -> Path:
-    """The driver library STEM.so.VERSION (else STEM.so.1) under `root`, its links followed."""
+def find_lib(root: Path, stem: str, version: str, soname: str | None = None) -> Path:
+    """The driver library STEM.so.VERSION (else its soname, STEM.so.1 by default) under `root`,
+    its links followed."""
     for d in LIB_DIRS:
-        for name in (f"{stem}.so.{version}", f"{stem}.so.1"):
+        for name in (f"{stem}.so.{version}", soname or f"{stem}.so.1"):
             p = root / d / name
             if p.is_symlink() or p.exists():
                 found = resolve_under(root, p)
@@ -134,15 +147,28 @@ def _deps_beside(root: Path, libs: tuple[Path, ...]) -> tuple[Path, ...]:
     return tuple(p for p in found if p not in libs)
 
 
+def compute_libs(root: Path, driver_version: str) -> tuple[tuple[str, Path], ...]:
+    """The COMPUTE_LIBS this driver has under `root`: (the name the loader asks for, the file)."""
+    found = []
+    for stem, soname in COMPUTE_LIBS:
+        try:
+            found.append((soname or f"{stem}.so.{driver_version}", find_lib(root, stem, driver_version, soname)))
+        except DriverFilesError:
+            log.info("%s: not in this driver; containers go without it", soname or stem)
+    return tuple(found)
+
+
 def nvidia(root: Path, driver_version: str) -> DriverFiles:
     """The NVIDIA driver's files under a root (/ on a node, /host/<driver root> in
     the node agent, a fixture in tests)."""
     smi = shutil.which("nvidia-smi", path=":".join(str(root / d) for d in BIN_DIRS))
     libs = (find_lib(root, "libcuda", driver_version), find_lib(root, "libnvidia-ml", driver_version))
+    compute = compute_libs(root, driver_version)
     return DriverFiles(
         libcuda=libs[0],
         libnvml=libs[1],
-        extra_libs=_deps_beside(root, libs),
+        extra_libs=_deps_beside(root, libs + tuple(p for _, p in compute)),
+        compute_libs=compute,
         nvidia_smi=resolve_under(root, Path(smi)) if smi else None,
         control_nodes=tuple(f"/dev/{n}" for n in CONTROL_NODES if (root / "dev" / n).exists()),
         gpu_nodes=tuple(sorted(int(p.name[6:]) for p in (root / "dev").glob("nvidia*") if p.name[6:].isdigit())),

@@ -61,6 +61,7 @@ def _driver_mounts(files: driver_files.DriverFiles, opts: Options) -> list[Mount
         Mount(opts.on_host(files.libcuda), f"{DRIVER_DIR}/libcuda.so.1"),
         Mount(opts.on_host(files.libnvml), f"{DRIVER_DIR}/libnvidia-ml.so.1"),
     ]
+    mounts += [Mount(opts.on_host(p), f"{DRIVER_DIR}/{name}") for name, p in files.compute_libs]
     mounts += [Mount(opts.on_host(p), f"{DRIVER_DIR}/{p.name}") for p in files.extra_libs]
     if files.nvidia_smi:
         mounts.append(Mount(opts.on_host(files.nvidia_smi), "/usr/bin/nvidia-smi"))

@@ -1,9 +1,16 @@
-"""A process in a new pid and mount namespace, standing for a container's init
-(root only): what `gpuslice selftest`, the tests and the benchmarks bind slices
-to when no container runtime is involved."""
+"""A process in a new pid and mount namespace with its own /proc, standing for
+a container's init (root only): what `gpuslice selftest`, the kit, the tests
+and the benchmarks bind slices to when no container runtime is involved.
+
+Its own /proc matters: the real driver's cuInit (570 and later) names its
+threads through /proc/<getpid()>/task/<gettid()>/comm, and those ids are the
+pid namespace's; with the host's /proc left mounted cuInit fails with
+CUDA_ERROR_OPERATING_SYSTEM (seen on an H200, driver 580). Every container
+runtime mounts a new /proc in a container, so this does too."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -25,20 +32,22 @@ class PidNamespace:
     thread that started it, not the process."""
 
     def __init__(self) -> None:
-        # its own mount namespace too, as every container has. It dies with its parent (setpriv's
+        # its own mount namespace and /proc too, as every container has. It dies with its parent (setpriv's
         # parent-death signal on unshare, whose --kill-child takes the namespace's init along, and
         # the kernel every process in the namespace), so a SIGKILLed caller leaves no process
         # holding a slice: the daemon's sweeper reclaims the slices within its interval
-        self.proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "unshare", "--pid", "--mount", "--fork",
-                                      "--kill-child", "sleep", "600"])  # fmt: skip
+        self.proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "unshare", "--pid", "--mount", "--mount-proc",
+                                      "--fork", "--kill-child", "sleep", "600"])  # fmt: skip
         self.init_pid = first_child(self.proc.pid)
         if not self.init_pid:
             self.proc.kill()
             raise RuntimeError("unshare did not start its child")
 
-    def command(self, argv: list[str]) -> list[str]:
-        """argv run inside this pid namespace."""
-        return ["nsenter", "--target", str(self.init_pid), "--pid", "--", *argv]
+    def command(self, argv: list[str], cwd: str | None = None) -> list[str]:
+        """argv run inside this pid namespace and its mount namespace (its /proc),
+        in cwd (by default the caller's: entering a mount namespace starts at /)."""
+        wd = cwd or os.getcwd()
+        return ["nsenter", "--target", str(self.init_pid), "--pid", "--mount", f"--wd={wd}", "--", *argv]
 
     def stop(self) -> None:
         self.proc.kill()

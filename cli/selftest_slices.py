@@ -43,6 +43,18 @@ class WorkerError(RuntimeError):
     pass
 
 
+# cuInit's 304 on a real driver has two known causes (public reports; the first seen on an H200)
+OS_ERROR_CAUSE = (
+    "likely causes: this process's /proc is not its pid namespace's (the driver names its "
+    "threads through /proc/<pid>/task/<tid>/comm), or a seccomp profile refuses memfd_create"
+)
+
+
+def explained(error: str) -> str:
+    """A worker's error, with the likely cause where the driver refused an OS call."""
+    return f"{error} ({OS_ERROR_CAUSE})" if "CUDA_ERROR_OPERATING_SYSTEM" in error else error
+
+
 @dataclass
 class Box:
     """A pid namespace bound to a slice, and how to run the worker in it."""
@@ -72,7 +84,7 @@ def _reply(stdout: str, stderr: str, what: str) -> dict:
     except ValueError:
         out = {"error": lines[-1][-300:]}
     if "error" in out:
-        raise WorkerError(f"{what}: {out['error']}")
+        raise WorkerError(explained(f"{what}: {out['error']}"))
     return out
 
 
@@ -108,6 +120,9 @@ def memory_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, limit: int,
     try:
         with slice_box(client, gpu, layout, {request.MEMORY: str(limit)}) as box:
             enforcement = client.get(box.name).enforcement
+            limits = next((g.driver_limits for g in client.inventory().gpus if g.uuid == gpu.uuid), "")
+            if limits and limits != "supported":
+                enforcement += f" (driver memory limits {limits})"
             checks = [Check(f"{tag} enforcement", "the driver's limit where it has one", enforcement, None)]
             return checks + _in_slice(client, box, gpu, layout, limit, reserve)
     except (grpc.RpcError, WorkerError, OSError, subprocess.TimeoutExpired) as e:

@@ -70,15 +70,16 @@ def write_config(d: Path, gpus: list[dict], topology: list | None = None, **over
     return path
 
 
-def start(d: Path, config: Path) -> RunningDaemon:
+def start(d: Path, config: Path, python: str = sys.executable) -> RunningDaemon:
     cfg = yaml.safe_load(config.read_text())
     log = open(d / "daemon.log", "a")  # noqa: SIM115 - handed to the child
     verbose = ["--verbose"] if os.environ.get("GPUSLICE_DAEMON_VERBOSE") else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpuslice.cli", "daemon", "--config", str(config), *verbose],
+        [python, "-m", "gpuslice.cli", "daemon", "--config", str(config), *verbose],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=d,  # not the caller's: `-m` looks in the working directory first (a source tree's gpuslice/)
     )
     sock = Path(cfg["socket"])
     deadline = time.monotonic() + 30
@@ -107,7 +108,7 @@ def cdi_generate(d: RunningDaemon, output: Path) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver", "sim", "--output", str(output),
          "--daemon-socket", str(d.socket), "--slice-dir", str(d.slice_socket.parent),
          "--sim-config", str(d.dir / "sim.yaml"), "--sim-state-dir", str(d.dir / "sim")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=120, cwd=d.dir,
     )  # fmt: skip
 
 

@@ -6,12 +6,23 @@ from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.units import format_bytes
 
 
+def _driver_limits(inv: pb.InventoryReply) -> list[str]:
+    """One line for the driver's memory limits: the same answer for every GPU, or each GPU's."""
+    states = {g.index: g.driver_limits for g in inv.gpus if g.driver_limits}
+    if not states:
+        return []
+    if len(set(states.values())) == 1:
+        return [f"driver memory limits: {next(iter(states.values()))}"]
+    return ["driver memory limits: " + "; ".join(f"GPU {i} {s}" for i, s in sorted(states.items()))]
+
+
 def render_status(inv: pb.InventoryReply, slices: list[pb.Slice]) -> str:
     lines = [f"{'GPU':>3}  {'uuid':<40} {'reserved / total':>24} {'cores':>5} {'slices':>6}"]
     for g in inv.gpus:
         held = f"{format_bytes(g.memory_reserved)} / {format_bytes(g.memory_total)}"
         cores = "whole" if g.exclusive else str(g.cores_reserved)
         lines.append(f"{g.index:>3}  {g.uuid:<40} {held:>24} {cores:>5} {g.slices:>6}")
+    lines += _driver_limits(inv)
     lines.append("")
     if not slices:
         lines.append("no slices")

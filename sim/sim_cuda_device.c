@@ -25,6 +25,9 @@ CUAPI cuInit(unsigned int flags)
             sim_log("%s", err);
         return CUDA_ERROR_NO_DEVICE;
     }
+    CUresult named = sim_name_driver_threads();
+    if (named != CUDA_SUCCESS)
+        return named;
     __atomic_store_n(&sim_initialized, 1, __ATOMIC_RELEASE);
     return CUDA_SUCCESS;
 }

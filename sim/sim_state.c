@@ -338,8 +338,12 @@ static int proc_is(int pid, uint64_t ns, int32_t nspid)
 
 /* The pid of a slot's process as the caller sees it.  The driver reports
  * pids of the caller's pid namespace (the host's, for a node daemon); a
- * process in a container registered its own, so it is looked up in /proc
- * (remembered per slot, checked at each use).  Not visible: its own pid. */
+ * process in a container registered its own, so it is looked up in the
+ * caller's /proc (remembered per slot, checked at each use).  A process the
+ * caller cannot see (another container's, read from inside a container with
+ * its own /proc) is 0: never its own pid, which is another namespace's number
+ * and could be one of the caller's.  The real driver gives the host's pid
+ * there (HAMi-core #112); the simulator cannot know it from inside. */
 int32_t sim_pid_for_reader(int slot)
 {
     static int32_t seen[SIM_MAX_PROCS];
@@ -362,7 +366,7 @@ int32_t sim_pid_for_reader(int slot)
     if (d)
         closedir(d);
     __atomic_store_n(&seen[slot], found, __ATOMIC_RELAXED);
-    return found ? found : p->pid;
+    return found;
 }
 
 int sim_register_self(void)

@@ -11,7 +11,7 @@ class InventoryRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Gpu(_message.Message):
-    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total", "memory_reserved", "cores_reserved", "slices", "exclusive", "compute_capability", "health")
+    __slots__ = ("index", "uuid", "name", "pci_bus_id", "memory_total", "memory_reserved", "cores_reserved", "slices", "exclusive", "compute_capability", "health", "driver_limits")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
@@ -23,6 +23,7 @@ class Gpu(_message.Message):
     EXCLUSIVE_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
     HEALTH_FIELD_NUMBER: _ClassVar[int]
+    DRIVER_LIMITS_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     name: str
@@ -34,7 +35,8 @@ class Gpu(_message.Message):
     exclusive: bool
     compute_capability: str
     health: str
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total: _Optional[int] = ..., memory_reserved: _Optional[int] = ..., cores_reserved: _Optional[int] = ..., slices: _Optional[int] = ..., exclusive: _Optional[bool] = ..., compute_capability: _Optional[str] = ..., health: _Optional[str] = ...) -> None: ...
+    driver_limits: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., name: _Optional[str] = ..., pci_bus_id: _Optional[str] = ..., memory_total: _Optional[int] = ..., memory_reserved: _Optional[int] = ..., cores_reserved: _Optional[int] = ..., slices: _Optional[int] = ..., exclusive: _Optional[bool] = ..., compute_capability: _Optional[str] = ..., health: _Optional[str] = ..., driver_limits: _Optional[str] = ...) -> None: ...
 
 class Link(_message.Message):
     __slots__ = ("a", "b", "pcie", "nvlinks")

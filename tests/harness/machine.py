@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuslice.cli.pid_namespace import first_child
 from tests.harness import CLIENTS, PidNamespace
 
 AGENT = CLIENTS / "agent.py"
@@ -50,6 +51,9 @@ class Agent:
             text=True,
         )
 
+        # under nsenter the client is nsenter's child; its own getpid() is its namespace's number
+        self.host_pid = first_child(self.proc.pid) if prefix else self.proc.pid
+
     @property
     def pid(self) -> int:
         return self.proc.pid
@@ -62,15 +66,13 @@ class Agent:
         if not line:
             raise RuntimeError(f"agent died: {self.proc.stderr.read() if self.proc.stderr else ''}")
         reply = json.loads(line)
-        if op == "init" and "host_pid" in reply:
-            self.host_pid = reply["host_pid"]
         if "exception" in reply:
             raise RuntimeError(reply["exception"])
         return reply
 
     def kill(self) -> None:
         """SIGKILL the client itself (under nsenter, the process we started is its parent)."""
-        os.kill(getattr(self, "host_pid", self.proc.pid), signal.SIGKILL)
+        os.kill(self.host_pid, signal.SIGKILL)
         self.proc.wait(10)
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from gpuslice.cli.pid_namespace import first_child
 from tests.harness import CLIENTS, REPO
 
 CLIENT = CLIENTS / "slice_client.py"
@@ -16,7 +17,7 @@ CLIENT = CLIENTS / "slice_client.py"
 
 def run_client(box, socket: Path, charge: int, linger: float = 0) -> subprocess.Popen:  # type: ignore[no-untyped-def]
     return subprocess.Popen(
-        box.command([sys.executable, str(CLIENT), str(socket), str(charge), str(linger)]),
+        box.command([sys.executable, str(CLIENT), str(socket), str(charge), str(linger)], cwd=str(REPO)),
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
@@ -25,7 +26,8 @@ def run_client(box, socket: Path, charge: int, linger: float = 0) -> subprocess.
 
 
 def read_reply(proc: subprocess.Popen) -> dict:
+    """The client's reply, and its host pid (nsenter's child: inside, it knows only its namespace's)."""
     assert proc.stdout
     line = proc.stdout.readline()
     assert line, "client printed nothing"
-    return json.loads(line)
+    return {**json.loads(line), "host_pid": first_child(proc.pid)}

@@ -76,6 +76,23 @@ def test_the_kit_on_the_simulator_passes_its_driver_steps_and_skips_the_framewor
     assert rows_of(again, "driver-api") == api
 
 
+def test_the_report_keeps_the_rows_of_every_call(kit_dirs):
+    """On the H200 a second call's report held only its own steps: the first call's rows were lost."""
+    assert kit(kit_dirs, "--only", "driver-api")[0] == 0
+    rc, out, second = kit(kit_dirs, "--only", "nvml-view")
+    assert rc == 0, out
+    assert {r["step"] for r in second["rows"]} == {"driver-api", "nvml-view"}  # the first call's rows too
+    rc, out, third = kit(kit_dirs, "--only", "driver-api", "--again")
+    assert rc == 0, out
+    assert {(r["step"], r["call"]) for r in third["rows"]} == {("driver-api", 1), ("nvml-view", 2), ("driver-api", 3)}
+    assert [c["call"] for c in third["calls"]] == [1, 2, 3] and "--again" in third["calls"][2]["options"]
+    assert all(c["gpuslice"] == third["machine"]["gpuslice"] for c in third["calls"])
+    md = (kit_dirs["out"] / "report.md").read_text()
+    assert "| 1 | driver-api | cuda.bindings cuMemAlloc: OOM at the limit |" in md
+    assert "| 3 | driver-api | cuda.bindings cuMemAlloc: OOM at the limit |" in md
+    assert "- call 2: " in md
+
+
 def test_a_call_without_the_time_for_a_step_leaves_it_for_the_next(kit_dirs):
     rc, out, report = kit(kit_dirs, "--only", "driver-api", "--only", "pytorch", "--budget", "30")
     assert rc == 3, out  # driver-api needs about 40 s on a GPU: not started in a 30 s call
@@ -90,3 +107,36 @@ def test_a_bad_option_is_one_line(kit_dirs):
     r = subprocess.run([sys.executable, str(KIT), "--sim", "--state", "s", "--out", "o", "--work", "w",
                         "--only", "nonesuch"], capture_output=True, text=True, timeout=60)  # fmt: skip
     assert r.returncode == 2 and "nonesuch" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_probe_that_does_not_answer_leaves_its_stacks_and_gate_in_the_report(daemon, tmp_path):
+    sys.path.insert(0, str(KIT.parent))
+    import kit_report
+    import kit_slices
+    import kit_steps
+
+    from gpuslice.cli import sim_daemon
+    from gpuslice.cli.selftest_node import Layout
+    from gpuslice.cli.selftest_slices import slice_box
+
+    d = daemon()
+    client = d.client()
+    gpu = next(g for g in client.inventory().gpus if g.index == 0)
+    layout = Layout(sim_daemon.interposer_env(d))
+    kit = kit_steps.Kit(client, gpu, layout, True, 0, 0.0, d.config, tmp_path / "spec.json", Path("gpuslice"),
+                        tmp_path, d.slice_files_dir)  # fmt: skip
+    stuck = str(REPO / "tests" / "clients" / "stuck_probe.py")
+    with (
+        slice_box(client, gpu, layout, {"gpuslice.io/memory": "1Gi"}) as box,
+        pytest.raises(kit_slices.ProbeError, match="no answer within 3 s") as caught,
+    ):
+        kit_slices.run_probe(client, box, gpu.uuid, stuck, [], box.env, 3.0, gate=kit.gate(box))
+    overrun = caught.value.overrun
+    assert "launch gate: {" in overrun and '"tokens":' in overrun and '"next_refill_in_ns":' in overrun
+    assert "py-spy" in overrun  # its dump, or why there is none
+    assert "in wait_forever" in overrun  # faulthandler's Python stack, on SIGUSR1
+    rows, _, facts = kit_steps._failed("transformers", "generate", "runs in a slice", caught.value)
+    assert "its stacks and gate: the report's end" in rows[0].observed
+    result = kit_report.StepResult("transformers", rows, 3.0, {"case": facts}, call=2)
+    md = kit_report.as_markdown({}, [result], [])
+    assert "## transformers (call 2): generate overran" in md and "in wait_forever" in md

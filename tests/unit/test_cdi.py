@@ -77,6 +77,46 @@ def test_node_spec_from_a_driver_root_is_the_golden_one_and_officially_valid(dri
     golden("node-spec.nvidia.json", normalized(spec, ROOT=driver_root, NATIVE=native_dir()))
 
 
+COMPUTE = {  # what a container image lacks and a CUDA program may load: container name -> the driver's file
+    "libnvidia-ptxjitcompiler.so.1": f"libnvidia-ptxjitcompiler.so.{DRIVER}",
+    "libnvidia-nvvm.so.4": f"libnvidia-nvvm.so.{DRIVER}",
+    f"libnvidia-gpucomp.so.{DRIVER}": f"libnvidia-gpucomp.so.{DRIVER}",
+    "libcudadebugger.so.1": f"libcudadebugger.so.{DRIVER}",
+}
+
+
+def _compute_libs(libdir: Path, names: dict[str, str]) -> None:
+    for link, real in names.items():
+        (libdir / real).write_bytes(b"\x7fELF")
+        if link != real:
+            (libdir / link).symlink_to(real)  # the soname link, as the driver's installer makes it
+
+
+def test_the_drivers_compute_libraries_are_mounted_behind_the_interposer(driver_root):
+    """On the H200 the spec mounted libcuda and NVML alone: PTX JIT (CuPy, NVRTC), NVVM and the
+    debugger's back end were missing from every container without driver files of its own."""
+    libdir = driver_root / "usr/lib/x86_64-linux-gnu"
+    _compute_libs(libdir, COMPUTE)
+    spec = gen.generate(inventory(), gen.Options("nvidia", driver_root, "/usr/bin/gpuslice-hook")).to_dict()
+    cdi_spec.validate(spec)
+    schema_validator("cdi", "schema.json").validate(spec)
+    mounts = {m["containerPath"]: m["hostPath"] for m in spec["containerEdits"]["mounts"]}
+    for name, real in COMPUTE.items():
+        assert mounts[f"{gen.DRIVER_DIR}/{name}"] == str(libdir / real), name
+    env = dict(e.split("=", 1) for e in spec["containerEdits"]["env"])
+    assert env["LD_LIBRARY_PATH"] == f"{gen.WRAP_DIR}:{gen.DRIVER_DIR}"  # behind the interposer, where it looks
+
+
+def test_a_driver_without_some_compute_libraries_still_gets_a_spec(driver_root):
+    libdir = driver_root / "usr/lib/x86_64-linux-gnu"
+    _compute_libs(libdir, {"libnvidia-ptxjitcompiler.so.1": f"libnvidia-ptxjitcompiler.so.{DRIVER}"})
+    spec = gen.generate(inventory(), gen.Options("nvidia", driver_root, "/usr/bin/gpuslice-hook")).to_dict()
+    cdi_spec.validate(spec)
+    paths = {m["containerPath"] for m in spec["containerEdits"]["mounts"]}
+    assert f"{gen.DRIVER_DIR}/libnvidia-ptxjitcompiler.so.1" in paths
+    assert not any("nvvm" in p or "gpucomp" in p or "debugger" in p for p in paths)
+
+
 def test_a_driver_under_usr_local_nvidia_is_found(tmp_path):
     # GKE's driver installer and many GPU machine images put the driver there, not in /usr/lib
     libdir, bindir = tmp_path / "usr/local/nvidia/lib64", tmp_path / "usr/local/nvidia/bin"

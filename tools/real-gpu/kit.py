@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ import pynvml
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the kit's modules, beside this file
 
 from kit_node import SIM_CONFIG, Daemon, NodeError, NodePaths, context_cost, generate_spec, write_config
-from kit_report import FAIL, StepResult, as_json, as_markdown, load, save
+from kit_report import FAIL, StepResult, as_json, as_markdown, begin_call, calls, load, load_all, save
 from kit_steps import STEPS, Kit, not_runnable, run_step
 
 from gpuslice import inventory
@@ -49,7 +48,7 @@ def machine(inv: inventory.Inventory, gpu: inventory.Gpu, reserve: int, sim: boo
             versions[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
             continue
-    rev = os.environ.get("GPUSLICE_KIT_REV") or _git_rev()
+    rev = os.environ.get("GPUSLICE_KIT_REV") or "commit unknown"
     cuda = inv.cuda_version
     return {
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -59,14 +58,9 @@ def machine(inv: inventory.Inventory, gpu: inventory.Gpu, reserve: int, sim: boo
         "kernel": platform.release(),
         "packages": ", ".join(f"{k} {v}" for k, v in versions.items()),
         "context cost": f"{reserve >> 20} MiB per context (measured; the daemon's context_reserve)",
-        "gpuslice": rev,
+        # the installed package, and the commit run.sh found for its tree (never another repository's)
+        "gpuslice": f"{importlib.metadata.version('gpuslice')} ({rev})",
     }
-
-
-def _git_rev() -> str:
-    r = subprocess.run(["git", "-C", str(Path(__file__).resolve().parent), "rev-parse", "--short", "HEAD"],
-                       capture_output=True, text=True)  # fmt: skip
-    return r.stdout.strip() or "unknown"
 
 
 def reserve_for(paths: NodePaths, state: Path, gpu: inventory.Gpu) -> int:
@@ -82,10 +76,14 @@ def reserve_for(paths: NodePaths, state: Path, gpu: inventory.Gpu) -> int:
     return reserve
 
 
-def report(out: Path, state: Path, facts: dict, results: list[StepResult], pending: list[str]) -> None:
+def report(out: Path, state: Path, facts: dict, pending: list[str]) -> list[StepResult]:
+    """Every step's results the state holds, from every call, written to --out and the state."""
+    results = load_all(state, [s.name for s in STEPS])
+    history = calls(state)
     for where in (out, state):
-        (where / "report.json").write_text(json.dumps(as_json(facts, results, pending), indent=1))
-        (where / "report.md").write_text(as_markdown(facts, results, pending))
+        (where / "report.json").write_text(json.dumps(as_json(facts, results, pending, history), indent=1))
+        (where / "report.md").write_text(as_markdown(facts, results, pending, history))
+    return results
 
 
 @click.command()
@@ -114,8 +112,9 @@ def main(sim: bool, state: Path, out: Path, work: Path, budget: float, only: tup
     except NodeError as e:
         click.echo(f"real-gpu: {e}", err=True)
         sys.exit(2)
-    failed = sum(r.verdict == FAIL for res in results for r in res.rows)
-    log.info("%d steps done, %d checks failed%s", len(results), failed,
+    latest = {res.step: res for res in results}  # earlier runs come first: a step run again is judged anew
+    failed = sum(r.verdict == FAIL for res in latest.values() for r in res.rows)
+    log.info("%d steps done, %d checks failed%s", len(latest), failed,
              f"; not run yet: {', '.join(pending)} (call again to resume)" if pending else "")  # fmt: skip
     sys.exit(3 if pending else 1 if failed else 0)
 
@@ -162,29 +161,27 @@ def _steps(paths: NodePaths, state: Path, out: Path, deadline: float, only: tupl
         spec_checks, layout = selftest_node.cdi(inv, paths.spec, paths.sim, Path(view))
         if layout is None:
             raise NodeError(f"the CDI spec: {spec_checks[-1].observed}")
-        results: list[StepResult] = []
         pending: list[str] = []
+        call = begin_call(state, {"date": facts["date"], "gpuslice": facts["gpuslice"],
+                                  "options": " ".join(sys.argv[1:])})  # fmt: skip
         with AllocatorClient(str(paths.socket), timeout=30) as client:
-            kit = Kit(client, gpu, layout, paths.sim, reserve, deadline,
-                      paths.config, paths.spec, gpuslice, out)  # fmt: skip
+            kit = Kit(client, gpu, layout, paths.sim, reserve, deadline, paths.config, paths.spec, gpuslice, out,
+                      paths.work / "slices")  # fmt: skip
             for step in (s for s in STEPS if not only or s.name in only):
-                done = None if again else load(step.name, state)
-                if done is not None:
-                    results.append(done)
+                if not again and load(step.name, state) is not None:
                     continue
                 if not not_runnable(step, paths.sim) and time.monotonic() + step.seconds > deadline:
                     pending.append(step.name)
                     continue
                 log.info("%s ...", step.name)
                 result = run_step(step, kit)
+                result.call = call
                 save(result, state)
-                results.append(result)
                 bad = [r.name for r in result.rows if r.verdict == FAIL]
                 log.info("%s: %d rows in %.0f s%s", step.name, len(result.rows), result.seconds,
                          f"; FAILED: {'; '.join(bad)}" if bad else "")  # fmt: skip
-                report(out, state, facts, results, pending)
-        report(out, state, facts, results, pending)
-        return facts, results, pending
+                report(out, state, facts, pending)
+        return facts, report(out, state, facts, pending), pending
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,10 +26,14 @@ from gpuslice.paths import native_dir
 
 PROBES = Path(__file__).resolve().parent / "probes"
 RECLAIM_S = 1.0  # the selftest's figure: a dead process's memory is back within a second
+STDERR_LINES = 400  # kept of a probe's stderr: frameworks log much; the tail and the stacks say why
+Gate = Callable[[], dict]  # the probe's slice's launch gate as it is now (tokens, waits, next refill)
 
 
 class ProbeError(RuntimeError):
-    pass
+    def __init__(self, message: str, overrun: str = "") -> None:
+        super().__init__(message)
+        self.overrun = overrun  # a probe that did not answer: its stacks and its slice's gate, for the report
 
 
 @dataclass
@@ -75,9 +80,11 @@ def without_interposer(env: dict[str, str]) -> dict[str, str]:
 class Probe:
     """One probe process in a box; its JSON lines read by a thread, so every wait is bounded."""
 
-    def __init__(self, box: Box, script: str, args: list[str], env: dict[str, str], timeout: float) -> None:
+    def __init__(self, box: Box, script: str, args: list[str], env: dict[str, str], timeout: float,
+                 gate: Gate | None = None) -> None:  # fmt: skip
         self.box = box
         self.timeout = timeout
+        self.gate = gate
         argv = box.ns.command([sys.executable, str(PROBES / script), *args])
         self.proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, cwd=str(PROBES))  # fmt: skip
@@ -101,9 +108,9 @@ class Probe:
 
     def _drain(self) -> None:
         assert self.proc.stderr is not None
-        for line in self.proc.stderr:  # frameworks log much; the tail says why one died
+        for line in self.proc.stderr:
             self.errors.append(line)
-            del self.errors[:-40]
+            del self.errors[:-STDERR_LINES]
 
     def last_error(self) -> str:
         tail = "".join(self.errors).strip().splitlines()
@@ -114,7 +121,7 @@ class Probe:
             try:
                 line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
-                raise ProbeError(f"no answer within {self.timeout:g} s") from None
+                raise ProbeError(f"no answer within {self.timeout:g} s", self.overrun()) from None
             if line is None:
                 raise ProbeError(f"exited {self.proc.wait(10)}: {self.last_error()}")
             try:
@@ -124,6 +131,34 @@ class Probe:
             if "error" in msg:
                 raise ProbeError(msg["error"][:300])
             return dict(msg)
+
+    def overrun(self) -> str:
+        """What a probe that does not answer is doing: its native and Python stacks (py-spy), the
+        Python stacks faulthandler prints on SIGUSR1 (probes/common.py), its slice's launch gate."""
+        parts = [f"pid {self.pid} (host), {self.box.name}"]
+        if self.gate:
+            try:
+                parts.append(f"launch gate: {json.dumps(self.gate())}")
+            except Exception as e:  # the record is a help, never a second failure
+                parts.append(f"launch gate: unreadable ({type(e).__name__}: {e})")
+        spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+        if spy:
+            try:
+                r = subprocess.run([spy, "dump", "--native", "--pid", str(self.pid)], capture_output=True, text=True,
+                                   timeout=60)  # fmt: skip
+                parts.append("py-spy dump --native:\n" + (r.stdout + r.stderr).strip())
+            except subprocess.TimeoutExpired:
+                parts.append("py-spy dump --native: no answer within 60 s")
+        else:
+            parts.append("py-spy: not installed (the Python stacks below only)")
+        seen = len(self.errors)
+        with_stacks = _signal(self.pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 3
+        while with_stacks and time.monotonic() < deadline and not any("File " in ln for ln in self.errors[seen:]):
+            time.sleep(0.05)
+        time.sleep(0.2)  # the rest of the dump
+        parts.append("stderr's tail (with faulthandler's stacks):\n" + "".join(self.errors[-80:]).rstrip())
+        return "\n\n".join(parts)
 
     def answer(self) -> None:
         assert self.proc.stdin is not None
@@ -137,6 +172,14 @@ class Probe:
         self.proc.wait(10)
 
 
+def _signal(pid: int, sig: int) -> bool:
+    try:
+        os.kill(pid, sig)
+        return True
+    except OSError:
+        return False
+
+
 def run_probe(
     client: AllocatorClient,
     box: Box,
@@ -147,10 +190,11 @@ def run_probe(
     timeout: float,
     on_hold: Callable[[Probe, Sample], None] | None = None,
     reclaim: bool = True,
+    gate: Gate | None = None,
 ) -> Outcome:
     """The probe to its result, sampling at each hold, then how fast the slice
     gets its memory back once the process is gone."""
-    probe = Probe(box, script, args, env, timeout)
+    probe = Probe(box, script, args, env, timeout, gate)
     deadline = time.monotonic() + timeout
     samples: dict[str, Sample] = {}
     try:

@@ -16,13 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import kit_trace
 from kit_report import Row, StepResult, check, skipped
-from kit_slices import RECLAIM_S, Outcome, Probe, ProbeError, Sample, run_probe, wait_released, without_interposer
+from kit_slices import RECLAIM_S, Gate, Outcome, Probe, ProbeError, Sample, run_probe, wait_released, without_interposer
 from probes.common import CHUNK  # what probes allocate at a time: the tolerance at the limit
 
 from gpuslice import request
+from gpuslice.allocator.slice_files import SliceFiles
 from gpuslice.cli.selftest_node import Layout
-from gpuslice.cli.selftest_slices import WorkerError, slice_box, sm_use
+from gpuslice.cli.selftest_slices import Box, WorkerError, slice_box, sm_use
 from gpuslice.client import AllocatorClient
 from gpuslice.inventory import Gpu
 
@@ -152,6 +154,16 @@ class Kit:
     spec: Path
     gpuslice: Path
     out: Path
+    slices: Path  # the daemon's slice files: a probe that overruns gets its gate's record
+
+    def gate(self, box: Box) -> Gate:
+        def record() -> dict:
+            name = self.client.get(box.name).id
+            if not (self.slices / f"{name}.usage").exists():
+                return {"slice": name, "files": "gone"}
+            return {"slice": name, **SliceFiles(self.slices, name).gate_record(0)}
+
+        return record
 
     @property
     def limit(self) -> int:
@@ -165,17 +177,25 @@ def _why(e: BaseException) -> str:
     return (e.details() or "") if isinstance(e, grpc.RpcError) else f"{type(e).__name__}: {e}"
 
 
+def _failed(step: str, label: str, expected: str, e: BaseException) -> tuple[list[Row], float, dict]:
+    """A case that failed: its row, and what a probe that overran was doing (for the report)."""
+    overrun = getattr(e, "overrun", "")
+    observed = _why(e) + (" (its stacks and gate: the report's end)" if overrun else "")
+    return [check(step, label, expected, observed, False)], 0.0, ({"overruns": {label: overrun}} if overrun else {})
+
+
 def memory_case(kit: Kit, step: str, label: str, script: str, args: list[str], env: dict[str, str],
                 judge: Callable[[Outcome], list[Row]] | None = None) -> tuple[list[Row], dict]:  # fmt: skip
     try:
         with slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(kit.limit)}) as box:
             out = run_probe(kit.client, box, kit.gpu.uuid, script, [str(kit.limit), *args], {**box.env, **env},
-                            kit.timeout(300))  # fmt: skip
+                            kit.timeout(300), gate=kit.gate(box))  # fmt: skip
         rows = judge(out) if judge else memory_rows(step, label, kit.limit, kit.reserve, out)
         return rows, {"result": out.result, "charges": {t: s.charge for t, s in out.samples.items()},
                       "nvml": {t: s.nvml_used for t, s in out.samples.items()}}  # fmt: skip
     except FAILURES as e:
-        return [check(step, label, "runs in a slice", _why(e), False)], {}
+        rows, _, facts = _failed(step, label, "runs in a slice", e)
+        return rows, facts
 
 
 def selftest(kit: Kit) -> StepResult:
@@ -205,7 +225,7 @@ def nvml_view(kit: Kit) -> StepResult:
     step, size = "nvml-view", 512 * MiB
     try:
         with slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(kit.limit)}) as box:
-            holder = Probe(box, "cuda_driver.py", ["hold", str(size)], box.env, kit.timeout(120))
+            holder = Probe(box, "cuda_driver.py", ["hold", str(size)], box.env, kit.timeout(120), kit.gate(box))
             try:
                 said = holder.message(time.monotonic() + holder.timeout)
                 charge = kit.client.get(box.name).memory_used
@@ -216,7 +236,7 @@ def nvml_view(kit: Kit) -> StepResult:
             finally:
                 holder.kill()
     except FAILURES as e:
-        return StepResult(step, [check(step, "NVML inside a slice", "runs in a slice", _why(e), False)], 0)
+        return StepResult(step, *_failed(step, "NVML inside a slice", "runs in a slice", e))
     pids = {holder.pid, said.get("pid")}
     observed = f"{mib(charge)} held; {mib(left)} left after {took:.2f} s"
     reclaim_row = check(step, "SIGKILL gives the holder's memory back", f"0 within {RECLAIM_S:g} s", observed,
@@ -320,7 +340,7 @@ def cuda_graph(kit: Kit) -> StepResult:
     step, share, seconds = "cuda-graph", 50, 8.0
     try:
         with slice_box(kit.client, kit.gpu, kit.layout, _hard(share)) as box:
-            probe = Probe(box, "cuda_graph.py", [str(seconds)], box.env, kit.timeout(180))
+            probe = Probe(box, "cuda_graph.py", [str(seconds)], box.env, kit.timeout(180), kit.gate(box))
             try:
                 probe.message(time.monotonic() + probe.timeout)
                 probe.answer()
@@ -330,7 +350,7 @@ def cuda_graph(kit: Kit) -> StepResult:
             finally:
                 probe.kill()
     except FAILURES as e:
-        return StepResult(step, [check(step, "CUDA graph under a hard share", "runs in a slice", _why(e), False)], 0)
+        return StepResult(step, *_failed(step, "CUDA graph under a hard share", "runs in a slice", e))
     return StepResult(step, [
         check(step, "CUDA graph replay", "the same as the eager run", f"same: {result['same_as_eager']}, "
               f"{result['replays'] / result['seconds']:.0f} replays/s", result["same_as_eager"]),
@@ -340,7 +360,7 @@ def cuda_graph(kit: Kit) -> StepResult:
 
 
 def _tenants(kit: Kit, boxes: list, seconds: float, idle_after: list[float]) -> tuple[list[Probe], list[int]]:
-    probes = [Probe(b, "matmul_loop.py", [str(seconds), str(i)], b.env, kit.timeout(180))
+    probes = [Probe(b, "matmul_loop.py", [str(seconds), str(i)], b.env, kit.timeout(180), kit.gate(b))
               for b, i in zip(boxes, idle_after, strict=True)]  # fmt: skip
     for p in probes:
         p.message(time.monotonic() + p.timeout)
@@ -388,7 +408,9 @@ def shares(kit: Kit) -> StepResult:
                                   f"{statistics.fmean(got):.1f} % (1 s windows {min(got):.1f}-{max(got):.1f})",
                                   statistics.fmean(got) >= 90))  # fmt: skip
     except FAILURES as e:
-        rows.append(check(step, "two tenants' shares", "run in slices", _why(e), False))
+        failed, _, more = _failed(step, "two tenants' shares", "run in slices", e)
+        rows += failed
+        facts.update(more)
     return StepResult(step, rows, 0, facts)
 
 
@@ -401,8 +423,28 @@ def cost(kit: Kit) -> StepResult:
                 direct.append(run_probe(kit.client, box, kit.gpu.uuid, "cost.py", [], without_interposer(box.env),
                                         kit.timeout(120), reclaim=False).result)  # fmt: skip
     except FAILURES as e:
-        return StepResult(step, [check(step, "cost", "runs in a slice", _why(e), False)], 0)
+        return StepResult(step, *_failed(step, "cost", "runs in a slice", e))
     return StepResult(step, cost_rows(step, gated, direct), 0, {"gated": gated, "direct": direct})
+
+
+def trace(kit: Kit) -> StepResult:
+    """The driver's raw per-process samples under known loads (kit_trace.py), kept as trace.json."""
+    step, seconds = "trace", 1.5 if kit.sim else 6.0
+    phases, rows = [], []
+    for phase in kit_trace.PHASES:
+        try:
+            record = kit_trace.run_phase(kit, phase, seconds)
+        except FAILURES as e:
+            failed, _, facts = _failed(step, phase.name, "runs", e)
+            rows += failed
+            phases.append({"phase": phase.name, "failed": _why(e), **facts})
+            continue
+        phases.append(record)
+        rows += kit_trace.rows(record)
+    (kit.out / "trace.json").write_text(json.dumps({"gpu": kit.gpu.name, "uuid": kit.gpu.uuid, "sim": kit.sim,
+                                                    "poll_s": kit_trace.POLL_S, "phases": phases}))  # fmt: skip
+    summaries = {p["phase"]: kit_trace.summary(p) for p in phases if "whole" in p}
+    return StepResult(step, rows, 0, {"file": "trace.json", "summary": summaries})
 
 
 @dataclass(frozen=True)
@@ -424,6 +466,7 @@ STEPS = (
     Step("nccl", 60, nccl, False, ("torch",)),
     Step("transformers", 90, transformers, False, ("torch", "transformers")),
     Step("cuda-graph", 45, cuda_graph, False, ("torch",)),
+    Step("trace", 150, trace, True, ("cuda.bindings", "pynvml")),
     Step("shares", 110, shares, False, ("torch",)),
     Step("cost", 120, cost, False, ("torch",)),
 )

@@ -13,13 +13,17 @@ python=${PYTHON:-python3}
 mkdir -p "$out"
 # the node's runtime dependencies (pyproject.toml [project] dependencies), NVIDIA's
 # driver-API client the probes use (the GPU machine has it; the simulator run needs it), and
-# what building it there needs (setuptools, wheel: pip --no-build-isolation)
+# what building it there needs (setuptools, wheel: pip --no-build-isolation), and py-spy (the
+# stacks of a probe that does not answer)
 "$python" -m pip download --quiet --dest "$out" --python-version "$pyver" --implementation cp --abi "$abi" \
-    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+    --platform manylinux1_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux_2_28_x86_64 \
     --platform any --only-binary=:all: \
-    'click>=8.1' 'pyyaml>=6.0' 'nvidia-ml-py>=12.535' 'grpcio>=1.85' 'grpcio-health-checking>=1.85' \
+    'click>=8.1' 'pyyaml>=6.0' 'nvidia-ml-py>=12.535.77' 'grpcio>=1.85' 'grpcio-health-checking>=1.85' \
     'protobuf>=7.35' 'jsonschema>=4.20' 'prometheus-client>=0.20' 'cffi>=1.16' 'tomli-w>=1.0' \
-    'cuda-bindings>=12.8' 'setuptools>=70' 'wheel'
+    'cuda-bindings>=12.8' 'setuptools>=70' 'wheel' 'py-spy>=0.4'
+# which gpuslice these wheels go with: the GPU machine gets a copy of the tree without .git
+git -C "$here" describe --always --dirty --abbrev=12 >"$out/gpuslice-commit" 2>/dev/null || rm -f "$out/gpuslice-commit"
 size=$(du -sm "$out" | cut -f1)
 echo "$out: $(ls "$out" | wc -l) wheels, ${size} MiB"
 if [ "$size" -gt 38 ]; then

@@ -10,7 +10,7 @@
 # Reports go to $OUT (what the device tool brings back), else build/real-gpu/out.
 set -eu
 start=$(date +%s)
-repo=$(cd "$(dirname "$0")/../.." && pwd)
+repo=$(cd "$(dirname "$0")/../.." && pwd -P)
 kitdir=${GPUSLICE_KIT_STATE:-$repo/build/real-gpu}
 out=${OUT:-$kitdir/out}
 work=${GPUSLICE_KIT_DIR:-/tmp/gpuslice-kit}  # sockets: a short path
@@ -44,9 +44,22 @@ if [ "$(cat "$venv/.gpuslice-stamp" 2>/dev/null)" != "$stamp" ]; then
     # shellcheck disable=SC2086 # extra is one path or nothing
     "$py" -m pip install --quiet --no-index --find-links "$wheels" --no-build-isolation "$repo" cuda-bindings $extra \
         >>"$out/kit.log" 2>&1 || { log "pip install failed (kit.log)"; exit 2; }
+    # py-spy: the stacks of a probe that does not answer (the kit does without it)
+    "$py" -m pip install --quiet --no-index --find-links "$wheels" py-spy >>"$out/kit.log" 2>&1 ||
+        log "no py-spy wheel: a probe that does not answer gets its Python stacks only"
     echo "$stamp" >"$venv/.gpuslice-stamp"
     log "installed in $(($(date +%s) - start)) s"
 fi
+# which gpuslice this is: this tree's own commit when it is a git checkout's root (not an
+# enclosing repository's), else the one prepare.sh recorded beside the wheels
+if [ "$(git -C "$repo" rev-parse --show-toplevel 2>/dev/null)" = "$repo" ]; then
+    GPUSLICE_KIT_REV=$(git -C "$repo" describe --always --dirty --abbrev=12)
+elif [ -f "$wheels/gpuslice-commit" ]; then
+    GPUSLICE_KIT_REV="$(cat "$wheels/gpuslice-commit"), as prepared"
+else
+    GPUSLICE_KIT_REV="commit unknown"
+fi
+export GPUSLICE_KIT_REV
 budget=$((540 - ($(date +%s) - start)))
 rm -f "$work/rc"
 {

@@ -1,0 +1,111 @@
+"""A load of known shape for the trace step: spin kernels of KERNEL_US
+microseconds, launched so that the GPU is busy DUTY of the time (1: back to
+back), for SECONDS once the kit answers its hold. Driver API through
+cuda.bindings, so it runs on the simulator as on a GPU.
+argv: SECONDS KERNEL_US DUTY.
+
+A kernel's length is calibrated, not assumed: on a GPU the spin kernel's
+cycles set it (timed with events); where they do not (the simulator, whose
+kernels last waves x its wave time), the number of waves does."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+from common import hold, main
+from cuda.bindings import driver as cu
+
+# each block spins `cycles` SM clocks; PTX JIT-compiled by the driver (no toolkit needed)
+SPIN_PTX = (
+    b".version 7.0\n.target sm_70\n.address_size 64\n"
+    b".visible .entry spin(.param .u64 cycles)\n{\n"
+    b" .reg .pred %p;\n .reg .b64 %rd<5>;\n"
+    b" ld.param.u64 %rd1, [cycles];\n mov.u64 %rd2, %clock64;\n"
+    b"WAIT:\n mov.u64 %rd3, %clock64;\n sub.s64 %rd4, %rd3, %rd2;\n"
+    b" setp.lt.u64 %p, %rd4, %rd1;\n @%p bra WAIT;\n ret;\n}\n\0"
+)
+THREADS = 128
+PROBE_CYCLES = 200_000  # ~0.1 ms on a 2 GHz GPU
+BACK_TO_BACK_SYNC = 8  # at duty 1, launches between synchronizations: the queue stays short
+
+
+def ok(ret: object) -> object:
+    err, *rest = ret if isinstance(ret, tuple) else (ret,)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(cu.cuGetErrorName(err)[1].decode())
+    return rest[0] if len(rest) == 1 else rest
+
+
+class Spin:
+    def __init__(self) -> None:
+        ok(cu.cuInit(0))
+        dev = ok(cu.cuDeviceGet(0))
+        ok(cu.cuCtxSetCurrent(ok(cu.cuDevicePrimaryCtxRetain(dev))))
+        self.sms = int(ok(cu.cuDeviceGetAttribute(cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev)))
+        module = ok(cu.cuModuleLoadData(SPIN_PTX))
+        self.fn = ok(cu.cuModuleGetFunction(module, b"spin"))
+        self.stream = ok(cu.cuStreamCreate(0))
+        self.start, self.stop = ok(cu.cuEventCreate(0)), ok(cu.cuEventCreate(0))
+        self.cycles, self.waves = PROBE_CYCLES, 1
+
+    def launch(self) -> None:
+        arg = ctypes.c_uint64(self.cycles)
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
+        ok(cu.cuLaunchKernel(self.fn, self.sms * self.waves, 1, 1, THREADS, 1, 1, 0, self.stream,
+                             ctypes.addressof(params), 0))  # fmt: skip
+
+    def timed_us(self, cycles: int, waves: int) -> float:
+        self.cycles, self.waves = cycles, waves
+        self.launch()  # warm: the first launch loads the module
+        ok(cu.cuStreamSynchronize(self.stream))
+        ok(cu.cuEventRecord(self.start, self.stream))
+        self.launch()
+        ok(cu.cuEventRecord(self.stop, self.stream))
+        ok(cu.cuEventSynchronize(self.stop))
+        return float(ok(cu.cuEventElapsedTime(self.start, self.stop))) * 1000
+
+    def calibrate(self, kernel_us: float) -> dict:
+        """The knob that sets a kernel's length, and its value for kernel_us: a line through two
+        timed points (a launch's fixed cost, then the slope), checked by timing the result."""
+        c1, c8 = self.timed_us(PROBE_CYCLES, 1), self.timed_us(8 * PROBE_CYCLES, 1)
+        if c8 > 2 * c1:  # the cycles set the length: a GPU
+            slope = (c8 - c1) / (7 * PROBE_CYCLES)
+            self.cycles, self.waves, how = max(1, round(PROBE_CYCLES + (kernel_us - c1) / slope)), 1, "cycles"
+        else:  # they do not: the simulator's waves do
+            w1, w64 = c1, self.timed_us(PROBE_CYCLES, 64)
+            slope = (w64 - w1) / 63
+            self.cycles, self.waves, how = PROBE_CYCLES, max(1, round(1 + (kernel_us - w1) / slope)), "waves"
+        return {"by": how, "cycles": self.cycles, "waves": self.waves, "kernel_us": self.timed_us(self.cycles,
+                self.waves), "sms": self.sms}  # fmt: skip
+
+
+def run(argv: list[str]) -> dict:
+    seconds, kernel_us, duty = float(argv[0]), float(argv[1]), float(argv[2])
+    if not (0 < duty <= 1 and kernel_us > 0 and seconds > 0):
+        raise ValueError(f"SECONDS KERNEL_US DUTY: got {argv}; DUTY in (0, 1]")
+    spin = Spin()
+    calibration = spin.calibrate(kernel_us)
+    hold("ready", pid=os.getpid(), **calibration)
+    period = calibration["kernel_us"] / 1e6 / duty
+    launches = 0
+    start = time.monotonic()
+    end = start + seconds
+    while (now := time.monotonic()) < end:
+        spin.launch()
+        launches += 1
+        if duty < 1:
+            ok(cu.cuStreamSynchronize(spin.stream))
+            while time.monotonic() < now + period:  # idle by the host's clock: a sleep is too coarse at 50 us
+                pass
+        elif launches % BACK_TO_BACK_SYNC == 0:
+            ok(cu.cuStreamSynchronize(spin.stream))
+    ok(cu.cuStreamSynchronize(spin.stream))
+    wall = time.monotonic() - start
+    return {"launches": launches, "wall_s": wall, "busy_fraction": launches * calibration["kernel_us"] / 1e6 / wall,
+            "calibration": calibration, "duty_asked": duty}  # fmt: skip
+
+
+if __name__ == "__main__":
+    main(run)
