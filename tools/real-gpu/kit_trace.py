@@ -117,10 +117,14 @@ def run_phase(kit, phase: Phase, seconds: float) -> dict:  # type: ignore[no-unt
         sampler.start()
         for p in probes:
             p.answer()
-        results = [p.message(time.monotonic() + seconds + 60)["result"] for p in probes]
+        for p in probes:
+            p.message(time.monotonic() + seconds + 60)  # each holds once done, alive
         polls = sampler.stop()
         time.sleep(2 * POLL_S)  # the driver's last sample period closes
         whole = sampler.poll(started_us)  # the driver's whole record since the phase began
+        for p in probes:
+            p.answer()
+        results = [p.message(time.monotonic() + 60)["result"] for p in probes]
     return {"phase": phase.name, "kernel_us": phase.kernel_us, "duties": list(phase.duties),
             "cores": list(phase.cores), "started_us": started_us, "seconds": seconds,
             "pids": [p.pid for p in probes], "ready": ready, "results": results, "polls": polls,
@@ -130,9 +134,10 @@ def run_phase(kit, phase: Phase, seconds: float) -> dict:  # type: ignore[no-unt
 def summary(record: dict) -> list[dict]:
     """Per tenant: what its own clock says it ran, and what the driver's samples say."""
     out = []
-    whole = record["whole"].get("samples", [])
+    seen = {(p, ts): sm for poll in record["polls"] for p, ts, sm, _ in poll.get("samples", [])}
+    seen.update({(p, ts): sm for p, ts, sm, _ in record["whole"].get("samples", [])})  # polled or in the record
     for pid, result in zip(record["pids"], record["results"], strict=True):
-        mine = sorted((ts, sm) for p, ts, sm, _ in whole if p == pid)
+        mine = sorted((ts, sm) for (p, ts), sm in seen.items() if p == pid)
         stamps = [ts for ts, _ in mine]
         gaps = [(b - a) / 1000 for a, b in itertools.pairwise(stamps)]
         out.append({

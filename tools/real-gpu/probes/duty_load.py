@@ -103,6 +103,7 @@ def run(argv: list[str]) -> dict:
             ok(cu.cuStreamSynchronize(spin.stream))
     ok(cu.cuStreamSynchronize(spin.stream))
     wall = time.monotonic() - start
+    hold("done")  # alive while the kit reads the driver's record of it
     return {"launches": launches, "wall_s": wall, "busy_fraction": launches * calibration["kernel_us"] / 1e6 / wall,
             "calibration": calibration, "duty_asked": duty}  # fmt: skip
 
