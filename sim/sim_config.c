@@ -143,6 +143,7 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
     g->timeslice_ns = 2000000;
     g->clock_khz = 1410000;
     g->memory_limits = 1;
+    g->util_zero_samples = 1;
     g->power_limit_mw = 400000; /* A100 SXM4 */
     for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
         const char *k = scalar(yaml_document_get_node(&c->doc, p->key));
@@ -198,6 +199,10 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
             if (parse_duration(v, &ns) || ns < 100000 || ns > 1000000000)
                 return fail(c, "gpus[%d].timeslice: must be a duration from 100us to 1s such as 2ms, got \"%s\"", idx, v);
             g->timeslice_ns = ns;
+        } else if (strcmp(k, "util_zero_samples") == 0) {
+            if (strcmp(v, "true") && strcmp(v, "false"))
+                return fail(c, "gpus[%d].util_zero_samples: must be true or false (a sample for a period whose use rounds to 0 %%), got \"%s\"", idx, v);
+            g->util_zero_samples = strcmp(v, "true") == 0;
         } else if (strcmp(k, "memory_limits") == 0) {
             if (strcmp(v, "true") && strcmp(v, "false"))
                 return fail(c, "gpus[%d].memory_limits: must be true or false (driver-enforced cgroup limits), got \"%s\"", idx, v);
@@ -215,7 +220,7 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
                 return fail(c, "gpus[%d].ecc_uncorrected: must be an integer from 0 to 1000000000, got \"%s\"", idx, v);
             g->ecc_uncorrected = (unsigned long long)iv;
         } else {
-            return fail(c, "gpus[%d]: unknown key \"%s\" (accepted: name, uuid, pci_bus_id, memory, context_memory, sms, compute_capability, wave_time, util_sample_time, timeslice, clock_mhz, memory_limits, power_limit_w, ecc_uncorrected)", idx, k);
+            return fail(c, "gpus[%d]: unknown key \"%s\" (accepted: name, uuid, pci_bus_id, memory, context_memory, sms, compute_capability, wave_time, util_sample_time, util_zero_samples, timeslice, clock_mhz, memory_limits, power_limit_w, ecc_uncorrected)", idx, k);
         }
     }
     if (!have_memory)

@@ -465,7 +465,7 @@ NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSamp
             if (!p->live || (!p->contexts[idx] && !p->mem[idx]))
                 continue;
             uint64_t busy = sim_busy_between(idx, i, a, a + period);
-            if (!busy)
+            if (!busy || (!sim_machine()->gpu[idx].util_zero_samples && percent(busy, period) == 0))
                 continue;
             if (samples && n < cap)
                 samples[n] = (nvmlProcessUtilizationSample_t){.pid = (unsigned)sim_pid_for_reader(i), .timeStamp = at,

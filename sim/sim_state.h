@@ -48,6 +48,7 @@ struct sim_gpu_info { /* static, from the config */
     uint64_t context_memory; /* bytes charged per CUDA context */
     uint64_t wave_ns;        /* modelled time of one wave of blocks */
     uint64_t util_sample_ns; /* per-process utilization sample period (a multiple of SIM_BUCKET_NS) */
+    int util_zero_samples;   /* a period whose use rounds to 0 % still gets a sample (default; 0: none) */
     uint64_t timeslice_ns;   /* how long one context runs while others wait for the GPU */
     int sms;
     int cc_major, cc_minor;

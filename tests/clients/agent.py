@@ -209,6 +209,20 @@ class Agent:
         self.worker.start()
         return {"started": True}
 
+    def steps(self, seconds: float, kernels: int, grid: int = 1) -> dict:
+        """A generate-like loop for `seconds`: `kernels` small launches, then a
+        synchronize (a token read back), again and again; when each step ended."""
+        fn, ends = self._spin(), []
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for _ in range(kernels):
+                cu.cuLaunchKernel(fn, grid, 1, 1, 32, 1, 1, 0, self.stream, 0, 0)
+            (err,) = cu.cuStreamSynchronize(self.stream)
+            if err != cu.CUresult.CUDA_SUCCESS:
+                return {"error": name_of(err), "ends_ns": ends}
+            ends.append(time.monotonic_ns())
+        return {"error": "CUDA_SUCCESS", "ends_ns": ends}
+
     def join(self) -> dict:
         if self.worker:
             self.worker.join()

@@ -146,3 +146,30 @@ def test_every_step_has_a_probe_or_a_command_that_exists():
     source = (REPO / "tools/real-gpu/kit_steps.py").read_text()
     named = set(re.findall(r'"(\w+\.py)"', source))
     assert named and named <= probes, named - probes
+
+
+def test_the_generate_probe_is_asked_for_the_tokens_the_step_judges(monkeypatch):
+    """On the H200 the probe read the slice's limit as its token count (4294967296 tokens: no
+    answer in 195 s). Every memory probe gets LIMIT first; the generate reads NEW after it."""
+    sys.path.insert(0, str(REPO / "tools/real-gpu/probes"))
+    import transformers_generate
+
+    asked = {}
+
+    def case(kit, step, label, script, args, env, judge=None):  # type: ignore[no-untyped-def]
+        asked["argv"] = [str(kit.limit), *args]
+        return [], {}
+
+    monkeypatch.setattr(ks, "memory_case", case)
+    monkeypatch.setattr(ks, "slice_box", lambda *a: (_ for _ in ()).throw(OSError("no daemon here")))
+    kit = type("K", (), {"limit": 4 << 30, "client": None, "gpu": None, "layout": None})()
+    ks.transformers(kit)  # type: ignore[arg-type]
+    assert transformers_generate.parse(asked["argv"]) == 64
+    with pytest.raises(ValueError, match="LIMIT NEW"):
+        transformers_generate.parse([str(4 << 30)])
+
+
+def test_the_generate_time_row_passes_within_ten_percent():
+    assert ks.generate_time_row("t", "g", 1.05, 1.0).verdict == "PASS"
+    assert ks.generate_time_row("t", "g", 1.2, 1.0).verdict == "FAIL"
+    assert ks.generate_time_row("t", "g", None, 1.0).verdict == "FAIL"

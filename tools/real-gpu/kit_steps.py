@@ -328,8 +328,26 @@ def transformers(kit: Kit) -> StepResult:
             accounting_row(step, label, warm, kit.reserve),
         ]  # fmt: skip
 
-    rows, facts = memory_case(kit, step, label, "transformers_generate.py", [], {}, judge)
+    rows, facts = memory_case(kit, step, label, "transformers_generate.py", [str(new)], {}, judge)
+    in_slice = facts.get("result", {}).get("seconds")
+    try:  # the same generate on the driver directly, in a box of its own
+        with slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(kit.limit)}) as box:
+            argv = [str(kit.limit), str(new)]
+            direct = run_probe(kit.client, box, kit.gpu.uuid, "transformers_generate.py", argv,
+                               without_interposer(box.env), kit.timeout(300), reclaim=False).result["seconds"]  # fmt: skip
+    except FAILURES as e:
+        failed, _, more = _failed(step, f"{label}: without gpuslice", "runs", e)
+        return StepResult(step, rows + failed, 0, {**facts, **more})
+    facts["direct_seconds"] = direct
+    rows.append(generate_time_row(step, label, in_slice, direct))
     return StepResult(step, rows, 0, facts)
+
+
+def generate_time_row(step: str, label: str, in_slice: float | None, direct: float) -> Row:
+    observed = f"{in_slice:.2f} s in the slice, {direct:.2f} s without: x{in_slice / direct:.2f}" if in_slice else (
+        f"no time in the slice; {direct:.2f} s without")  # fmt: skip
+    return check(step, f"{label}: time", "≤ 1.1 x its time without gpuslice", observed,
+                 in_slice is not None and in_slice <= 1.1 * direct)  # fmt: skip
 
 
 def _hard(cores: int) -> dict[str, str]:

@@ -1,18 +1,32 @@
 """A small Llama built from a config with random weights (no download),
-generating NEW tokens for a batch of 4 prompts. argv: NEW."""
+generating NEW tokens for a batch of 4 prompts. argv: LIMIT NEW (the slice's
+limit first, as the kit passes every memory probe; unused here).
+
+On the H200 this probe read the limit as NEW and was asked for 4294967296
+tokens: the "hang" of the first run was the kit's, not the slice's."""
 
 from __future__ import annotations
 
 import os
 import time
 
-import torch
-import transformers
 from common import hold, main
+
+MAX_NEW = 2048 - 64  # the model's positions less the prompt
+
+
+def parse(argv: list[str]) -> int:
+    """NEW from LIMIT NEW; one line naming what is wrong otherwise."""
+    if len(argv) != 2 or not argv[1].isdigit() or not 0 < int(argv[1]) <= MAX_NEW:
+        raise ValueError(f"argv LIMIT NEW with NEW from 1 to {MAX_NEW}, got {argv}")
+    return int(argv[1])
 
 
 def run(argv: list[str]) -> dict:
-    new = int(argv[0])
+    new = parse(argv)
+    import torch  # here, not above: the kit's tests read parse() where there is no torch
+    import transformers
+
     cfg = transformers.LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
                                    num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=16,
                                    max_position_embeddings=2048)  # fmt: skip
