@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice import errors, simulator
+from gpuslice import errors, inventory, simulator
 
 log = logging.getLogger(__name__)
 
@@ -207,12 +207,15 @@ def reread_if_changed(root: Path, watch: bool) -> Iterator[None]:
     (execv, the same argv), so that it reads them with the new driver's NVML;
     at most REREADS times in a row. A driver found incomplete is an install
     in progress too: its next file is waited for (INCOMPLETE_WAIT_S), since
-    systemd drops the path event of a file that lands while this unit runs."""
+    systemd drops the path event of a file that lands while this unit runs.
+    Incomplete either way round: NVML there and libcuda not (DriverFilesError),
+    or a watched file there and NVML not loadable yet (NoDriver). No driver
+    file at all is no install in progress: nothing is waited for."""
     before = watched_state(root) if watch else ()
     try:
         yield
-    except DriverFilesError:
-        if watch:
+    except (DriverFilesError, inventory.NoDriver):
+        if watch and any(before):
             log.warning("the driver's files are incomplete; waiting up to %.0f s for the rest", INCOMPLETE_WAIT_S)
             _await_change(root, before, INCOMPLETE_WAIT_S)
         raise

@@ -165,9 +165,18 @@ def cdi_generate(
         _sim().activate(sim_config, sim_state_dir)
     hook_path = hook_path or str(paths.executable("gpuslice-hook"))
     opts = gen.Options(driver, Path(driver_root), hook_path, daemon_socket, slice_dir, sim_config, sim_state_dir)
+    from gpuslice import inventory
+
     watch = driver == "nvidia" and not to_stdout
-    with driver_files.reread_if_changed(opts.driver_root, watch):
-        _write_spec(opts, Path(output), to_stdout)
+    try:
+        # the errors reach reread_if_changed as they are: an incomplete driver is waited for there
+        with driver_files.reread_if_changed(opts.driver_root, watch):
+            _write_spec(opts, Path(output), to_stdout)
+    except inventory.NoDriver as e:
+        click.echo(f"gpuslice: {e}; no CDI spec written", err=True)
+        sys.exit(EXIT_NO_DRIVER)
+    except errors.GpusliceError as e:
+        raise click.ClickException(str(e)) from e
 
 
 def _write_spec(opts: Options, output: Path, to_stdout: bool) -> None:
@@ -175,22 +184,14 @@ def _write_spec(opts: Options, output: Path, to_stdout: bool) -> None:
     from gpuslice.cdi import generate as gen
     from gpuslice.cdi import spec as cdi_spec
 
-    try:
-        inv = inventory.read()
-    except inventory.NoDriver as e:
-        click.echo(f"gpuslice: {e}; no CDI spec written", err=True)
-        sys.exit(EXIT_NO_DRIVER)
-    try:
-        spec = gen.generate(inv, opts)
-        if to_stdout:
-            data = spec.to_dict()
-            cdi_spec.validate(data)
-            click.echo(json.dumps(data, indent=2))
-        else:
-            cdi_spec.write(spec, output)
-            click.echo(f"wrote {output}: {len(spec.devices)} devices, cdiVersion {spec.to_dict()['cdiVersion']}")
-    except errors.GpusliceError as e:
-        raise click.ClickException(str(e)) from e
+    spec = gen.generate(inventory.read(), opts)
+    if to_stdout:
+        data = spec.to_dict()
+        cdi_spec.validate(data)
+        click.echo(json.dumps(data, indent=2))
+    else:
+        cdi_spec.write(spec, output)
+        click.echo(f"wrote {output}: {len(spec.devices)} devices, cdiVersion {spec.to_dict()['cdiVersion']}")
 
 
 @cdi_group.command("list")

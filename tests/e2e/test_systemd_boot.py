@@ -165,15 +165,20 @@ def sim_machine(node: Booted, version: str, gpus: int) -> str:
     return yaml.safe_dump(config)
 
 
-def install_driver(node: Booted, tmp: Path, version: str, gpus: int) -> None:
+def install_driver(node: Booted, tmp: Path, version: str, gpus: int, slow: bool = False) -> None:
     """What a driver package writes, simulated: the machine's description first,
     the two libraries last (they are what the path unit watches), each a new
-    file renamed into place, as dpkg does."""
+    file renamed into place, as dpkg does. `slow`: libcuda lands only once the
+    unit NVML's arrival started is running and has found libcuda missing (a
+    slow machine's order, which lost the spec on a fresh machine)."""
     config = tmp / "gpuslice-sim.yaml"
     config.write_text(sim_machine(node, version, gpus))
     node.cp(config, f"{LIBDIR}/gpuslice-sim.yaml.dpkg-new")
     node.ok(f"mv -f {LIBDIR}/gpuslice-sim.yaml.dpkg-new {LIBDIR}/gpuslice-sim.yaml")
     for lib in ("libnvidia-ml.so.1", "libcuda.so.1"):
+        if slow and lib == "libcuda.so.1":
+            wait_for("the spec's unit waiting for libcuda", lambda: "the driver's files are incomplete; waiting"
+                     in node.journal("gpuslice-cdi.service"), seconds=60)  # fmt: skip
         node.ok(f"cp {SIM_INSTALLED}/{lib} {LIBDIR}/{lib}.dpkg-new && mv -f {LIBDIR}/{lib}.dpkg-new {LIBDIR}/{lib}")
 
 
@@ -210,7 +215,7 @@ def test_installed_before_the_driver_the_units_wait_for_it(node: Booted, debs: d
 
 
 def test_the_driver_appearing_writes_the_spec_and_starts_the_daemon(node: Booted, tmp_path: Path):
-    install_driver(node, tmp_path, "580.95.05", gpus=2)
+    install_driver(node, tmp_path, "580.95.05", gpus=2, slow=True)
     units = "systemctl status --no-pager gpuslice-cdi.path gpuslice-cdi.service"
     journal = "journalctl --no-pager -o short-precise -u gpuslice-cdi.service"
     wait_for("the CDI spec", lambda: spec_devices(node) == ["0", "1", "all"],

@@ -76,3 +76,36 @@ def test_without_a_driver_generate_daemon_and_gpus_say_so_in_one_line_and_exit_3
         assert line in said and "Traceback" not in r.stderr
         assert said.startswith("gpuslice daemon: " if argv[0] == "daemon" else "gpuslice: ")
     assert not (tmp_path / "spec.json").exists()
+
+
+@pytest.mark.parametrize("first", ["libnvidia-ml.so.1", "libcuda.so.1"])
+def test_generate_waits_for_a_driver_arriving_in_either_order(make_machine, tmp_path, first):
+    """On a fresh machine the boot test's unit ran when NVML had landed and libcuda had not,
+    and failed at once (the wait for the rest never saw the error); then systemd dropped
+    libcuda's event. Whichever library lands first, generate waits for the other."""
+    import gpuslice_sim
+
+    m = make_machine()
+    root = tmp_path / "root"
+    libdir = root / "usr/lib/x86_64-linux-gnu"
+    libdir.mkdir(parents=True)
+    sim = gpuslice_sim.lib_dir()
+    # NVML is whatever the loader finds in the driver's directory: the simulator's, once it lands
+    env = {**m.env, "LD_LIBRARY_PATH": str(libdir)}
+    out = tmp_path / "gpuslice.json"
+    nvml = (sim / "libnvidia-ml.so.1").read_bytes()
+    land = {"libnvidia-ml.so.1": lambda: (libdir / "libnvidia-ml.so.1").write_bytes(nvml),
+            "libcuda.so.1": lambda: (libdir / "libcuda.so.1").write_bytes(b"\x7fELF")}  # fmt: skip
+    land[first]()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver-root", str(root),
+                             "--output", str(out), "--hook", "/usr/bin/gpuslice-hook"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.stderr is not None
+    line = proc.stderr.readline()  # the event: it waits (never a guessed time)
+    assert "the driver's files are incomplete; waiting" in line, line + proc.stderr.read()
+    land[next(lib for lib in land if lib != first)]()
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    assert "reading them again" in stderr and stdout.startswith(f"wrote {out}")
+    mounts = {mt["containerPath"]: mt["hostPath"] for mt in json.loads(out.read_text())["containerEdits"]["mounts"]}
+    assert mounts["/usr/lib/gpuslice/driver/libcuda.so.1"] == str(libdir / "libcuda.so.1")

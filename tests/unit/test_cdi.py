@@ -307,6 +307,7 @@ def test_a_driver_found_incomplete_is_waited_for_and_read_again(tmp_path, monkey
     monkeypatch.delenv(driver_files.REREAD_ENV, raising=False)
     lib = tmp_path / driver_files.WATCHED[1]  # libcuda.so.1, after libnvidia-ml.so.1
     lib.parent.mkdir(parents=True)
+    (tmp_path / driver_files.WATCHED[0]).write_bytes(b"\x7fELF")  # NVML is there: an install in progress
     later = threading.Timer(0.5, lambda: lib.write_bytes(b"\x7fELF"))
     later.start()
     with pytest.raises(Restarted), driver_files.reread_if_changed(tmp_path, watch=True):
@@ -314,6 +315,11 @@ def test_a_driver_found_incomplete_is_waited_for_and_read_again(tmp_path, monkey
     monkeypatch.setattr(driver_files, "INCOMPLETE_WAIT_S", 0.3)
     with pytest.raises(driver_files.DriverFilesError), driver_files.reread_if_changed(tmp_path, watch=True):
         raise driver_files.DriverFilesError("libcuda.so.1 not found")  # nothing comes: the error stands
+    for f in driver_files.WATCHED[:2]:
+        (tmp_path / f).unlink()
+    monkeypatch.setattr(driver_files, "INCOMPLETE_WAIT_S", 60)
+    with pytest.raises(driver_files.DriverFilesError), driver_files.reread_if_changed(tmp_path, watch=True):
+        raise driver_files.DriverFilesError("no driver")  # no driver file at all: no install to wait for
 
 
 @pytest.mark.parametrize("kind", ["good", "bad"])

@@ -333,8 +333,10 @@ def transformers(kit: Kit) -> StepResult:
     try:  # the same generate on the driver directly, in a box of its own
         with slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(kit.limit)}) as box:
             argv = [str(kit.limit), str(new)]
-            direct = run_probe(kit.client, box, kit.gpu.uuid, "transformers_generate.py", argv,
-                               without_interposer(box.env), kit.timeout(300), reclaim=False).result["seconds"]  # fmt: skip
+            env = without_interposer(box.env)
+            out = run_probe(kit.client, box, kit.gpu.uuid, "transformers_generate.py", argv, env, kit.timeout(300),
+                            reclaim=False)  # fmt: skip
+            direct = out.result["seconds"]
     except FAILURES as e:
         failed, _, more = _failed(step, f"{label}: without gpuslice", "runs", e)
         return StepResult(step, rows + failed, 0, {**facts, **more})
