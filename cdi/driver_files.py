@@ -182,8 +182,12 @@ def simulated() -> DriverFiles:
 
     sim = gpuslice_sim.lib_dir()
     libcuda = sim / "libcuda.so.1"
+    jit = "libnvidia-ptxjitcompiler.so.1"  # its stand-in for the driver's PTX JIT compiler
     return DriverFiles(
-        libcuda=libcuda, libnvml=sim / "libnvidia-ml.so.1", extra_libs=_deps_beside(Path("/"), (libcuda,))
+        libcuda=libcuda,
+        libnvml=sim / "libnvidia-ml.so.1",
+        extra_libs=_deps_beside(Path("/"), (libcuda,)),
+        compute_libs=((jit, sim / jit),) if (sim / jit).exists() else (),
     )
 
 

@@ -14,12 +14,12 @@ import grpc
 import pynvml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gpuslice import errors, inventory, simulator
+from gpuslice import constants, errors, inventory, simulator
 from gpuslice.allocator.config import Config
 from gpuslice.cdi import driver_files
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cdi.registry import Registry
-from gpuslice.cli import install
+from gpuslice.cli import container_view, install
 from gpuslice.cli.selftest_report import Check, failed
 from gpuslice.client import AllocatorClient
 from gpuslice.device_plugin import units
@@ -37,7 +37,8 @@ class Layout:
 
     env: dict[str, str]
     device_env: dict[int, dict[str, str]] = field(default_factory=dict)
-    driver_libcuda: Path = Path()  # the driver's libcuda on the host, for runs without the interposer
+    driver_libcuda: Path = Path()  # the driver's libcuda where the container has it, for runs without the interposer
+    view: container_view.View | None = None  # made in each slice's mount namespace: the host's driver hidden
 
 
 def driver(cfg: Config) -> tuple[list[Check], inventory.Inventory | None]:
@@ -92,10 +93,12 @@ def _spec(spec_file: Path | None) -> tuple[cdi_spec.Spec, Path]:
     return found.spec, found.path
 
 
-def container_view(root: Path, mounts: tuple[cdi_spec.Mount, ...]) -> None:
+def view_links(root: Path, mounts: tuple[cdi_spec.Mount, ...]) -> None:
     """The spec's mounts as a tree of symlinks under root: root/CONTAINER_PATH
     leads to the host file or directory mounted there, so a library path of
-    the container's, rebased on root, finds what the container would."""
+    the container's, rebased on root, finds what the container would (on the
+    host; in a slice's namespace the view is made of the mounts themselves,
+    container_view.enter)."""
     for m in mounts:
         link = root / m.container_path.lstrip("/")
         link.parent.mkdir(parents=True, exist_ok=True)
@@ -141,12 +144,16 @@ def cdi(
         files = driver_files.simulated() if simulated else driver_files.nvidia(Path("/"), inv.driver_version)
     except errors.GpusliceError as e:
         return [*checks, failed("CDI spec matches the driver", expected, str(e))], None
-    container_view(view, mounts)
+    view_links(view, mounts)
+    hide_files, hide_dirs = container_view.host_driver(files, simulated)
+    env = _view_env(view, spec.edits.env)
     layout = Layout(
-        _view_env(view, spec.edits.env),
+        env,
         {g.index: _view_env(view, spec.device(str(g.index)).edits.env) for g in inv.gpus if str(g.index) in names},
-        files.libcuda,
-    )
+        Path(env.get(constants.ENV_REAL_LIBCUDA, str(files.libcuda))),
+        container_view.View(view, tuple((m.host_path, m.container_path) for m in mounts), tuple(hide_files),
+                            tuple(hide_dirs)),
+    )  # fmt: skip
     absent = [m.host_path for m in mounts if not Path(m.host_path).exists()]
     given = Path(layout.env.get("GPUSLICE_REAL_LIBCUDA", "(none)"))
     same = given.exists() and given.resolve() == files.libcuda.resolve()

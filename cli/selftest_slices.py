@@ -20,6 +20,7 @@ import grpc
 import pynvml
 
 from gpuslice import request
+from gpuslice.cli import container_view
 from gpuslice.cli.pid_namespace import PidNamespace, first_child
 from gpuslice.cli.selftest_node import Layout
 from gpuslice.cli.selftest_report import Check, failed
@@ -101,6 +102,8 @@ def slice_box(client: AllocatorClient, gpu: Gpu, layout: Layout, annotations: di
     name = f"gpuslice-selftest-{gpu.index}-{uuid.uuid4().hex[:8]}"
     ns = PidNamespace()
     try:
+        if layout.view is not None:
+            container_view.enter(ns, layout.view)
         client.reserve(name, {request.DEVICE: gpu.uuid, **annotations}, owner="gpuslice selftest")
         try:
             client.bind(name, ns.init_pid)
@@ -159,8 +162,20 @@ def _in_slice(client: AllocatorClient, box: Box, gpu: Gpu, layout: Layout, limit
     expected = f"the interposer's, at driver {r['driver']} and older"
     checks.append(Check(f"{tag} cuGetProcAddress hooks", expected, observed,
                         r["hooked"] == r["checked"] and loaded == interposer))  # fmt: skip
+    checks.append(_ptx_jit(box, tag))
     checks.append(_launch_overhead(box, layout, tag))
     return checks
+
+
+def _ptx_jit(box: Box, tag: str) -> Check:
+    """A PTX kernel compiled by the driver's JIT and run: in the container's view of the driver,
+    the JIT compiler's library is there only if the CDI spec mounts it."""
+    expected = "a PTX kernel compiles (the driver's JIT, where the CDI spec mounts it) and runs"
+    try:
+        r = box.run("spin", "0.05", "1", "1000")
+    except WorkerError as e:
+        return Check(f"{tag} PTX JIT", expected, str(e), False)
+    return Check(f"{tag} PTX JIT", expected, f"{r['launches']} launches", r["launches"] > 0)
 
 
 def _kill_gives_back(client: AllocatorClient, box: Box, gpu: Gpu, size: int, reserve: int) -> Check:
@@ -197,9 +212,12 @@ def _launch_overhead(box: Box, layout: Layout, tag: str, rounds: int = 7, launch
     shared (on a busy node runs come out either fast or about a third slower, on both sides)."""
     direct_env = {**box.env, "GPUSLICE_SELFTEST_LIBCUDA": str(layout.driver_libcuda)}
     gated, direct = [], []
-    for _ in range(rounds):
-        gated.append(box.run("launches", str(launches))["ns_per_launch"])
-        direct.append(box.run("launches", str(launches), env=direct_env)["ns_per_launch"])
+    try:
+        for _ in range(rounds):
+            gated.append(box.run("launches", str(launches))["ns_per_launch"])
+            direct.append(box.run("launches", str(launches), env=direct_env)["ns_per_launch"])
+    except WorkerError as e:  # its kernel is PTX too: a view without the JIT fails here as well
+        return Check(f"{tag} launch gate per launch", f"<= {LAUNCH_BUDGET_NS:g} ns added", str(e), False)
     added = min(gated) - min(direct)
     noise = max(direct) - min(direct)
     observed = f"{added:+.1f} ns on {min(direct):.0f} ns (noise {noise:.1f} ns)"

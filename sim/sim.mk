@@ -6,11 +6,20 @@ SIM_NVML := sim/sim_nvml.c sim/sim_nvml_monitor.c sim/sim_nvml_unsupported.c
 SIM_DEPS := $(DECLARATIONS) $(wildcard sim/*.h)
 SIM_CONFIG := sim/gpuslice-sim.yaml
 
-sim: $(BUILD)/sim/libcuda.so.1 $(BUILD)/sim/libnvidia-ml.so.1 $(BUILD)/sim/gpuslice-sim.yaml
+sim: $(BUILD)/sim/libcuda.so.1 $(BUILD)/sim/libnvidia-ml.so.1 $(BUILD)/sim/libnvidia-ptxjitcompiler.so.1 \
+     $(BUILD)/sim/gpuslice-sim.yaml
 
+# RUNPATH $ORIGIN: the driver's own files are found beside it, as a node's loader cache finds a
+# real driver's (a container finds them where its CDI spec mounts them: LD_LIBRARY_PATH first)
 $(BUILD)/sim/libcuda.so.1: $(SIM_COMMON) $(SIM_CUDA) $(SIM_DEPS)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -o $@ $(SIM_COMMON) $(SIM_CUDA) $(SHARED) -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic -lyaml -ldl
+	$(CC) $(CFLAGS) -o $@ $(SIM_COMMON) $(SIM_CUDA) $(SHARED) -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic \
+	    -Wl,-rpath,'$$ORIGIN' -lyaml -ldl
+
+# the PTX JIT compiler's stand-in (sim_ptxjit.c): the real libcuda loads the real one to compile PTX
+$(BUILD)/sim/libnvidia-ptxjitcompiler.so.1: sim/sim_ptxjit.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(SHARED) -Wl,-soname,libnvidia-ptxjitcompiler.so.1
 
 $(BUILD)/sim/libnvidia-ml.so.1: $(SIM_COMMON) $(SIM_NVML) $(SIM_DEPS)
 	@mkdir -p $(@D)

@@ -189,6 +189,8 @@ void sim_event_set(struct sim_event *e, struct sim_point after);
 extern pthread_mutex_t sim_mu;
 extern int sim_initialized;
 CUresult sim_check_init(void);
+/* the PTX JIT compiler's library, loaded before PTX is compiled (sim_cuda_jit.c) */
+CUresult sim_ptx_jit(void);
 /* cuInit's naming of the driver's threads through /proc (sim_cuda_thread_names.c) */
 CUresult sim_name_driver_threads(void);
 /* Opens every API call that needs cuInit first; leaves its result in r. */

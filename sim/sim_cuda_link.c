@@ -59,6 +59,9 @@ CUAPI cuLinkAddData_v2(CUlinkState h, CUjitInputType type, void *data, size_t si
         l->binary = 1;
         return CUDA_SUCCESS;
     }
+    CUresult jit = sim_ptx_jit();
+    if (jit != CUDA_SUCCESS)
+        return jit;
     size_t add = strnlen(data, size);
     char *t = realloc(l->text, l->len + add + 2);
     if (!t)

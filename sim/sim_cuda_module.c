@@ -31,6 +31,8 @@ static CUresult module_new(const void *image, struct sim_module **out, int need_
         return r;
     if (!image)
         return CUDA_ERROR_INVALID_VALUE;
+    if (is_ptx(image) && (r = sim_ptx_jit()) != CUDA_SUCCESS)
+        return r;
     struct sim_module *m = calloc(1, sizeof *m);
     if (!m)
         return CUDA_ERROR_OUT_OF_MEMORY;

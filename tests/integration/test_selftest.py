@@ -178,3 +178,25 @@ def namespaces_of(sid: int) -> list[str]:
     """The selftest's session's processes still alive (its pid namespaces and their workers)."""
     r = subprocess.run(["ps", "-o", "pid=,args=", "--sid", str(sid)], capture_output=True, text=True)
     return [line for line in r.stdout.splitlines() if line.strip()]
+
+
+def test_slices_see_the_driver_as_a_container_does(daemon, tmp_path):
+    """On the H200 the probes ran with the host's whole driver directory on the loader's path,
+    so a library the CDI spec did not mount could not be missed. Now each slice's mount
+    namespace has what the spec mounts and the host's driver hidden: a spec without the PTX JIT
+    compiler's library fails the PTX row (the simulator's libcuda loads its stand-in to compile
+    PTX, as the real one does), and passes with it."""
+    d = daemon([gpu("16Gi")])
+    spec = spec_for(d, tmp_path)
+    rc, report = selftest(d, "--no-shares", spec=spec)
+    got = verdicts(report)
+    assert rc == 0 and got["GPU 0 PTX JIT"] == "PASS", [c for c in report["checks"] if c["verdict"] == "FAIL"]
+    data = json.loads(spec.read_text())
+    data["containerEdits"]["mounts"] = [m for m in data["containerEdits"]["mounts"]
+                                        if "ptxjitcompiler" not in m["containerPath"]]  # fmt: skip
+    spec.write_text(json.dumps(data))
+    rc, report = selftest(d, "--no-shares", spec=spec)
+    ptx = next(c for c in report["checks"] if c["name"] == "GPU 0 PTX JIT")
+    assert rc == 1 and ptx["verdict"] == "FAIL" and "CUDA_ERROR_JIT_COMPILER_NOT_FOUND" in ptx["observed"], ptx
+    assert verdicts(report)["GPU 0 mem to the limit"] == "PASS"  # the rest of the driver is there
+    assert d.client().list() == []

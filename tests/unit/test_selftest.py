@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from gpuslice.cdi import spec as cdi_spec
-from gpuslice.cli.selftest_node import container_view, in_view
+from gpuslice.cli.selftest_node import in_view, view_links
 from gpuslice.cli.selftest_report import Check, all_passed, render
 from gpuslice.proto import kubelet_podresources_v1_pb2 as pr
 from gpuslice.proto import kubelet_podresources_v1_pb2_grpc as pr_grpc
@@ -26,7 +26,7 @@ def test_the_containers_paths_lead_to_the_host_files_mounted_there(tmp_path):
         cdi_spec.Mount(str(host / "slice"), "/run/gpuslice/slice"),
     )
     view = tmp_path / "view"
-    container_view(view, mounts)
+    view_links(view, mounts)
     lib_dir = in_view(view, "/usr/lib/gpuslice/wrap")
     assert (Path(lib_dir) / "libcuda.so.1").read_text() == "interposer"
     socket = in_view(view, "/run/gpuslice/slice/slice.sock")  # not made yet: its directory is mounted
@@ -71,3 +71,27 @@ def test_the_selftest_fails_a_node_whose_kubelet_also_advertises_nvidias_gpus(tm
         server.stop(0)
     assert check is not None and check.verdict == verdict
     assert ("nvidia.com/gpu" in check.observed) == (verdict == "FAIL")
+
+
+def test_the_container_view_mounts_the_spec_then_hides_the_hosts_driver(tmp_path):
+    from gpuslice.cdi.driver_files import DriverFiles
+    from gpuslice.cli import container_view
+
+    libdir = tmp_path / "usr/lib/x86_64-linux-gnu"
+    libdir.mkdir(parents=True)
+    for name in ("libcuda.so.580.1", "libnvidia-ml.so.580.1", "libnvidia-ptxjitcompiler.so.580.1", "libc.so.6",
+                 "libEGL_nvidia.so.580.1", "libyaml-0.so.2"):  # fmt: skip
+        (libdir / name).write_bytes(b"\x7fELF")
+    (libdir / "libcuda.so.1").symlink_to("libcuda.so.580.1")
+    files = DriverFiles(libdir / "libcuda.so.580.1", libdir / "libnvidia-ml.so.580.1")
+    hide, dirs = container_view.host_driver(files, simulated=False, root=tmp_path)
+    assert [Path(p).name for p in hide] == ["libEGL_nvidia.so.580.1", "libcuda.so.580.1", "libnvidia-ml.so.580.1",
+                                            "libnvidia-ptxjitcompiler.so.580.1"] and dirs == []  # fmt: skip
+    view = container_view.View(tmp_path / "view", ((str(libdir / "libcuda.so.580.1"), "/usr/lib/gpuslice/driver/"
+                                                    "libcuda.so.1"),), tuple(hide))  # fmt: skip
+    lines = container_view.script(view).splitlines()
+    binds = [i for i, ln in enumerate(lines) if ln.startswith("mount --bind ") and "/dev/null" not in ln]
+    masks = [i for i, ln in enumerate(lines) if ln.startswith("mount --bind /dev/null ")]
+    assert len(binds) == 1 and len(masks) == 4 and max(binds) < min(masks)  # the spec's files first
+    sim_hide, sim_dirs = container_view.host_driver(files, simulated=True)
+    assert sim_hide == [] and sim_dirs == [str(libdir)]

@@ -283,6 +283,11 @@ def cupy(kit: Kit) -> StepResult:
     for pool, label in (("default", "CuPy default pool"), ("async", "CuPy MemoryAsyncPool")):
         got, facts[pool] = memory_case(kit, "cupy", label, "cupy_memory.py", [pool], {})
         rows += got
+    label = "CuPy kernel from PTX (the driver's JIT, as the CDI spec mounts it)"
+    got, facts["ptx"] = memory_case(kit, "cupy", label, "cupy_ptx.py", [], {}, judge=lambda out: [
+        check("cupy", label, "compiles in the slice's view of the driver and adds right",
+              f"right: {out.result['right']} over {out.result['n']} floats", out.result["right"])])  # fmt: skip
+    rows += got
     return StepResult("cupy", rows, 0, facts)
 
 
