@@ -167,7 +167,7 @@ def sim_machine(node: Booted, version: str, gpus: int) -> str:
 
 def install_driver(node: Booted, tmp: Path, version: str, gpus: int, slow: bool = False) -> None:
     """What a driver package writes, simulated: the machine's description first,
-    the two libraries last (they are what the path unit watches), each a new
+    the PTX JIT compiler, then the two libraries the path unit watches last, each a new
     file renamed into place, as dpkg does. `slow`: libcuda lands only once the
     unit NVML's arrival started is running and has found libcuda missing (a
     slow machine's order, which lost the spec on a fresh machine)."""
@@ -175,7 +175,7 @@ def install_driver(node: Booted, tmp: Path, version: str, gpus: int, slow: bool 
     config.write_text(sim_machine(node, version, gpus))
     node.cp(config, f"{LIBDIR}/gpuslice-sim.yaml.dpkg-new")
     node.ok(f"mv -f {LIBDIR}/gpuslice-sim.yaml.dpkg-new {LIBDIR}/gpuslice-sim.yaml")
-    for lib in ("libnvidia-ml.so.1", "libcuda.so.1"):
+    for lib in ("libnvidia-ptxjitcompiler.so.1", "libnvidia-ml.so.1", "libcuda.so.1"):
         if slow and lib == "libcuda.so.1":
             wait_for("the spec's unit waiting for libcuda", lambda: "the driver's files are incomplete; waiting"
                      in node.journal("gpuslice-cdi.service"), seconds=60)  # fmt: skip

@@ -67,6 +67,9 @@ def build(root: Path, work: Path, version: str, gpus: list[dict] | None = None) 
     (lib / "libcuda.so.1").symlink_to(f"libcuda.so.{DRIVER_VERSION}")
     shutil.copy2(sim / "libnvidia-ml.so.1", lib / f"libnvidia-ml.so.{DRIVER_VERSION}")
     (lib / "libnvidia-ml.so.1").symlink_to(f"/{LIBDIR}/libnvidia-ml.so.{DRIVER_VERSION}")  # absolute: the host's
+    # the PTX JIT compiler's library, as a driver installs it (the simulator's stand-in)
+    shutil.copy2(sim / "libnvidia-ptxjitcompiler.so.1", lib / f"libnvidia-ptxjitcompiler.so.{DRIVER_VERSION}")
+    (lib / "libnvidia-ptxjitcompiler.so.1").symlink_to(f"libnvidia-ptxjitcompiler.so.{DRIVER_VERSION}")
     shutil.copy2(Path("/usr/lib/x86_64-linux-gnu/libyaml-0.so.2").resolve(), lib / "libyaml-0.so.2")
     bindir = root / "usr/bin"
     bindir.mkdir(parents=True)
