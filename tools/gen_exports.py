@@ -21,6 +21,11 @@ DECL = {
     "cuda.h": re.compile(r"\bCUresult\s+(cu\w+)\s*\("),
     "nvml.h": re.compile(r"\bnvmlReturn_t\s+(nvml\w+)\s*\("),
 }
+# entry points the real library exports beyond its header, which its own clients need:
+# nvidia-smi asks NVML for nvmlInternalGetExportTable and fails ("Function Not Found")
+# against a library that lacks it (public reports on NVML shims: CFSworks/nvml_fix #2,
+# cuda_hook #8, #15)
+INTERNAL = {"nvml.h": ["nvmlInternalGetExportTable"]}
 VARIANTS = {
     "cuda.h": [[], ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM"], ["-D__CUDA_API_VERSION_INTERNAL"]],
     "nvml.h": [[], ["-DNVML_NO_UNVERSIONED_FUNC_DEFS"]],
@@ -51,8 +56,14 @@ def profiler() -> list[str]:
 
 
 def write(header: str, target: Path, macro: str) -> int:
-    names = sorted(set(exported(header)) | set(profiler() if header == "cuda.h" else []))
-    what = "cuda.h (and cudaProfiler.h)" if header == "cuda.h" else header
+    names = sorted(
+        set(exported(header)) | set(profiler() if header == "cuda.h" else []) | set(INTERNAL.get(header, []))
+    )
+    what = (
+        "cuda.h (and cudaProfiler.h)"
+        if header == "cuda.h"
+        else f"{header} (and the internal entry points its library exports)"
+    )
     body = "\n".join(f"{macro}({n})" for n in names)
     target.write_text(
         f"/* Every function {what} declares, by exported name (incl. per-thread and legacy\n"

@@ -173,3 +173,19 @@ def test_the_generate_time_row_passes_within_ten_percent():
     assert ks.generate_time_row("t", "g", 1.05, 1.0).verdict == "PASS"
     assert ks.generate_time_row("t", "g", 1.2, 1.0).verdict == "FAIL"
     assert ks.generate_time_row("t", "g", None, 1.0).verdict == "FAIL"
+
+
+def test_nvidia_smi_in_a_slice_is_judged_on_every_form_and_keeps_what_failed():
+    MiB = 1 << 20
+    ok = {f: {"rc": 0, "out": "", "err": ""} for f in ("plain", "query-gpu", "query-apps", "memory")}
+    smi = {"runs": ok, "total_mib": 4096, "q_total_mib": 4096, "used_mib": 1030, "driver": "580.159.04",
+           "processes": [{"pid": 42, "used_mib": 512}], "missing_exports": []}  # fmt: skip
+    rows = ks.smi_rows("nvml-view", 4096 * MiB, 1030 * MiB, {42, 7}, smi, "580.159.04")
+    assert [r.verdict for r in rows] == ["PASS"] * 4 + ["INFO"]
+    broken = dict(ok, plain={"rc": 255, "out": "", "err": "Failed to properly shut down NVML: Function Not Found"})
+    rows = ks.smi_rows("nvml-view", 4096 * MiB, 1030 * MiB, {42}, {**smi, "runs": broken,
+                       "missing_exports": ["nvmlInternalGetExportTable"]}, "580.159.04")  # fmt: skip
+    assert rows[0].verdict == "FAIL" and "Function Not Found" in rows[0].observed
+    assert rows[-1].observed == "nvmlInternalGetExportTable"
+    whole = ks.smi_rows("nvml-view", 4096 * MiB, 1030 * MiB, {42}, {**smi, "total_mib": 143771}, "580.159.04")
+    assert whole[1].verdict == "FAIL"  # the whole GPU's memory, not the slice's

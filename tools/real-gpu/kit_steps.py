@@ -257,15 +257,33 @@ def view_rows(step: str, limit: int, charge: int, pids: set, view: dict) -> list
     smi = view.get("nvidia_smi")
     if smi is None:
         rows.append(skipped(step, "nvidia-smi inside the slice", "no nvidia-smi on this machine"))
-    elif "error" in smi:
-        rows.append(check(step, "nvidia-smi inside the slice", "runs", smi["error"], False))
     else:
-        apps = [p["pid"] for p in smi["processes"]]
-        rows.append(check(step, "nvidia-smi inside the slice",
-                          f"{limit // MiB} MiB total, {charge // MiB} MiB used, the slice's one process",
-                          f"{smi['total_mib']} MiB total, {smi['used_mib']} MiB used, processes {apps}",
-                          smi["total_mib"] == limit // MiB and abs(smi["used_mib"] - charge // MiB) <= 1
-                          and len(apps) == 1 and apps[0] in pids))  # fmt: skip
+        rows += smi_rows(step, limit, charge, pids, smi, nv.get("driver", ""))
+    return rows
+
+
+def smi_rows(step: str, limit: int, charge: int, pids: set, smi: dict, driver: str) -> list[Row]:
+    """nvidia-smi in the slice: every form exits 0, shows the slice's memory and process and the
+    driver's version; the NVML names it could miss are a fact of their own."""
+    runs = smi["runs"]
+    failed = {f: f"exit {r['rc']}: {(r['err'] or r['out']).strip()[-200:]}" for f, r in runs.items() if r["rc"]}
+    apps = [p["pid"] for p in smi.get("processes", [])]
+    rows = [
+        check(step, "nvidia-smi inside the slice: runs", f"exit 0 for {', '.join(runs)}",
+              "; ".join(f"{f}: {w}" for f, w in failed.items()) or "all exit 0", not failed),
+        check(step, "nvidia-smi inside the slice: memory",
+              f"{limit // MiB} MiB total (both forms), {charge // MiB} MiB used",
+              f"{smi.get('total_mib')} MiB total, -q {smi.get('q_total_mib')} MiB, {smi.get('used_mib')} MiB used",
+              smi.get("total_mib") == smi.get("q_total_mib") == limit // MiB
+              and abs(smi.get("used_mib", -9) - charge // MiB) <= 1),
+        check(step, "nvidia-smi inside the slice: processes", "the slice's one process", f"{apps}",
+              len(apps) == 1 and apps[0] in pids),
+        check(step, "nvidia-smi inside the slice: versions", f"the driver's ({driver})", f"{smi.get('driver')}",
+              bool(driver) and smi.get("driver") == driver),
+    ]  # fmt: skip
+    missing = smi.get("missing_exports")
+    rows.append(check(step, "the driver's NVML names the slice's NVML lacks", "none (a fact)",
+                      ", ".join(missing) if isinstance(missing, list) else str(missing), None))  # fmt: skip
     return rows
 
 
