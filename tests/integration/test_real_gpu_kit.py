@@ -66,8 +66,11 @@ def test_the_kit_on_the_simulator_passes_its_driver_steps_and_skips_the_framewor
         assert row["verdict"] == "SKIP" and "cudart does not run on the simulator" in row["observed"]
     md = (kit_dirs["out"] / "report.md").read_text()
     assert "| driver-api | cuda.bindings cuMemAlloc: OOM at the limit |" in md
-    for name in ("selftest.json", "cdi-spec.json", "daemon.log"):
+    for name in ("selftest.json", "cdi-spec.json", "daemon.log", "trace.json"):
         assert (kit_dirs["out"] / name).is_file(), name
+    assert len(list(kit_dirs["out"].iterdir())) <= 8  # what the device tool brings back
+    trace = rows_of(report, "trace")
+    assert len(trace) == 15 and all(r["verdict"] == "INFO" for r in trace.values())  # a tenant each, every phase
     assert subprocess.run(["pgrep", "-f", str(kit_dirs["work"] / "daemon.yaml")]).returncode == 1  # daemon gone
 
     # called again, it resumes: the steps kept are not run again
