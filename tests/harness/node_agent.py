@@ -186,6 +186,9 @@ def check_installed(host: fake_host.FakeHost, spec: dict, parts: dict[str, bytes
         "/usr/lib/gpuslice/driver/libcuda.so.1": f"{lib}/libcuda.so.{fake_host.DRIVER_VERSION}",
         "/usr/lib/gpuslice/driver/libnvidia-ml.so.1": f"{lib}/libnvidia-ml.so.{fake_host.DRIVER_VERSION}",
         "/usr/lib/gpuslice/driver/libyaml-0.so.2": f"{lib}/libyaml-0.so.2",  # what the driver needs, beside it
+        # a compute library of the driver's, its soname link followed on the host
+        "/usr/lib/gpuslice/driver/libnvidia-ptxjitcompiler.so.1": f"{lib}/libnvidia-ptxjitcompiler.so."
+        f"{fake_host.DRIVER_VERSION}",
         "/usr/lib/gpuslice/wrap/libcuda.so.1": f"{HOST_DIR}/wrap/libcuda.so.1",
         "/usr/lib/gpuslice/wrap/libnvidia-ml.so.1": f"{HOST_DIR}/wrap/libnvidia-ml.so.1",
         "/run/gpuslice/slice": mounts_of(spec)["/run/gpuslice/slice"],
