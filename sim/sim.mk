@@ -19,7 +19,7 @@ $(BUILD)/sim/libcuda.so.1: $(SIM_COMMON) $(SIM_CUDA) $(SIM_DEPS)
 # the PTX JIT compiler's stand-in (sim_ptxjit.c): the real libcuda loads the real one to compile PTX
 $(BUILD)/sim/libnvidia-ptxjitcompiler.so.1: sim/sim_ptxjit.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -o $@ $< $(SHARED) -Wl,-soname,libnvidia-ptxjitcompiler.so.1
+	$(CC) $(CFLAGS) -o $@ $< $(SHARED) -Wl,-soname,libnvidia-ptxjitcompiler.so.1 -Wl,--no-as-needed -lc
 
 $(BUILD)/sim/libnvidia-ml.so.1: $(SIM_COMMON) $(SIM_NVML) $(SIM_DEPS)
 	@mkdir -p $(@D)
