@@ -9,12 +9,9 @@ SIM_CONFIG := sim/gpuslice-sim.yaml
 sim: $(BUILD)/sim/libcuda.so.1 $(BUILD)/sim/libnvidia-ml.so.1 $(BUILD)/sim/libnvidia-ptxjitcompiler.so.1 \
      $(BUILD)/sim/gpuslice-sim.yaml
 
-# RUNPATH $ORIGIN: the driver's own files are found beside it, as a node's loader cache finds a
-# real driver's (a container finds them where its CDI spec mounts them: LD_LIBRARY_PATH first)
 $(BUILD)/sim/libcuda.so.1: $(SIM_COMMON) $(SIM_CUDA) $(SIM_DEPS)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -o $@ $(SIM_COMMON) $(SIM_CUDA) $(SHARED) -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic \
-	    -Wl,-rpath,'$$ORIGIN' -lyaml -ldl
+	$(CC) $(CFLAGS) -o $@ $(SIM_COMMON) $(SIM_CUDA) $(SHARED) -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic -lyaml -ldl
 
 # the PTX JIT compiler's stand-in (sim_ptxjit.c): the real libcuda loads the real one to compile PTX
 $(BUILD)/sim/libnvidia-ptxjitcompiler.so.1: sim/sim_ptxjit.c
@@ -35,7 +32,13 @@ $(BUILD)/asan/libcuda.so.1 $(BUILD)/tsan/libcuda.so.1: $(SIM_COMMON) $(SIM_CUDA)
 	$(CC) $(CFLAGS) -O1 $(call san,$@) -o $@ $(SIM_COMMON) $(SIM_CUDA) \
 	    $(SHARED) -Wl,-soname,libcuda.so.1 -lyaml -ldl
 
-$(BUILD)/asan/sim_stress $(BUILD)/tsan/sim_stress: $(BUILD)/%/sim_stress: sim/tests/sim_stress.c $(BUILD)/%/libcuda.so.1
+# beside each, the PTX JIT compiler's stand-in it loads (sim_cuda_jit.c)
+$(BUILD)/asan/libnvidia-ptxjitcompiler.so.1 $(BUILD)/tsan/libnvidia-ptxjitcompiler.so.1: sim/sim_ptxjit.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(SHARED) -Wl,-soname,libnvidia-ptxjitcompiler.so.1 -Wl,--no-as-needed -lc
+
+$(BUILD)/asan/sim_stress $(BUILD)/tsan/sim_stress: $(BUILD)/%/sim_stress: sim/tests/sim_stress.c $(BUILD)/%/libcuda.so.1 \
+    $(BUILD)/%/libnvidia-ptxjitcompiler.so.1
 	$(CC) $(CFLAGS) -O1 $(call san,$@) -o $@ $< -L$(@D) -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN' -pthread
 
 check-sim-sanitizers: $(BUILD)/asan/sim_stress $(BUILD)/tsan/sim_stress
