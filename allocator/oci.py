@@ -58,8 +58,11 @@ def parse_state(payload: bytes) -> State:
         raise OciError("the OCI state on stdin has no container id or bundle")
     pid = data.get("pid") or 0
     notes = data.get("annotations") or {}
-    if not isinstance(pid, int) or not isinstance(notes, dict):
-        raise OciError(f"container {data['id']}: the OCI state's pid or annotations have the wrong type")
+    for name, value, want in (("bundle", data["bundle"], str), ("pid", pid, int), ("annotations", notes, dict)):
+        if not isinstance(value, want) or isinstance(value, bool):
+            got = {list: "a list", dict: "an object", str: "a string", bool: "a boolean"}.get(type(value), "a number")
+            what = {str: "a path (a string)", int: "an integer", dict: "an object of strings"}[want]
+            raise OciError(f"container {data['id']}: the OCI state's {name} is {got}; it must be {what}")
     return State(data["id"], Path(data["bundle"]), pid, {str(k): str(v) for k, v in notes.items()})
 
 

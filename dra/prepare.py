@@ -164,12 +164,21 @@ class Preparer:
 
     def unprepare(self, ref: ClaimRef) -> None:
         done = self.checkpoint.get(ref.uid)
+        slice_id = done.slice_id if done and done.slice_id else constants.claim_slice_key(ref.uid)
         try:
-            self.daemon.release(done.slice_id if done and done.slice_id else constants.claim_slice_key(ref.uid))
+            self.daemon.release(slice_id)
         except errors.GpusliceError as e:
             raise _named(ref, e) from e
         self._remove_specs(ref.uid)
-        self.checkpoint.drop(ref.uid)
+        try:
+            self.checkpoint.drop(ref.uid)
+        except errors.Unavailable as e:  # a full disk: say what is done and what is left, not "nothing"
+            cause = e.__cause__
+            why = (cause.strerror if isinstance(cause, OSError) else None) or str(e)
+            raise errors.Unavailable(
+                f"claim {ref.namespace}/{ref.name}: slice {slice_id} released and its CDI specs removed; "
+                f"kept: its entry in the checkpoint {self.checkpoint.path} ({why}), which a retry removes"
+            ) from e
         log.info("unprepared claim %s/%s (%s)", ref.namespace, ref.name, ref.uid)
 
     def _remove_specs(self, uid: str) -> None:

@@ -335,8 +335,13 @@ def test_a_full_disk_fails_the_prepare_in_words_and_the_retry_prepares_for_real(
     assert list(json.loads((where / "checkpoint.json").read_text())["claims"]) == [uid]
     # an unprepare that cannot write keeps the entry in memory and on disk alike; its retry ends it
     fill(True)
-    with pytest.raises(errors.Unavailable, match="No space left on device"):
+    with pytest.raises(errors.Unavailable) as said:
         preparer.unprepare(ClaimRef(uid, "ml", "disk"))
+    # what happened, not "nothing was changed": the slice and the spec are gone, the entry stays
+    assert str(said.value) == (f"claim ml/disk: slice claim-{uid} released and its CDI specs removed; kept: its entry "
+                               f"in the checkpoint {where}/checkpoint.json (No space left on device), which a retry "
+                               "removes")  # fmt: skip
+    assert node.slices() == {} and not preparer.spec_path(uid).exists()
     assert checkpoint.get(uid) is not None
     fill(False)
     preparer.unprepare(ClaimRef(uid, "ml", "disk"))

@@ -375,3 +375,19 @@ def test_a_device_plugin_containers_slice_is_what_it_was_given_on_one_gpu(tmp_pa
     seen = json.loads(out.stdout.readline())
     out.wait(10)
     assert seen["limit"] == 3 << 30
+
+
+@needs_root
+@pytest.mark.parametrize(("field", "value", "said"), [("bundle", ["/b"], "bundle is a list; it must be a path"),
+                                                      ("pid", "12", "pid is a string; it must be an integer"),
+                                                      ("annotations", ["x"], "annotations is a list"),
+                                                      ("pid", True, "pid is a boolean")])  # fmt: skip
+def test_a_state_field_of_the_wrong_type_is_one_line_naming_it(tmp_path, daemon, field, value, said):
+    """A bundle given as a JSON list answered "internal error: expected str..." from the runtime socket."""
+    state = {"ociVersion": "1.0.2", "id": "c1", "status": "creating", "pid": os.getpid(),
+             "bundle": str(bundle(tmp_path, {"gpuslice.io/memory": "1Gi"})), field: value}  # fmt: skip
+    d = daemon()
+    r = hook("createRuntime", state, d.socket)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "internal error" not in r.stderr, r.stderr
+    assert f"container c1: the OCI state's {field} is" in r.stderr and (said is None or said in r.stderr), r.stderr
+    assert d.client().list() == []  # nothing reserved
