@@ -188,7 +188,10 @@ class Preparer:
     def _shares(self, claim: claim_model.Claim) -> list[pb.Share]:
         """The claim's non-admin results as the scheduler booked them: each
         exactly its consumedCapacity (the daemon checks the room); a result
-        that consumed nothing (an exclusive device) is the whole GPU."""
+        that consumed nothing (an exclusive device) is the whole GPU, and so is
+        one of the whole-GPU class (wholeGPU: all of the memory, which leaves
+        room for no other claim): booked whole, its compute held too (the
+        scheduler's 0 cores would show a GPU held whole as an idle share)."""
         # each GPU's memory as the ResourceSlice publishes it
         published = {g.index: g.memory_total - g.memory_total % MEMORY_STEP for g in self.daemon.inventory().gpus}
         shares = []
@@ -204,9 +207,10 @@ class Preparer:
                     f"request {r.request}: wholeGPU: true, but it consumed {r.memory} bytes of {r.device}; "
                     "a whole GPU consumes all of its memory (leave memory out of the request)"
                 )
-            shares.append(pb.Share(gpu_index=index, memory=r.memory or 0, cores=r.cores or 0,
-                                   policy=r.config.policy or "", priority=r.config.priority or "",
-                                   share_id=r.share))  # fmt: skip
+            whole = r.config.whole or r.memory is None
+            shares.append(pb.Share(gpu_index=index, memory=0 if whole else r.memory or 0,
+                                   cores=0 if whole else r.cores or 0, policy=r.config.policy or "",
+                                   priority=r.config.priority or "", share_id=r.share))  # fmt: skip
         return shares
 
     def _write_specs(self, claim: claim_model.Claim, keys: dict[str, str]) -> Path:

@@ -13,11 +13,14 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 import time
+import urllib.request
 import uuid
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice import constants, errors
 from gpuslice.allocator.membership import MembershipKey, claim_share
@@ -41,7 +44,8 @@ def share_key(d, uid: str, share: str) -> str:  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def node(daemon, tmp_path):
-    d = daemon([gpu("16Gi"), gpu("16Gi")], [{"gpus": [0, 1], "pcie": "hostbridge", "nvlinks": 4}])
+    d = daemon([gpu("16Gi"), gpu("16Gi")], [{"gpus": [0, 1], "pcie": "hostbridge", "nvlinks": 4}],
+               metrics={"port": sim_daemon.free_port()})  # fmt: skip
     spec = tmp_path / "cdi" / "gpuslice.json"
     spec.parent.mkdir()
     r = sim_daemon.cdi_generate(d, spec)
@@ -212,7 +216,9 @@ def test_a_restart_between_prepare_and_unprepare_keeps_the_claim(node):
 def test_a_whole_gpu_class_gives_the_claim_the_whole_gpu(node):
     """The whole.gpuslice.io class (or the gpuslice.io/gpu extended resource)
     names no capacity: the allocator books the requestPolicy defaults, all the
-    memory and 0 cores, and so does the daemon; wholeGPU with less is refused."""
+    memory and 0 cores; the daemon books the GPU whole, its cores held (100)
+    and the slice exclusive, as status and the metrics show (it showed 0 cores,
+    an idle elastic share); wholeGPU with less is refused."""
     whole = {"apiVersion": "gpuslice.io/v1", "kind": "SliceConfig", "wholeGPU": True}
     config = [{"source": "FromClass", "opaque": {"driver": "gpuslice.io", "parameters": whole}}]
     claim = allocated("legacy", ("gpu-0", "16Gi", "0"), config=config)
@@ -223,9 +229,18 @@ def test_a_whole_gpu_class_gives_the_claim_the_whole_gpu(node):
     answers = node.prepare(claim, part)
     assert answers[uid].get("error", "") == ""
     s = node.slices()[f"claim-{uid}"]
-    assert [(g.memory_limit, g.cores) for g in s.gpus] == [(16 * GiB, 0)]
+    assert s.whole and [(g.memory_limit, g.cores) for g in s.gpus] == [(16 * GiB, 100)]
     gpu0 = node.d.client().inventory().gpus[0]
-    assert (gpu0.memory_reserved, gpu0.cores_reserved) == (16 * GiB, 0)  # as the scheduler booked it
+    assert (gpu0.memory_reserved, gpu0.cores_reserved, gpu0.exclusive) == (16 * GiB, 100, True)
+    argv = [sys.executable, "-m", "gpuslice.cli", "status", "--json", "--socket", str(node.d.socket)]
+    status = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    (g0,) = [g for g in status["inventory"]["gpus"] if g.get("index", 0) == 0]
+    assert g0["cores_reserved"] == 100 and g0["exclusive"] is True
+    assert next(x for x in status["slices"] if x["container_id"] == f"claim-{uid}")["whole"] is True
+    body = urllib.request.urlopen(f"http://127.0.0.1:{node.d.metrics_port}/metrics", timeout=10).read().decode()
+    held = {s.labels["gpu"]: s.value for f in text_string_to_metric_families(body) for s in f.samples
+            if s.name == "gpuslice_gpu_cores_reserved"}  # fmt: skip
+    assert held["0"] == 100, held
     assert answers[part["metadata"]["uid"]]["error"] == (
         f"claim ml/part: request gpu: wholeGPU: true, but it consumed {4 * GiB} bytes of gpu-1; a whole GPU "
         "consumes all of its memory (leave memory out of the request)"
@@ -528,6 +543,8 @@ def test_the_books_equal_the_schedulers_after_every_step(node):
         prepared.remove(c)
         assert booked(node) == scheduler_books(prepared)
     assert node.prepare(whole_gpu)[whole_gpu["metadata"]["uid"]].get("error", "") == ""
-    assert booked(node) == scheduler_books([whole_gpu]) == {0: (0, 0), 1: (16 * GiB, 0)}
+    # the scheduler's books: all the memory, 0 cores; the daemon's: the GPU whole, its cores too
+    assert scheduler_books([whole_gpu]) == {0: (0, 0), 1: (16 * GiB, 0)}
+    assert booked(node) == {0: (0, 0), 1: (16 * GiB, 100)}
     node.unprepare(whole_gpu)
     assert booked(node) == {0: (0, 0), 1: (0, 0)}
