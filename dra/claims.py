@@ -45,6 +45,7 @@ class Result:
     share_id: str | None
     admin: bool = False  # adminAccess: monitoring, books nothing
     config: Config = Config()
+    tolerations: tuple[dict[str, Any], ...] = ()  # its request's device tolerations
 
     @property
     def base_request(self) -> str:
@@ -115,7 +116,33 @@ def _config(entries: list[tuple[list[str], dict[str, Any]]], result_request: str
     return Config(merged.get("computePolicy"), merged.get("priority"), merged.get("wholeGPU", False))
 
 
-def _result(raw: dict[str, Any], config: Config) -> Result:
+def request_tolerations(claim: dict[str, Any]) -> dict[str, tuple[dict[str, Any], ...]]:
+    """Each request's device tolerations by the name a result gives ("<request>" or
+    "<request>/<subrequest>"): resource.k8s.io/v1 keeps them under `exactly` and each
+    `firstAvailable` entry; v1beta1 on the request itself."""
+    out: dict[str, tuple[dict[str, Any], ...]] = {}
+    for req in ((claim.get("spec") or {}).get("devices") or {}).get("requests") or []:
+        name = req.get("name", "")
+        out[name] = tuple((req.get("exactly") or req).get("tolerations") or ())
+        for sub in req.get("firstAvailable") or []:
+            out[f"{name}/{sub.get('name', '')}"] = tuple(sub.get("tolerations") or ())
+    return out
+
+
+def tolerates(tolerations: tuple[dict[str, Any], ...], key: str, effect: str, value: str = "") -> bool:
+    """Whether any toleration matches the taint <key, value, effect>, as resource.k8s.io's
+    DeviceToleration defines it: an empty key with Exists matches every key; Exists matches
+    any value, Equal (the default) the same value; an empty effect matches every effect."""
+    for t in tolerations:
+        op = t.get("operator") or "Equal"
+        key_ok = t.get("key", "") == key or (not t.get("key") and op == "Exists")
+        value_ok = op == "Exists" or (t.get("value") or "") == value
+        if key_ok and value_ok and (t.get("effect") or effect) == effect:
+            return True
+    return False
+
+
+def _result(raw: dict[str, Any], config: Config, tolerations: tuple[dict[str, Any], ...] = ()) -> Result:
     consumed = raw.get("consumedCapacity") or {}
     unknown = set(consumed) - {"memory", "cores"}
     if unknown:
@@ -125,7 +152,7 @@ def _result(raw: dict[str, Any], config: Config) -> Result:
         memory = quantity(consumed.get("memory", 0), "memory")
         cores = quantity(consumed.get("cores", 0), "cores")
     return Result(raw["request"], raw["pool"], raw["device"], memory, cores, raw.get("shareID"),
-                  bool(raw.get("adminAccess")), config)  # fmt: skip
+                  bool(raw.get("adminAccess")), config, tolerations)  # fmt: skip
 
 
 def _twice(results: list[Result]) -> None:
@@ -158,6 +185,7 @@ def parse(claim: dict[str, Any], pool: str) -> Claim:
     # the scheduler lists the class's entries before the claim's; sorted stably, so either way the claim's win
     entries = sorted(devices.get("config") or [], key=lambda e: e.get("source") == "FromClaim")
     checked = [(list(e.get("requests") or []), p) for e in entries if (p := _params(e)) is not None]
-    results = [_result(r, _config(checked, r["request"])) for r in ours]
+    tolerations = request_tolerations(claim)
+    results = [_result(r, _config(checked, r["request"]), tolerations.get(r["request"], ())) for r in ours]
     _twice(results)
     return Claim(meta["uid"], meta.get("namespace", ""), meta.get("name", ""), tuple(results))

@@ -19,6 +19,7 @@ from gpuslice import constants, errors
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.client import AllocatorClient
 from gpuslice.dra import claims as claim_model
+from gpuslice.dra import resource_slice
 from gpuslice.dra.checkpoint import Checkpoint, Prepared
 from gpuslice.dra.resource_slice import MEMORY_STEP, index_of
 from gpuslice.proto import gpuslice_pb2 as pb
@@ -56,6 +57,22 @@ def _named(ref: ClaimRef, e: errors.GpusliceError) -> errors.GpusliceError:
 def device_name(uid: str, n: int) -> str:
     """The CDI device of the claim's n-th result of ours."""
     return f"{uid}-{n}"
+
+
+class UnwellDevice(errors.FailedPrecondition):
+    """A result on a GPU the node reports unwell, which its request does not tolerate."""
+
+
+def _refuse_unwell(r: claim_model.Result, health: str) -> None:
+    """An allocator that does not honour device taints (Kubernetes before 1.36, where
+    DRADeviceTaints is off) may place a claim on a GPU published tainted: refused here,
+    before anything is booked, unless the request tolerates the taint."""
+    if health and not claim_model.tolerates(r.tolerations, resource_slice.UNHEALTHY, "NoSchedule"):
+        raise UnwellDevice(
+            f"request {r.request}: {r.device} is unwell ({health}) and tainted {resource_slice.UNHEALTHY}:NoSchedule, "
+            "which the allocator did not honour (device taints are off before Kubernetes 1.36); nothing was "
+            f"prepared. A request that tolerates {resource_slice.UNHEALTHY} may use it"
+        )
 
 
 def cdi_device_id(uid: str, n: int) -> str:
@@ -112,8 +129,8 @@ class Preparer:
         try:
             parsed = claim_model.parse(claim, self.node)
             shares = self._shares(parsed)
-        except claim_model.ClaimError as e:
-            raise claim_model.ClaimError(f"claim {ref.namespace}/{ref.name}: {e}") from None
+        except (claim_model.ClaimError, UnwellDevice) as e:
+            raise type(e)(f"claim {ref.namespace}/{ref.name}: {e}") from None
         sid, keys = "", {}
         if shares:
             try:
@@ -122,6 +139,7 @@ class Preparer:
                 sid, keys = reserved.container_id, dict(reserved.share_keys)
             except errors.GpusliceError as e:  # the daemon's kind (no room: RESOURCE_EXHAUSTED), named for the claim
                 raise _named(ref, e) from e
+            self._warn_memory_only(ref, shares)
         try:
             try:
                 spec = self._write_specs(parsed, keys)
@@ -193,7 +211,8 @@ class Preparer:
         room for no other claim): booked whole, its compute held too (the
         scheduler's 0 cores would show a GPU held whole as an idle share)."""
         # each GPU's memory as the ResourceSlice publishes it
-        published = {g.index: g.memory_total - g.memory_total % MEMORY_STEP for g in self.daemon.inventory().gpus}
+        gpus = {g.index: g for g in self.daemon.inventory().gpus}
+        published = {i: g.memory_total - g.memory_total % MEMORY_STEP for i, g in gpus.items()}
         shares = []
         for r in claim.results:
             index = index_of(r.device)
@@ -202,6 +221,7 @@ class Preparer:
                 raise claim_model.ClaimError(f"device {r.device} is not a GPU of this node (it has {have})")
             if r.admin:
                 continue  # the scheduler leaves admin access out of its books: so does the daemon
+            _refuse_unwell(r, gpus[index].health)
             if r.config.whole and r.memory is not None and r.memory < published[index]:
                 raise claim_model.ClaimError(
                     f"request {r.request}: wholeGPU: true, but it consumed {r.memory} bytes of {r.device}; "
@@ -212,6 +232,20 @@ class Preparer:
                                    cores=0 if whole else r.cores or 0, policy=r.config.policy or "",
                                    priority=r.config.priority or "", share_id=r.share))  # fmt: skip
         return shares
+
+    def _warn_memory_only(self, ref: ClaimRef, shares: list[pb.Share]) -> None:
+        """Memory and no cores (the default) on a GPU others use too: the claim gets only the
+        compute they leave, and the allocator packs such claims onto one GPU (it books no
+        compute for them). Said once per prepare, where an operator reads."""
+        tenants = {g.index: g.slices for g in self.daemon.inventory().gpus}
+        for s in shares:
+            others = tenants.get(s.gpu_index, 1) - 1
+            if s.memory and not s.cores and others > 0:
+                log.warning(
+                    "claim %s/%s books %d MiB of gpu-%d and no cores, beside %d other slice%s: its compute is "
+                    "best effort (what the others leave); name cores in the request for a share of its own",
+                    ref.namespace, ref.name, s.memory >> 20, s.gpu_index, others, "" if others == 1 else "s",
+                )  # fmt: skip
 
     def _write_specs(self, claim: claim_model.Claim, keys: dict[str, str]) -> Path:
         """The claim's CDI devices: those of shares in one spec whose common

@@ -293,6 +293,60 @@ def test_a_failing_gpu_is_tainted_and_a_daemon_restart_keeps_the_claims(daemon, 
         node.close()
 
 
+@pytest.mark.parametrize("toleration", [None, {"key": "gpuslice.io/unhealthy", "operator": "Exists",
+                                                "effect": "NoSchedule"}, {"operator": "Exists"}])  # fmt: skip
+def test_a_claim_placed_on_an_unwell_gpu_is_refused_unless_it_tolerates_the_taint(daemon, tmp_path, toleration):
+    """Kubernetes 1.34/1.35 leave device taints off: their allocator placed a claim on a GPU
+    with uncorrected ECC errors, published tainted, and the plugin prepared it. Now the prepare
+    refuses it in one line, nothing booked, unless the request tolerates the taint."""
+    d = daemon([gpu("16Gi"), gpu("16Gi", ecc_uncorrected=2)])
+    spec = tmp_path / "gpuslice.json"
+    assert sim_daemon.cdi_generate(d, spec).returncode == 0
+    node = DraNode(d, spec, tmp_path, tmp_path / "run-cdi")
+    node.start_plugin()
+    try:
+        claim = allocated("on-unwell", ("gpu-1", "4Gi", "20"))  # as the 1.35 allocator writes it
+        if toleration:
+            claim["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [toleration]
+        node.api.put_claim(claim)
+        uid = claim["metadata"]["uid"]
+        answer = node.prepare(claim)[uid]
+        if toleration:
+            assert answer.get("error", "") == "" and list(node.slices()) == [f"claim-{uid}"]
+            assert node.unprepare(claim)[uid] == {"error": ""}
+        else:
+            assert answer["error"] == (
+                "claim ml/on-unwell: request gpu: gpu-1 is unwell (2 uncorrected ECC errors) and tainted "
+                "gpuslice.io/unhealthy:NoSchedule, which the allocator did not honour (device taints are off before "
+                "Kubernetes 1.36); nothing was prepared. A request that tolerates gpuslice.io/unhealthy may use it"
+            ), answer
+            kept = node.plugin_dir / "checkpoint.json"
+            assert node.slices() == {}  # nothing booked
+            assert not kept.exists() or json.loads(kept.read_text())["claims"] == {}
+        healthy = allocated("on-healthy", ("gpu-0", "4Gi", "20"))
+        node.api.put_claim(healthy)
+        assert node.prepare(healthy)[healthy["metadata"]["uid"]].get("error", "") == ""
+    finally:
+        node.close()
+
+
+def test_memory_only_claims_on_a_shared_gpu_are_said_to_get_best_effort_compute(node):
+    """With the default of 0 cores the allocator books no compute for a memory-only claim and
+    packs such claims onto one GPU; the plugin says so in its log when one joins other tenants."""
+    first, second, share = (allocated("mem-a", ("gpu-0", "2Gi", "0")), allocated("mem-b", ("gpu-0", "2Gi", "0")),
+                            allocated("with-cores", ("gpu-1", "2Gi", "30")))  # fmt: skip
+    for c in (first, second, share):
+        node.api.put_claim(c)
+        assert node.prepare(c)[c["metadata"]["uid"]].get("error", "") == ""
+    log = node.log()
+    assert "claim ml/mem-a books" not in log  # alone on its GPU: nothing to say
+    assert ("claim ml/mem-b books 2048 MiB of gpu-0 and no cores, beside 1 other slice: its compute is best effort"
+            in log), log[-2000:]  # fmt: skip
+    assert "ml/with-cores books" not in log
+    for c in (first, second, share):
+        node.unprepare(c)
+
+
 def test_the_daemons_error_kind_reaches_the_plugin_and_nothing_stays(node, tmp_path):
     """A claim the GPU has no room for now: the daemon's RESOURCE_EXHAUSTED is
     the Preparer's ResourceExhausted (not flattened into another kind), named

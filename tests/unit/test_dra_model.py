@@ -136,3 +136,27 @@ def test_standard_pci_attributes_from_nvml_and_sysfs(tmp_path):
     assert a["resource.kubernetes.io/pcieRoot"] == {"string": "pci0000:3a"}
     assert b["resource.kubernetes.io/pciBusID"] == {"string": "0000:99:00.0"}
     assert "resource.kubernetes.io/pcieRoot" not in b
+
+
+@pytest.mark.parametrize(("toleration", "tolerated"), [
+    ({"key": "gpuslice.io/unhealthy", "operator": "Exists"}, True),
+    ({"key": "gpuslice.io/unhealthy"}, True),  # Equal by default, the taint has no value
+    ({"key": "gpuslice.io/unhealthy", "value": "x"}, False),
+    ({"key": "gpuslice.io/unhealthy", "operator": "Exists", "effect": "NoExecute"}, False),
+    ({"key": "gpuslice.io/unhealthy", "effect": "NoSchedule"}, True),
+    ({"operator": "Exists"}, True),  # every key
+    ({"key": "example.com/other", "operator": "Exists"}, False),
+])  # fmt: skip
+def test_a_request_tolerates_the_unhealthy_taint_as_device_tolerations_define(toleration, tolerated):
+    assert claims.tolerates((toleration,), "gpuslice.io/unhealthy", "NoSchedule") is tolerated
+
+
+def test_tolerations_are_read_where_each_api_version_keeps_them():
+    claim = {"spec": {"devices": {"requests": [
+        {"name": "a", "exactly": {"tolerations": [{"operator": "Exists"}]}},
+        {"name": "b", "firstAvailable": [{"name": "big"}, {"name": "small", "tolerations": [{"key": "k"}]}]},
+        {"name": "c", "tolerations": [{"key": "v1beta1"}]},
+    ]}}}  # fmt: skip
+    got = claims.request_tolerations(claim)
+    assert got == {"a": ({"operator": "Exists"},), "b": (), "b/big": (), "b/small": ({"key": "k"},),
+                   "c": ({"key": "v1beta1"},)}  # fmt: skip
