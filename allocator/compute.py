@@ -1,8 +1,8 @@
 """The compute controller: gives each slice the share of GPU time it asked
 for (docs/compute.md).
 
-Every period it measures what each slice ran on each GPU (NVML per-process
-utilization, summed over the slice's processes), decides each slice's target
+Every period it measures what each slice ran on each GPU (readings of
+per-process GPU time, allocator/utilization.py, summed over the slice's processes), decides each slice's target
 share (policy and priority), and turns the difference into the next period's
 launch budget in the slice's gate: budget = target time / learned cost of a
 thread, corrected by the integral of the past error.  The interposers spend
@@ -17,9 +17,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-import pynvml
-
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
+from gpuslice.allocator.utilization import Sampler
 
 log = logging.getLogger(__name__)
 
@@ -38,54 +37,6 @@ BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %
 BEST_EFFORT_FLOOR = 0.01  # ... which still progresses when every share is taken
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
 TIERS = ("high", "normal", "low")
-
-
-@dataclass
-class Reading:
-    """GPU time per pid over a window; consecutive readings tile time."""
-
-    busy_ns: dict[int, float]
-    window_ns: int
-    age_ns: int = 0  # how long before the call the newest sample ended
-
-
-Sampler = Callable[[str], Reading]
-
-
-class NvmlUtilization:
-    """Per-process GPU utilization through NVML: each call covers the time
-    since the newest sample of the previous one (pids as this process sees
-    them).  A driver returns a sample per process per sample period in which
-    it ran, in integer percent of that period; the periods are the gaps
-    between the samples' timestamps."""
-
-    def __init__(self) -> None:
-        pynvml.nvmlInit()
-        self.handles: dict[str, object] = {}
-        self.last_seen: dict[str, int] = {}
-
-    def __call__(self, uuid: str) -> Reading:
-        h = self.handles.get(uuid)
-        if h is None:
-            h = self.handles[uuid] = pynvml.nvmlDeviceGetHandleByUUID(uuid.encode())
-        seen = self.last_seen.get(uuid) or time.time_ns() // 1000 - 100_000
-        try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(h, seen)
-        except pynvml.NVMLError_NotFound:  # nothing ran: the next reading covers this time too
-            return Reading({}, 0)
-        except pynvml.NVMLError as e:  # e.g. a process came between the size and the data
-            log.debug("process utilization of %s: %s", uuid, e)
-            return Reading({}, 0)
-        stamps = sorted({int(x.timeStamp) for x in samples if int(x.timeStamp) > seen})
-        if not stamps:
-            return Reading({}, 0)
-        span = {t: t - (stamps[i - 1] if i else seen) for i, t in enumerate(stamps)}  # what each sample covers
-        busy: dict[int, float] = {}
-        for x in samples:
-            if int(x.timeStamp) in span:
-                busy[int(x.pid)] = busy.get(int(x.pid), 0.0) + int(x.smUtil) / 100 * span[int(x.timeStamp)] * 1000
-        self.last_seen[uuid] = stamps[-1]
-        return Reading(busy, (stamps[-1] - seen) * 1000, max(0, time.time_ns() // 1000 - stamps[-1]) * 1000)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from prometheus_client import start_http_server
 
 from gpuslice import constants, errors, inventory, simulator
 from gpuslice.allocator import container_start, metrics, slice_files
-from gpuslice.allocator.compute import ComputeController, NvmlUtilization
+from gpuslice.allocator.compute import ComputeController
 from gpuslice.allocator.config import Config
 from gpuslice.allocator.driver_limits import DriverLimits
 from gpuslice.allocator.membership import MembershipKey
@@ -26,6 +26,7 @@ from gpuslice.allocator.slices import SliceManager
 from gpuslice.allocator.state_lock import StateLock
 from gpuslice.allocator.store import SliceStore
 from gpuslice.allocator.unix_socket import UnixSocketServer
+from gpuslice.allocator.utilization import NvmlUtilization
 from gpuslice.allocator.watcher import ProcessWatcher
 from gpuslice.cdi.registry import Registry
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc

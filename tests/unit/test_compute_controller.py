@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.allocator.compute import ComputeController, Reading
+from gpuslice.allocator.compute import ComputeController
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles, constant
+from gpuslice.allocator.utilization import Reading
 
 PERIOD = 0.05
 PERIOD_NS = int(PERIOD * 1e9)
@@ -176,15 +177,15 @@ class FakeNvml:
 
 
 def test_nvml_readings_weigh_each_sample_by_the_period_it_covers(monkeypatch):
-    from gpuslice.allocator import compute
+    from gpuslice.allocator import utilization
 
-    monkeypatch.setattr(compute.pynvml, "nvmlInit", lambda: None)
-    monkeypatch.setattr(compute.pynvml, "nvmlDeviceGetHandleByUUID", lambda u: u)
+    monkeypatch.setattr(utilization.pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(utilization.pynvml, "nvmlDeviceGetHandleByUUID", lambda u: u)
     t0 = 1_000_000_000
     # pid 7 ran in both periods, pid 8 only in the second: a driver leaves a process out of a period it did not run in
     fake = FakeNvml([(7, t0, 10), (7, t0 + 170_000, 50), (8, t0 + 170_000, 20), (7, t0 + 340_000, 30)])
-    monkeypatch.setattr(compute.pynvml, "nvmlDeviceGetProcessUtilization", fake)
-    sampler = compute.NvmlUtilization()
+    monkeypatch.setattr(utilization.pynvml, "nvmlDeviceGetProcessUtilization", fake)
+    sampler = utilization.NvmlUtilization()
     sampler.last_seen[UUID] = t0
     r = sampler(UUID)
     assert r.window_ns == 340_000_000
