@@ -1,5 +1,6 @@
 """Who a process is, container-wise: its pid namespace and cgroup, read from
-/proc in the daemon's view.  A socket's peer is held by a pidfd taken when the
+/proc in the daemon's view (a ProcFs: the node's /proc, or a directory of the
+same files in a test).  A socket's peer is held by a pidfd taken when the
 connection is accepted, never by a bare pid: a pid is reused within seconds on
 a busy node, and the process that reuses it is not the one that connected."""
 
@@ -28,37 +29,61 @@ class Identity:
     start_time: int  # clock ticks after boot; tells a reused pid apart
 
 
-def _cgroup(pid: int) -> str:
-    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    # cgroup v2 ("0::/path"); on hybrid hosts prefer it, else the systemd hierarchy
-    for line in lines:
-        if line.startswith("0::"):
-            return line[3:]
-    for line in lines:
-        if ":name=systemd:" in line:
-            return line.split(":", 2)[2]
-    return lines[0].split(":", 2)[2] if lines else ""
+@dataclass(frozen=True)
+class ProcFs:
+    """The files of /proc that say who a process is, under `root`."""
+
+    root: Path = Path("/proc")
+
+    def cgroup(self, pid: int) -> str:
+        lines = (self.root / str(pid) / "cgroup").read_text().splitlines()
+        # cgroup v2 ("0::/path"); on hybrid hosts prefer it, else the systemd hierarchy
+        for line in lines:
+            if line.startswith("0::"):
+                return line[3:]
+        for line in lines:
+            if ":name=systemd:" in line:
+                return line.split(":", 2)[2]
+        return lines[0].split(":", 2)[2] if lines else ""
+
+    def start_time(self, pid: int) -> int:
+        """Clock ticks after boot (stat's 22nd field, after the command name, which may hold ")")."""
+        fd = os.open(self.root / str(pid) / "stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat = os.read(fd, 4096)  # one read: the sweeper asks this of every bound slice
+        finally:
+            os.close(fd)
+        return int(stat.rsplit(b")", 1)[1].split()[19])
+
+    def pid_ns(self, pid: int) -> int:
+        """The pid namespace's inode, from the link's text ("pid:[4026531836]")."""
+        return int(os.readlink(self.root / str(pid) / "ns" / "pid").split("[", 1)[1].rstrip("]"))
+
+    def pidfd_pid(self, pidfd: int) -> int:
+        """The pid a pidfd of this process refers to (fdinfo's "Pid:"); 0 or less once it exited."""
+        for line in (self.root / "self" / "fdinfo" / str(pidfd)).read_text().splitlines():
+            if line.startswith("Pid:"):
+                return int(line.split()[1])
+        return 0
 
 
-def start_time(pid: int) -> int:
-    fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+PROC = ProcFs()
+
+
+def start_time(pid: int, proc: ProcFs = PROC) -> int:
+    return proc.start_time(pid)
+
+
+def of_pid(pid: int, proc: ProcFs = PROC) -> Identity:
     try:
-        stat = os.read(fd, 4096)  # one read: the sweeper asks this of every bound slice
-    finally:
-        os.close(fd)
-    return int(stat.rsplit(b")", 1)[1].split()[19])
-
-
-def of_pid(pid: int) -> Identity:
-    try:
-        return Identity(pid, os.stat(f"/proc/{pid}/ns/pid").st_ino, _cgroup(pid), start_time(pid))
+        return Identity(pid, proc.pid_ns(pid), proc.cgroup(pid), proc.start_time(pid))
     except (FileNotFoundError, ProcessLookupError) as e:
         raise NoSuchProcess(f"no process {pid}") from e
 
 
-def alive(pid: int, started: int) -> bool:
+def alive(pid: int, started: int, proc: ProcFs = PROC) -> bool:
     try:
-        return start_time(pid) == started
+        return proc.start_time(pid) == started
     except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
         return False
 
@@ -112,23 +137,20 @@ def peer_of(conn: socket.socket) -> Peer:
     return Peer(pidfd, uid, gid)
 
 
-def pid_of_pidfd(pidfd: int) -> int:
+def pid_of_pidfd(pidfd: int, proc: ProcFs = PROC) -> int:
     """The pid a pidfd refers to in the daemon's namespace; NoSuchProcess once it exited."""
-    for line in Path(f"/proc/self/fdinfo/{pidfd}").read_text().splitlines():
-        if line.startswith("Pid:"):
-            pid = int(line.split()[1])
-            if pid > 0:
-                return pid
-            break
+    pid = proc.pidfd_pid(pidfd)
+    if pid > 0:
+        return pid
     raise NoSuchProcess("the process that connected has exited")
 
 
-def of_pidfd(pidfd: int) -> Identity:
+def of_pidfd(pidfd: int, proc: ProcFs = PROC) -> Identity:
     """The identity of the process a pidfd holds, read from /proc and valid
     because the same process is still alive after the read (so its pid was
     not reused in between)."""
-    pid = pid_of_pidfd(pidfd)
-    who = of_pid(pid)
+    pid = pid_of_pidfd(pidfd, proc)
+    who = of_pid(pid, proc)
     try:
         signal.pidfd_send_signal(pidfd, 0)
     except ProcessLookupError as e:
