@@ -1,13 +1,18 @@
 """What the node's GPUs look like, read through NVML (pynvml): the real
-driver when present, the simulator when it is loaded."""
+driver when present, the simulator when it is loaded. Every read takes its
+NVML as an argument (pynvml itself by default), so a test hands it a fake
+with the same functions, constants and error types."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import pynvml
 
 from gpuslice import errors
+
+Nvml = Any  # the pynvml module, or an object with the functions used here (a test's fake)
 
 
 @dataclass(frozen=True)
@@ -66,29 +71,29 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _gpu(index: int) -> Gpu:
-    h = pynvml.nvmlDeviceGetHandleByIndex(index)
-    mem = pynvml.nvmlDeviceGetMemoryInfo(h)
-    procs = tuple(GpuProcess(p.pid, p.usedGpuMemory or 0) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h))
+def _gpu(nvml: Nvml, index: int) -> Gpu:
+    h = nvml.nvmlDeviceGetHandleByIndex(index)
+    mem = nvml.nvmlDeviceGetMemoryInfo(h)
+    procs = tuple(GpuProcess(p.pid, p.usedGpuMemory or 0) for p in nvml.nvmlDeviceGetComputeRunningProcesses(h))
     return Gpu(
         index=index,
-        uuid=_text(pynvml.nvmlDeviceGetUUID(h)),
-        name=_text(pynvml.nvmlDeviceGetName(h)),
-        pci_bus_id=_text(pynvml.nvmlDeviceGetPciInfo(h).busId),
+        uuid=_text(nvml.nvmlDeviceGetUUID(h)),
+        name=_text(nvml.nvmlDeviceGetName(h)),
+        pci_bus_id=_text(nvml.nvmlDeviceGetPciInfo(h).busId),
         memory_total=mem.total,
         memory_used=mem.used,
-        utilization=pynvml.nvmlDeviceGetUtilizationRates(h).gpu,
+        utilization=nvml.nvmlDeviceGetUtilizationRates(h).gpu,
         processes=procs,
-        compute_capability="{}.{}".format(*pynvml.nvmlDeviceGetCudaComputeCapability(h)),
-        health=_health(h),
+        compute_capability="{}.{}".format(*nvml.nvmlDeviceGetCudaComputeCapability(h)),
+        health=_health(nvml, h),
     )
 
 
-def _health(handle: object) -> str:
+def _health(nvml: Nvml, handle: object) -> str:
     """Why a GPU should take no new work: uncorrected ECC errors since the
     driver loaded (the GPU needs a reset), or NVML losing it; "" when well."""
     try:
-        errors_ = pynvml.nvmlDeviceGetTotalEccErrors(
+        errors_ = nvml.nvmlDeviceGetTotalEccErrors(
             handle, pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, pynvml.NVML_VOLATILE_ECC
         )
     except (pynvml.NVMLError_NotSupported, pynvml.NVMLError_FunctionNotFound):
@@ -98,49 +103,49 @@ def _health(handle: object) -> str:
     return f"{errors_} uncorrected ECC errors" if errors_ else ""
 
 
-def health(uuid: str) -> str:
+def health(uuid: str, nvml: Nvml = pynvml) -> str:
     """A GPU's health now (see _health); NVML must be loadable."""
-    pynvml.nvmlInit()
+    nvml.nvmlInit()
     try:
-        return _health(pynvml.nvmlDeviceGetHandleByUUID(uuid.encode()))
+        return _health(nvml, nvml.nvmlDeviceGetHandleByUUID(uuid.encode()))
     except pynvml.NVMLError as e:
         return f"NVML cannot read it: {e}"
     finally:
-        pynvml.nvmlShutdown()
+        nvml.nvmlShutdown()
 
 
 class NoDriver(errors.Unavailable):
     """NVML cannot be loaded or initialized: no NVIDIA driver (yet), or it is not loaded."""
 
 
-def read() -> Inventory:
+def read(nvml: Nvml = pynvml) -> Inventory:
     """Snapshot the GPUs.  NVML must be loadable (real driver or simulator);
     NoDriver, one line, where it is not."""
     try:
-        pynvml.nvmlInit()
+        nvml.nvmlInit()
     except pynvml.NVMLError as e:
         raise NoDriver(f"cannot read the GPUs through NVML: {e} (is the NVIDIA driver installed and loaded?)") from None
     try:
-        count = pynvml.nvmlDeviceGetCount()
-        gpus = tuple(_gpu(i) for i in range(count))
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        count = nvml.nvmlDeviceGetCount()
+        gpus = tuple(_gpu(nvml, i) for i in range(count))
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         topology = {
-            (a, b): _LEVELS.get(pynvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]), "unknown")
+            (a, b): _LEVELS.get(nvml.nvmlDeviceGetTopologyCommonAncestor(handles[a], handles[b]), "unknown")
             for a in range(count)
             for b in range(count)
             if a != b
         }
         nvlink = {
-            (a, b): pynvml.nvmlDeviceGetP2PStatus(handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+            (a, b): nvml.nvmlDeviceGetP2PStatus(handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
             == pynvml.NVML_P2P_STATUS_OK
             for a, b in topology
         }
         return Inventory(
-            driver_version=_text(pynvml.nvmlSystemGetDriverVersion()),
-            cuda_version=pynvml.nvmlSystemGetCudaDriverVersion(),
+            driver_version=_text(nvml.nvmlSystemGetDriverVersion()),
+            cuda_version=nvml.nvmlSystemGetCudaDriverVersion(),
             gpus=gpus,
             topology=topology,
             nvlink=nvlink,
         )
     finally:
-        pynvml.nvmlShutdown()
+        nvml.nvmlShutdown()
