@@ -35,6 +35,7 @@ from gpuslice.atomic_file import write_text_atomically
 from gpuslice.cdi import apply as cdi_apply
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cdi.registry import Found, Registry
+from gpuslice.host_root import HostRoot
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,7 @@ class Host:
     registry: Registry = field(default_factory=Registry)
 
     def here(self, path: Path, what: str = "path") -> Path:
-        if not path.is_absolute():
-            raise oci.OciError(f"{what} {path}: not an absolute path")
-        # normalised first: a `..` never leads out of the host's root
-        return self.root / Path(os.path.normpath(path)).relative_to("/")
+        return HostRoot(self.root).here(path, what)
 
 
 def requested(config: dict, state: oci.State | None = None) -> request.Asked:

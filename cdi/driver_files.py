@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice import errors, inventory, simulator
+from gpuslice.host_root import resolve_under
 
 log = logging.getLogger(__name__)
 
@@ -80,37 +81,6 @@ def watched_state(root: Path) -> tuple[tuple[int, int, int] | None, ...]:
         else:
             state.append((st.st_ino, st.st_mtime_ns, st.st_size))
     return tuple(state)
-
-
-MAX_LINKS = 40  # as the kernel's own limit on symlinks in one lookup
-
-
-def resolve_under(root: Path, path: Path) -> Path:
-    """`path` (under `root`) with its symlinks followed as the host would: an
-    absolute target is taken under `root`, never this process's own `/` (the
-    node agent sees the host's files under /host)."""
-    rel = path.relative_to(root).parts
-    here, links = root, 0
-    todo = list(rel)
-    while todo:
-        part = todo.pop(0)
-        if part in ("", "."):
-            continue
-        if part == "..":
-            here = here.parent if here != root else root
-            continue
-        step = here / part
-        if not step.is_symlink():
-            here = step
-            continue
-        links += 1
-        if links > MAX_LINKS:
-            raise DriverFilesError(f"{path}: too many levels of symbolic links")
-        target = os.readlink(step)
-        if target.startswith("/"):
-            here = root
-        todo = [*Path(target).parts[1 if target.startswith("/") else 0 :], *todo]
-    return here
 
 
 def find_lib(root: Path, stem: str, version: str, soname: str | None = None) -> Path:

@@ -13,6 +13,7 @@ from pathlib import Path
 from gpuslice import constants
 from gpuslice.cdi import driver_files
 from gpuslice.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
+from gpuslice.host_root import HostRoot
 from gpuslice.inventory import Inventory
 from gpuslice.paths import native_dir
 
@@ -42,18 +43,11 @@ class Options:
     @property
     def driver_here(self) -> Path:
         """The driver root (a host path) as this process reaches it."""
-        if self.host_root == Path("/"):
-            return self.driver_root
-        return self.host_root / self.driver_root.relative_to("/")
+        return HostRoot(self.host_root).here(self.driver_root, "driver root")
 
     def on_host(self, path: Path) -> str:
         """A path this process found, as the host (the runtime reading the spec) names it."""
-        if self.host_root == Path("/"):
-            return str(path)
-        try:
-            return "/" + str(path.relative_to(self.host_root))
-        except ValueError:
-            raise driver_files.DriverFilesError(f"{path} is not under the host root {self.host_root}") from None
+        return HostRoot(self.host_root).on_host(path)
 
 
 def _driver_mounts(files: driver_files.DriverFiles, opts: Options) -> list[Mount]:

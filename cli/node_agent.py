@@ -39,6 +39,7 @@ from gpuslice.cdi import generate as gen
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cli import install
 from gpuslice.cli.host_files import HostFiles
+from gpuslice.host_root import HostRoot
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +74,9 @@ class Options:
     compute_period: float = 0.05
     driver_poll: float = 10.0  # seconds between looks at the driver's files
 
-    def here(self, host_path: str | Path) -> Path:
-        """A host path as this container reaches it."""
-        p = Path(host_path)
-        if not p.is_absolute():
-            raise AgentError(f"{host_path}: not an absolute path; accepted: a path on the host")
-        return self.host_root / p.relative_to("/")
+    def here(self, host_path: str | Path, what: str = "path") -> Path:
+        """A host path as this container reaches it (normalised: a `..` never leads out of /host)."""
+        return HostRoot(self.host_root).here(host_path, what)
 
 
 def parts() -> list[tuple[Path, str, int]]:
@@ -94,7 +92,7 @@ def parts() -> list[tuple[Path, str, int]]:
 def load_nvml(opts: Options) -> inventory.Inventory:
     """The host driver's NVML loaded by its path (pynvml then finds it by its
     soname), and the GPUs read through it."""
-    root = opts.here(opts.driver_root)
+    root = opts.here(opts.driver_root, "driver root")
     lib = driver_files.find_lib(root, "libnvidia-ml", "1")
     ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
     return inventory.read()
@@ -123,7 +121,7 @@ class NodeAgent:
     # ---- 1. the node's parts ----------------------------------------------------
 
     def install_parts(self) -> None:
-        base = self.opts.here(self.opts.host_dir)
+        base = self.opts.here(self.opts.host_dir, "host directory")
         for src, rel, mode in parts():
             if self.files.put(base / rel, src.read_bytes(), mode):
                 log.info("wrote %s/%s", self.opts.host_dir, rel)
@@ -149,7 +147,7 @@ class NodeAgent:
 
     def watch_driver(self, inv: inventory.Inventory) -> None:
         """The spec made again when the driver's files change (an upgrade)."""
-        root = self.opts.here(self.opts.driver_root)
+        root = self.opts.here(self.opts.driver_root, "driver root")
         seen = driver_files.watched_state(root)
         while not self.stopping.wait(self.opts.driver_poll):
             now = driver_files.watched_state(root)
@@ -179,7 +177,7 @@ class NodeAgent:
             remove=remove,
             binary="" if remove or o.runtime_version else self._runtime_binary(),
             version=o.runtime_version,
-            config=o.here(o.runtime_config) if o.runtime_config else None,
+            config=o.here(o.runtime_config, "runtime config") if o.runtime_config else None,
             manifest_dir=o.state_dir / "install",
         )
 

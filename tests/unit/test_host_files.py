@@ -15,6 +15,7 @@ from gpuslice.cdi import driver_files
 from gpuslice.cdi import generate as gen
 from gpuslice.cli import node_agent
 from gpuslice.cli.host_files import HostFiles
+from gpuslice.host_root import HostPathError
 
 
 def tree(root: Path) -> dict[str, object]:
@@ -82,7 +83,7 @@ def test_links_are_followed_under_the_host_root_not_this_process_root(tmp_path):
         lib / "libnvidia-ml.so.580.1"
     )
     (lib / "loop").symlink_to("loop")
-    with pytest.raises(driver_files.DriverFilesError, match="too many levels"):
+    with pytest.raises(HostPathError, match="too many levels"):
         driver_files.resolve_under(root, lib / "loop")
 
 
@@ -92,8 +93,27 @@ def test_the_spec_names_host_paths_without_the_agents_mount():
     assert (
         opts.on_host(Path("/host/run/nvidia/driver/usr/lib/libcuda.so.1")) == "/run/nvidia/driver/usr/lib/libcuda.so.1"
     )
-    with pytest.raises(driver_files.DriverFilesError, match="not under the host root /host"):
+    with pytest.raises(HostPathError, match="not under the host root /host"):
         opts.on_host(Path("/usr/lib/libcuda.so.1"))
+
+
+def test_every_component_reaches_host_paths_one_way_and_a_dotdot_never_leaves_the_root():
+    """The node agent joined /host and a host path as it came: `/a/../../etc/shadow` named
+    /etc/shadow of the agent's own container, outside /host. All three now use HostRoot."""
+    from gpuslice.allocator.container_start import Host
+    from gpuslice.cli.node_agent import Options
+
+    escape = "/var/lib/../../../etc/shadow"
+    ways = {
+        "node agent": Options(host_root=Path("/host")).here(escape),
+        "daemon (container starts)": Host(Path("/host")).here(Path(escape)),
+        "CDI generate": gen.Options(host_root=Path("/host"), driver_root=Path(escape)).driver_here,
+    }
+    assert set(ways.values()) == {Path("/host/etc/shadow")}, ways
+    for bad in (lambda: Options(host_root=Path("/host")).here("etc/x", "runtime config"),
+                lambda: Host(Path("/host")).here(Path("etc/x"), "runtime config")):  # fmt: skip
+        with pytest.raises(HostPathError, match=r"^runtime config etc/x: not an absolute path; accepted: a path on"):
+            bad()
 
 
 def test_the_runtime_is_restarted_through_the_hosts_systemd_and_a_failure_is_one_line(tmp_path):
