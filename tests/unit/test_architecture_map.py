@@ -22,3 +22,18 @@ def test_every_top_level_component_has_a_row_on_the_map():
     assert len(components) >= 10, components  # the listing found the tree
     assert components - rows == set(), "components without a row in docs/architecture.md"
     assert rows - components == set(), "rows for directories that are gone"
+
+
+def test_every_file_the_map_names_is_in_the_tree():
+    """A file named on the map (`allocator/compute.py`, `wrap/gate.c`, `templates/validate.yaml`) is a
+    tracked file's path or the end of one: the map says where things are, and a move must move it too."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files"], capture_output=True, text=True).stdout.split()
+    assert len(tracked) > 100, "not a git checkout's tree"
+    text = (REPO / "docs" / "architecture.md").read_text()
+    found = re.findall(r"`([\w./-]+\.(?:py|c|h|S|mk|md|yaml|def|proto|sh))`", text)
+    named = {n for n in found if not n.startswith("../")}  # beside the project (shared/), not in it
+    assert len(named) > 50, named  # the map names files: the pattern found them
+    missing = sorted(n for n in named if not any(t == n or t.endswith("/" + n) for t in tracked))
+    assert missing == [], f"docs/architecture.md names files the tree does not have: {missing}"
