@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mypy over the shipped Python (gpuslice/, cdi/, allocator/, dra/, device_plugin/, cli/, sim/gpuslice_sim) as the one
+# mypy over the shipped Python (the component directories and sim/gpuslice_sim) as the one
 # package they install as: the component directories are mapped into gpuslice
 # (pyproject package-dir), so mypy reads them through a tree of links laid out
 # the way they are installed.
@@ -12,11 +12,10 @@ for f in gpuslice/*; do
     case "$(basename "$f")" in _native|__pycache__) continue ;; esac
     ln -s "$PWD/$f" "$view/gpuslice/"
 done
-ln -s "$PWD/cdi" "$view/gpuslice/cdi"
-ln -s "$PWD/allocator" "$view/gpuslice/allocator"
-ln -s "$PWD/dra" "$view/gpuslice/dra"
-ln -s "$PWD/device_plugin" "$view/gpuslice/device_plugin"
-ln -s "$PWD/cli" "$view/gpuslice/cli"
+# each component directory where pyproject's package-dir installs it (tools/package_layout.py)
+while read -r name dir; do
+    [ "$name" = gpuslice ] || ln -s "$PWD/$dir" "$view/gpuslice/${name#gpuslice.}"
+done < <(.venv/bin/python tools/package_layout.py)
 ln -s "$PWD/sim/gpuslice_sim" "$view/gpuslice_sim"
 cd "$view"
 exec "$OLDPWD/.venv/bin/mypy" --config-file "$OLDPWD/pyproject.toml" -p gpuslice -p gpuslice_sim

@@ -12,17 +12,13 @@ from pathlib import Path
 import pytest
 
 from tests.harness import REPO
+from tools.package_layout import package_dirs
 
-# each component's directory, its import name, and its layer: a module may import
-# only from its own layer or lower ones
-COMPONENTS = {
-    "gpuslice": ("gpuslice", 0),
-    "cdi": ("gpuslice.cdi", 1),
-    "allocator": ("gpuslice.allocator", 2),
-    "dra": ("gpuslice.dra", 3),
-    "device_plugin": ("gpuslice.device_plugin", 3),
-    "cli": ("gpuslice.cli", 4),
-}
+# each import name's layer: a module may import only from its own layer or lower ones
+LAYERS = {"gpuslice": 0, "gpuslice.cdi": 1, "gpuslice.allocator": 2, "gpuslice.dra": 3, "gpuslice.device_plugin": 3,
+          "gpuslice.cli": 4}  # fmt: skip
+# each component's directory (pyproject's package-dir, the one source), its import name and layer
+COMPONENTS = {directory: (name, LAYERS[name]) for name, directory in package_dirs().items()}
 
 
 def layer_of(module: str) -> tuple[str, int] | None:
@@ -129,3 +125,8 @@ def test_bench_and_tools_do_not_import_the_tests():
     ]
     assert sorted(p.name for p in (REPO / "tools").glob("*.py"))  # the listing found the tree
     assert found == []
+
+
+def test_every_installed_component_has_a_layer_and_nothing_else_does():
+    """The layers name the packages pyproject's package-dir installs, no more, no fewer."""
+    assert set(LAYERS) == set(package_dirs())
