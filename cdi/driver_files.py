@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice import errors, inventory, simulator
-from gpuslice.host_root import resolve_under
+from gpuslice.host_root import HostPathError, resolve_under
 
 log = logging.getLogger(__name__)
 
@@ -123,8 +123,8 @@ def compute_libs(root: Path, driver_version: str) -> tuple[tuple[str, Path], ...
     for stem, soname in COMPUTE_LIBS:
         try:
             found.append((soname or f"{stem}.so.{driver_version}", find_lib(root, stem, driver_version, soname)))
-        except DriverFilesError:
-            log.info("%s: not in this driver; containers go without it", soname or stem)
+        except (DriverFilesError, HostPathError) as e:  # absent, or its links loop: the spec goes without it
+            log.info("%s: not in this driver (%s); containers go without it", soname or stem, e)
     return tuple(found)
 
 
