@@ -59,6 +59,21 @@ def device_name(uid: str, n: int) -> str:
     return f"{uid}-{n}"
 
 
+def _warn_memory_only(ref: ClaimRef, shares: list[pb.Share], before: dict[int, pb.Gpu]) -> None:
+    """Memory and no cores (the default) on a GPU others use too: the claim gets only the
+    compute they leave, and the allocator packs such claims onto one GPU (it books no compute
+    for them). Said once per prepare, where an operator reads. `before`: the GPUs as they were
+    before this claim was reserved (its own slice is not among their slices)."""
+    for s in shares:
+        others = before[s.gpu_index].slices if s.gpu_index in before else 0
+        if s.memory and not s.cores and others > 0:
+            log.warning(
+                "claim %s/%s books %d MiB of gpu-%d and no cores, beside %d other slice%s: its compute is "
+                "best effort (what the others leave); name cores in the request for a share of its own",
+                ref.namespace, ref.name, s.memory >> 20, s.gpu_index, others, "" if others == 1 else "s",
+            )  # fmt: skip
+
+
 class UnwellDevice(errors.FailedPrecondition):
     """A result on a GPU the node reports unwell, which its request does not tolerate."""
 
@@ -126,9 +141,10 @@ class Preparer:
         uid = (claim.get("metadata") or {}).get("uid")
         if uid != ref.uid:
             raise errors.FailedPrecondition(f"claim {ref.namespace}/{ref.name} is now UID {uid}, not {ref.uid}")
+        gpus = {g.index: g for g in self.daemon.inventory().gpus}  # read once: checks and the warning
         try:
             parsed = claim_model.parse(claim, self.node)
-            shares = self._shares(parsed)
+            shares = self._shares(parsed, gpus)
         except (claim_model.ClaimError, UnwellDevice) as e:
             raise type(e)(f"claim {ref.namespace}/{ref.name}: {e}") from None
         sid, keys = "", {}
@@ -139,7 +155,7 @@ class Preparer:
                 sid, keys = reserved.container_id, dict(reserved.share_keys)
             except errors.GpusliceError as e:  # the daemon's kind (no room: RESOURCE_EXHAUSTED), named for the claim
                 raise _named(ref, e) from e
-            self._warn_memory_only(ref, shares)
+            _warn_memory_only(ref, shares, gpus)
         try:
             try:
                 spec = self._write_specs(parsed, keys)
@@ -203,7 +219,7 @@ class Preparer:
         self.spec_path(uid).unlink(missing_ok=True)
         self.admin_spec_path(uid).unlink(missing_ok=True)
 
-    def _shares(self, claim: claim_model.Claim) -> list[pb.Share]:
+    def _shares(self, claim: claim_model.Claim, gpus: dict[int, pb.Gpu]) -> list[pb.Share]:
         """The claim's non-admin results as the scheduler booked them: each
         exactly its consumedCapacity (the daemon checks the room); a result
         that consumed nothing (an exclusive device) is the whole GPU, and so is
@@ -211,7 +227,6 @@ class Preparer:
         room for no other claim): booked whole, its compute held too (the
         scheduler's 0 cores would show a GPU held whole as an idle share)."""
         # each GPU's memory as the ResourceSlice publishes it
-        gpus = {g.index: g for g in self.daemon.inventory().gpus}
         published = {i: g.memory_total - g.memory_total % MEMORY_STEP for i, g in gpus.items()}
         shares = []
         for r in claim.results:
@@ -232,20 +247,6 @@ class Preparer:
                                    cores=0 if whole else r.cores or 0, policy=r.config.policy or "",
                                    priority=r.config.priority or "", share_id=r.share))  # fmt: skip
         return shares
-
-    def _warn_memory_only(self, ref: ClaimRef, shares: list[pb.Share]) -> None:
-        """Memory and no cores (the default) on a GPU others use too: the claim gets only the
-        compute they leave, and the allocator packs such claims onto one GPU (it books no
-        compute for them). Said once per prepare, where an operator reads."""
-        tenants = {g.index: g.slices for g in self.daemon.inventory().gpus}
-        for s in shares:
-            others = tenants.get(s.gpu_index, 1) - 1
-            if s.memory and not s.cores and others > 0:
-                log.warning(
-                    "claim %s/%s books %d MiB of gpu-%d and no cores, beside %d other slice%s: its compute is "
-                    "best effort (what the others leave); name cores in the request for a share of its own",
-                    ref.namespace, ref.name, s.memory >> 20, s.gpu_index, others, "" if others == 1 else "s",
-                )  # fmt: skip
 
     def _write_specs(self, claim: claim_model.Claim, keys: dict[str, str]) -> Path:
         """The claim's CDI devices: those of shares in one spec whose common

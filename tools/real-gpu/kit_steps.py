@@ -177,11 +177,16 @@ def _why(e: BaseException) -> str:
     return (e.details() or "") if isinstance(e, grpc.RpcError) else f"{type(e).__name__}: {e}"
 
 
-def _failed(step: str, label: str, expected: str, e: BaseException) -> tuple[list[Row], float, dict]:
+def _failed(step: str, label: str, expected: str, e: BaseException) -> tuple[list[Row], dict]:
     """A case that failed: its row, and what a probe that overran was doing (for the report)."""
     overrun = getattr(e, "overrun", "")
     observed = _why(e) + (" (its stacks and gate: the report's end)" if overrun else "")
-    return [check(step, label, expected, observed, False)], 0.0, ({"overruns": {label: overrun}} if overrun else {})
+    return [check(step, label, expected, observed, False)], ({"overruns": {label: overrun}} if overrun else {})
+
+
+def _failed_step(step: str, label: str, expected: str, e: BaseException) -> StepResult:
+    rows, facts = _failed(step, label, expected, e)
+    return StepResult(step, rows, 0, facts)
 
 
 def memory_case(kit: Kit, step: str, label: str, script: str, args: list[str], env: dict[str, str],
@@ -194,7 +199,7 @@ def memory_case(kit: Kit, step: str, label: str, script: str, args: list[str], e
         return rows, {"result": out.result, "charges": {t: s.charge for t, s in out.samples.items()},
                       "nvml": {t: s.nvml_used for t, s in out.samples.items()}}  # fmt: skip
     except FAILURES as e:
-        rows, _, facts = _failed(step, label, "runs in a slice", e)
+        rows, facts = _failed(step, label, "runs in a slice", e)
         return rows, facts
 
 
@@ -236,7 +241,7 @@ def nvml_view(kit: Kit) -> StepResult:
             finally:
                 holder.kill()
     except FAILURES as e:
-        return StepResult(step, *_failed(step, "NVML inside a slice", "runs in a slice", e))
+        return _failed_step(step, "NVML inside a slice", "runs in a slice", e)
     pids = {holder.pid, said.get("pid")}
     observed = f"{mib(charge)} held; {mib(left)} left after {took:.2f} s"
     reclaim_row = check(step, "SIGKILL gives the holder's memory back", f"0 within {RECLAIM_S:g} s", observed,
@@ -361,7 +366,7 @@ def transformers(kit: Kit) -> StepResult:
                             reclaim=False)  # fmt: skip
             direct = out.result["seconds"]
     except FAILURES as e:
-        failed, _, more = _failed(step, f"{label}: without gpuslice", "runs", e)
+        failed, more = _failed(step, f"{label}: without gpuslice", "runs", e)
         return StepResult(step, rows + failed, 0, {**facts, **more})
     facts["direct_seconds"] = direct
     rows.append(generate_time_row(step, label, in_slice, direct))
@@ -393,7 +398,7 @@ def cuda_graph(kit: Kit) -> StepResult:
             finally:
                 probe.kill()
     except FAILURES as e:
-        return StepResult(step, *_failed(step, "CUDA graph under a hard share", "runs in a slice", e))
+        return _failed_step(step, "CUDA graph under a hard share", "runs in a slice", e)
     return StepResult(step, [
         check(step, "CUDA graph replay", "the same as the eager run", f"same: {result['same_as_eager']}, "
               f"{result['replays'] / result['seconds']:.0f} replays/s", result["same_as_eager"]),
@@ -451,7 +456,7 @@ def shares(kit: Kit) -> StepResult:
                                   f"{statistics.fmean(got):.1f} % (1 s windows {min(got):.1f}-{max(got):.1f})",
                                   statistics.fmean(got) >= 90))  # fmt: skip
     except FAILURES as e:
-        failed, _, more = _failed(step, "two tenants' shares", "run in slices", e)
+        failed, more = _failed(step, "two tenants' shares", "run in slices", e)
         rows += failed
         facts.update(more)
     return StepResult(step, rows, 0, facts)
@@ -466,7 +471,7 @@ def cost(kit: Kit) -> StepResult:
                 direct.append(run_probe(kit.client, box, kit.gpu.uuid, "cost.py", [], without_interposer(box.env),
                                         kit.timeout(120), reclaim=False).result)  # fmt: skip
     except FAILURES as e:
-        return StepResult(step, *_failed(step, "cost", "runs in a slice", e))
+        return _failed_step(step, "cost", "runs in a slice", e)
     return StepResult(step, cost_rows(step, gated, direct), 0, {"gated": gated, "direct": direct})
 
 
@@ -478,7 +483,7 @@ def trace(kit: Kit) -> StepResult:
         try:
             record = kit_trace.run_phase(kit, phase, seconds)
         except FAILURES as e:
-            failed, _, facts = _failed(step, phase.name, "runs", e)
+            failed, facts = _failed(step, phase.name, "runs", e)
             rows += failed
             phases.append({"phase": phase.name, "failed": _why(e), **facts})
             continue
