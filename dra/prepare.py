@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuslice import constants, errors
 from gpuslice.cdi import spec as cdi_spec
-from gpuslice.client import AllocatorClient
+from gpuslice.client import AllocatorClient, DaemonError
 from gpuslice.dra import claims as claim_model
 from gpuslice.dra import resource_slice
 from gpuslice.dra.checkpoint import Checkpoint, Prepared
@@ -130,6 +130,12 @@ class Preparer:
 
     def prepare(self, ref: ClaimRef) -> list[dict[str, Any]]:
         """The devices to answer for the claim; raises GpusliceError with one line."""
+        try:
+            return self._prepare(ref)
+        except DaemonError as e:  # any RPC's error, of the daemon's kind (Unavailable: the kubelet retries), named
+            raise _named(ref, e) from e
+
+    def _prepare(self, ref: ClaimRef) -> list[dict[str, Any]]:
         done = self.checkpoint.get(ref.uid)
         if done is not None:
             if self._still_there(done):
@@ -149,12 +155,9 @@ class Preparer:
             raise type(e)(f"claim {ref.namespace}/{ref.name}: {e}") from None
         sid, keys = "", {}
         if shares:
-            try:
-                owner = f"dra {ref.namespace}/{ref.name}"
-                reserved = self.daemon.reserve_claim(ref.uid, shares, owner=owner, workload=workload_of(claim))
-                sid, keys = reserved.container_id, dict(reserved.share_keys)
-            except errors.GpusliceError as e:  # the daemon's kind (no room: RESOURCE_EXHAUSTED), named for the claim
-                raise _named(ref, e) from e
+            owner = f"dra {ref.namespace}/{ref.name}"
+            reserved = self.daemon.reserve_claim(ref.uid, shares, owner=owner, workload=workload_of(claim))
+            sid, keys = reserved.container_id, dict(reserved.share_keys)
             _warn_memory_only(ref, shares, gpus)
         try:
             try:

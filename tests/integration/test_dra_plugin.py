@@ -26,6 +26,7 @@ from gpuslice import constants, errors
 from gpuslice.allocator.membership import MembershipKey, claim_share
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cli import sim_daemon
+from gpuslice.client import AllocatorClient
 from gpuslice.dra import claims as claim_model
 from gpuslice.dra.checkpoint import Checkpoint
 from gpuslice.dra.plugin import base_spec
@@ -360,6 +361,21 @@ def test_the_daemons_error_kind_reaches_the_plugin_and_nothing_stays(node, tmp_p
         preparer.prepare(ClaimRef(claim["metadata"]["uid"], "ml", "big"))
     assert checkpoint.get(claim["metadata"]["uid"]) is None and not (tmp_path / "claim-specs").exists()
     assert list(node.slices()) == ["held"]
+
+
+def test_a_prepare_with_the_daemon_away_is_unavailable_named_for_the_claim(node, tmp_path):
+    """The daemon not answering at the first RPC of a prepare: the kubelet's
+    retryable Unavailable (the same kind as any later RPC gives), naming the
+    claim; nothing written."""
+    claim = allocated("away", ("gpu-0", "1Gi", None))
+    away = AllocatorClient(tmp_path / "no-daemon.sock", timeout=2)
+    checkpoint = Checkpoint(tmp_path / "checkpoint.json")
+    preparer = Preparer(NODE, away, lambda namespace, name: claim, base_spec(node.spec),
+                        tmp_path / "claim-specs", checkpoint)  # fmt: skip
+    with pytest.raises(errors.Unavailable, match=r"^claim ml/away: ") as said:
+        preparer.prepare(ClaimRef(claim["metadata"]["uid"], "ml", "away"))
+    assert type(said.value) is errors.Unavailable, type(said.value)
+    assert checkpoint.get(claim["metadata"]["uid"]) is None and not (tmp_path / "claim-specs").exists()
 
 
 @pytest.fixture
