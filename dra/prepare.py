@@ -132,8 +132,10 @@ class Preparer:
         """The devices to answer for the claim; raises GpusliceError with one line."""
         try:
             return self._prepare(ref)
-        except DaemonError as e:  # any RPC's error, of the daemon's kind (Unavailable: the kubelet retries), named
-            raise _named(ref, e) from e
+        except errors.GpusliceError as e:
+            if not isinstance(e, DaemonError):
+                raise
+            raise _named(ref, e) from e  # any RPC's error, of the daemon's kind (Unavailable: retried), named
 
     def _prepare(self, ref: ClaimRef) -> list[dict[str, Any]]:
         done = self.checkpoint.get(ref.uid)
