@@ -12,7 +12,7 @@ start pays for one round trip, not an interpreter.
   a slice bound to its init process: reserved by the shim already, or reserved
   here from its annotations and the GPUs CDI injected.
 - createRuntime, for a container with DRA claim devices or device plugin
-  allocations (GPUSLICE_SHARE_*): the container joins the ledger of exactly the
+  allocations (GPUSLICE_SHARE_*): the container joins the share group of exactly the
   shares it was given (the kubelet plugin reserved them); containers given the
   same shares share it.
 - poststop: the slice is released (a claim's container leaves its claim's slice).
@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuslice import constants, errors, request
 from gpuslice.allocator import oci
-from gpuslice.allocator.slices import ShareRef, SliceManager
+from gpuslice.allocator.records import OwnerKind
+from gpuslice.allocator.slices import ShareEntry, SliceManager
 from gpuslice.atomic_file import write_text_atomically
 from gpuslice.cdi import apply as cdi_apply
 from gpuslice.cdi import spec as cdi_spec
@@ -102,19 +104,23 @@ def _container_process(cid: str, pid: int) -> None:
         raise oci.OciError(f"container {cid}: pid {pid} shares the daemon's mount namespace: not a container's")
 
 
-def shares_of(config: dict) -> list[ShareRef]:
-    """The DRA claim shares whose CDI devices the container got, if any: one
-    env entry per device, "<claim UID>/<share>/<the share's membership key>".
-    The key is what proves the device was given (allocator/membership.py):
+_SHARE_ENTRY = re.compile(r"([^/]+)/([^/]+)/([^/]*)")  # <owner UID>/<share>/<the share's membership key>
+
+
+def shares_of(config: dict) -> list[ShareEntry]:
+    """The shares whose CDI devices the container got, if any (of DRA claims,
+    of device plugin allocations): one env entry per device,
+    "<owner UID>/<share>/<the share's membership key>". The key is what proves
+    the device was given, and whose share it is (allocator/membership.py):
     the UID and share alone are public."""
     found = []
     for entry in oci.process_env(config):
         name, _, value = entry.partition("=")
         if name.startswith(constants.ENV_SHARE_PREFIX) and value:
-            claim, share, token = ([*value.split("/", 2), "", ""])[:3]
-            if not claim or not share:
+            parsed = _SHARE_ENTRY.fullmatch(value)
+            if parsed is None:
                 raise oci.OciError(f"{name}={value!r}: not a claim share; accepted <claim UID>/<share>/<key>")
-            found.append(ShareRef(claim, share, token))
+            found.append(ShareEntry(*parsed.groups()))
         elif name == constants.ENV_CLAIM and value:
             # what specs before per-share devices set: the UID alone, which anyone can write
             raise oci.OciError(
@@ -129,10 +135,11 @@ def create_runtime(state: oci.State, slices: SliceManager, host: Host) -> None:
     if state.pid <= 0:
         raise oci.OciError(f"container {cid}: the OCI state has no pid (createRuntime runs once the container exists)")
     config = oci.read_config(host.here(state.bundle, "bundle"), cid)
-    shares = shares_of(config)
-    if shares:  # reserved by the DRA or device plugin: the container joins the ledger of the shares it was given
+    entries = shares_of(config)
+    if entries:  # reserved by the DRA or device plugin: the container joins the group of the shares it was given
+        shares = slices.typed_shares(entries)
         compute = None
-        if any(s.claim.startswith(constants.DEVICES_SLICE_PREFIX) for s in shares):
+        if any(s.owner.kind is OwnerKind.DEVICES for s in shares):
             compute = request.read_compute(requested(config, state))  # its size is the kubelet's allocation
         _container_process(cid, state.pid)
         slices.join(cid, shares, state.pid, compute, oci.workload_of(oci.annotations_of(config, state)))

@@ -23,8 +23,8 @@ from gpuslice import errors
 
 if TYPE_CHECKING:
     from gpuslice.allocator.compute import ComputeController
+    from gpuslice.allocator.records import SliceRecord
     from gpuslice.allocator.slices import SliceManager
-    from gpuslice.allocator.store import SliceRecord
 
 RPCS = Counter("gpuslice_rpc_total", "gRPC calls by method and status", ["method", "code"])
 RPC_SECONDS = Histogram(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice import errors
-from gpuslice.allocator.store import NO_WORKLOAD, Workload
+from gpuslice.allocator.records import NO_WORKLOAD, Workload
 
 CONFIG_NAME = "config.json"
 MAX_CONFIG_BYTES = 16 << 20  # a config.json is kilobytes; never read a device or a huge file whole

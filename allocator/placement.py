@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from itertools import combinations
 
 from gpuslice import errors
+from gpuslice import request as requests
 from gpuslice.request import SliceRequest
 from gpuslice.units import format_bytes
 
@@ -127,3 +128,53 @@ def place(
 
         chosen = min(combinations(fitting, req.gpus), key=cost)
     return [Placement(g.index, g.uuid, *demand(req, g)) for g in chosen]
+
+
+@dataclass(frozen=True)
+class ShareRequest:
+    """One share of a claim as the scheduler placed it: a GPU by index, and
+    what of it (memory None: the whole memory, or in proportion to cores;
+    cores None: no guaranteed share; both None: the whole GPU)."""
+
+    gpu_index: int
+    memory: int | None = None
+    cores: int | None = None
+    policy: requests.ComputePolicy = requests.ComputePolicy.ELASTIC
+    priority: requests.Priority = requests.Priority.NORMAL
+    share: str = ""  # tells shares on one GPU apart (the DRA share ID, the device plugin's resource)
+
+    def request(self) -> SliceRequest:
+        memory = None if self.memory is None else requests.MemoryLimit(bytes=self.memory)
+        return SliceRequest(1, memory, self.cores, self.policy, self.priority)
+
+
+def place_shares(what: str, shares: Sequence[ShareRequest], caps: Sequence[GpuCapacity],
+                 oversubscription: float) -> list[tuple[ShareRequest, GpuCapacity, int, int]]:  # fmt: skip
+    """Each share with its GPU, memory and cores, after checking that each GPU
+    exists and that what the shares take of it fits beside what the others
+    hold (`caps`); ordered by GPU, then share."""
+    by_index = {c.index: c for c in caps}
+    by_gpu: dict[int, list[ShareRequest]] = {}
+    for s in shares:
+        if s.gpu_index not in by_index:
+            have = ", ".join(str(i) for i in sorted(by_index))
+            raise CannotFit(f"{what}: no GPU {s.gpu_index} on this node; it has {have}")
+        by_gpu.setdefault(s.gpu_index, []).append(s)
+    placed = []
+    for index, on_gpu in sorted(by_gpu.items()):
+        cap = by_index[index]
+        if len({s.share for s in on_gpu}) != len(on_gpu) or "/" in "".join(s.share for s in on_gpu):
+            raise errors.InvalidArgument(f"{what}: two shares of GPU {index} with one share ID, or a share ID with '/'")
+        asked = [s.request() for s in on_gpu]
+        wanted = [demand(r, cap) for r in asked]
+        whole = any(r.whole_gpus for r in asked)
+        memory, cores = sum(m for m, _ in wanted), sum(c for _, c in wanted)
+        total = SliceRequest() if whole else SliceRequest(1, requests.MemoryLimit(memory), cores)
+        empty = GpuCapacity(cap.index, cap.uuid, cap.memory_total)
+        if (whole and len(on_gpu) > 1) or not fits(total, empty, oversubscription):
+            raise CannotFit(f"request needs {format_bytes(memory)} per GPU, more than any GPU holds")
+        if not fits(total, cap, oversubscription):
+            held = "a whole GPU" if whole else f"{format_bytes(memory)} and {cores} cores"
+            raise NoRoom(f"no room for {held}: {describe([cap], oversubscription)}")
+        placed += sorted(((s, cap, m, c) for s, (m, c) in zip(on_gpu, wanted, strict=True)), key=lambda p: p[0].share)
+    return placed

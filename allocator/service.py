@@ -12,8 +12,8 @@ import grpc
 from gpuslice import errors, inventory, request
 from gpuslice.allocator import metrics
 from gpuslice.allocator.compute import ComputeController
+from gpuslice.allocator.records import Workload
 from gpuslice.allocator.slices import ShareRequest, SliceManager, SliceView
-from gpuslice.allocator.store import Workload
 from gpuslice.grpc_server import status_of
 from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
@@ -32,7 +32,8 @@ def slice_message(view: SliceView, compute: ComputeController | None = None,
         gpus.append(
             pb.SliceGpu(index=a.gpu_index, uuid=a.gpu_uuid, memory_limit=a.memory, cores=a.cores,
                         compute_target=target, compute_used=used, share_id=a.share,
-                        policy=a.policy or r.policy, priority=a.priority or r.priority)
+                        policy=a.policy or r.policy, priority=a.priority or r.priority,
+                        owner_kind=a.of.kind.name if a.of else None, owner_uid=a.of.uid if a.of else "")
         )  # fmt: skip
     return pb.Slice(
         id=r.id,
@@ -50,6 +51,8 @@ def slice_message(view: SliceView, compute: ComputeController | None = None,
         processes=view.processes,
         enforcement=view.enforcement,
         kind=r.kind.value,
+        owner_kind=r.kind.name,  # the enum value of that name (tests/unit/test_owner_kinds.py)
+        owner_uid=r.share_owner.uid,
         member_of=member_of,
         workload=pb.Workload(namespace=r.workload.namespace, pod=r.workload.pod, container=r.workload.container),
     )

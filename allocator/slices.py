@@ -2,61 +2,44 @@
 slice's shared files, on top of the slice store (SQLite) and placement.
 
 The store is the durable truth; the manager keeps what it committed in memory
-too (records by container, tallies per GPU, bound slices by pid namespace and
-cgroup), so that no read, and no placement, goes to SQLite: a call costs the
-same at 2,000 slices as at one.  Every change commits first and updates the
-memory after, under one lock."""
+too (allocator/slice_index.py), so that no read, and no placement, goes to
+SQLite: a call costs the same at 2,000 slices as at one. Every change commits
+first and updates the memory after, under one lock. The manager is the only
+writer of slice files."""
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
-import hashlib
 import logging
 import os
-import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice import constants, errors
 from gpuslice import request as requests
-from gpuslice.allocator import identity, metrics, slice_files
-from gpuslice.allocator.membership import MembershipKey, claim_share, devices_share
-from gpuslice.allocator.placement import CannotFit, GpuCapacity, NoRoom, demand, describe, fits, place
+from gpuslice.allocator import identity, metrics, share_groups, slice_files
+from gpuslice.allocator.membership import MembershipKey
+from gpuslice.allocator.placement import GpuCapacity, NoRoom, ShareRequest, demand, fits, place, place_shares
+from gpuslice.allocator.records import (
+    NO_WORKLOAD,
+    SHARE_OWNERS,
+    Allocation,
+    OwnerKind,
+    ShareOwner,
+    SliceRecord,
+    Workload,
+)
+from gpuslice.allocator.share_groups import Conflict, ShareEntry, ShareRef
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
-from gpuslice.allocator.store import NO_WORKLOAD, Allocation, OwnerKind, SliceRecord, SliceStore, Workload, now_ms
+from gpuslice.allocator.slice_index import GpuTally, Index
+from gpuslice.allocator.store import SliceStore, now_ms
 from gpuslice.inventory import Inventory
 from gpuslice.units import format_bytes
 
 log = logging.getLogger(__name__)
 
-
-# owners whose slices containers join with their devices' shares (ShareRef)
-JOINABLE = (OwnerKind.CLAIM, OwnerKind.DEVICES)
-_DEVICES_KEY = re.compile(re.escape(constants.DEVICES_SLICE_PREFIX) + r"[0-9a-f]{24}\Z")
-
-
-def owner_key(uid: str) -> str:
-    """The key of the slice a share's owner holds: a device plugin
-    allocation's is its own key, a claim's is made from its UID."""
-    return uid if uid.startswith(constants.DEVICES_SLICE_PREFIX) else constants.claim_slice_key(uid)
-
-
-def subject(uid: str, share: str) -> str:
-    """What a share's membership key is made over."""
-    return devices_share(uid, share) if uid.startswith(constants.DEVICES_SLICE_PREFIX) else claim_share(uid, share)
-
-
-def uid_of(rec: SliceRecord) -> str:
-    """The owner's UID in its shares' names: a claim's UID, an allocation's key."""
-    if rec.kind is OwnerKind.DEVICES:
-        return rec.container_id
-    return rec.container_id.removeprefix(constants.CLAIM_SLICE_PREFIX)
-
-
-class Conflict(errors.FailedPrecondition):
-    """The request contradicts what the store holds (e.g. another pid, other limits)."""
+__all__ = ["Conflict", "NoSlice", "ShareEntry", "ShareRef", "ShareRequest", "SliceFull", "SliceManager", "SliceView"]
 
 
 class NoSlice(errors.NotFound):
@@ -68,46 +51,9 @@ class SliceFull(errors.ResourceExhausted):
 
 
 @dataclass(frozen=True)
-class ShareRequest:
-    """One share of a claim as the scheduler placed it: a GPU by index, and
-    what of it (memory None: the whole memory, or in proportion to cores;
-    cores None: no guaranteed share; both None: the whole GPU)."""
-
-    gpu_index: int
-    memory: int | None = None
-    cores: int | None = None
-    policy: requests.ComputePolicy = requests.ComputePolicy.ELASTIC
-    priority: requests.Priority = requests.Priority.NORMAL
-    share: str = ""  # tells shares on one GPU apart (the DRA share ID)
-
-    def request(self) -> requests.SliceRequest:
-        memory = None if self.memory is None else requests.MemoryLimit(bytes=self.memory)
-        return requests.SliceRequest(1, memory, self.cores, self.policy, self.priority)
-
-
-@dataclass(frozen=True)
-class ShareRef:
-    """A share of a prepared claim that a container was given (its claim
-    device's entry), with the share's membership key from that device."""
-
-    claim: str
-    share: str
-    token: str = ""
-
-    def __str__(self) -> str:
-        return f"{self.claim}/{self.share}"
-
-
-def ledger_key(shares: list[str]) -> str:
-    """The key of the ledger that charges exactly these claim shares together."""
-    digest = hashlib.sha256("\n".join(sorted(shares)).encode()).hexdigest()[:24]
-    return f"shares-{digest}"
-
-
-@dataclass(frozen=True)
 class Attachment:
     """A process attached to a slice: the slice whose files it charges (a
-    member's claim slice), and its slot there."""
+    member's share group), and its slot there."""
 
     slice: SliceRecord
     files: SliceFiles
@@ -120,127 +66,6 @@ class SliceView:
     memory_used: int
     processes: int
     enforcement: str  # "driver+interposer" where the driver enforces the memory limit too
-
-
-@dataclass
-class GpuTally:
-    """What the slices on one GPU hold, kept as they change."""
-
-    memory: int = 0
-    cores: int = 0
-    slices: int = 0
-    whole: int = 0  # slices that hold it whole
-
-    def add(self, a: Allocation, whole: bool, sign: int) -> None:
-        self.memory += sign * a.memory
-        self.cores += sign * a.cores
-        self.slices += sign
-        self.whole += sign * int(whole)
-
-
-@dataclass
-class Index:
-    """The committed records, looked up without SQL."""
-
-    by_container: dict[str, SliceRecord] = field(default_factory=dict)
-    by_id: dict[str, SliceRecord] = field(default_factory=dict)
-    members: dict[str, set[str]] = field(default_factory=dict)  # ledger id -> its members' container ids
-    ledgers: dict[str, set[str]] = field(default_factory=dict)  # claim uid -> its shares' ledgers (container ids)
-    tally: dict[str, GpuTally] = field(default_factory=dict)
-    # bound slices, oldest first (containers of a pod may share a namespace)
-    by_pid_ns: dict[int, list[SliceRecord]] = field(default_factory=dict)
-    by_cgroup: dict[str, list[SliceRecord]] = field(default_factory=dict)
-
-    def put(self, rec: SliceRecord) -> None:
-        self.drop(rec.container_id)
-        self.by_container[rec.container_id] = rec
-        self.by_id[rec.id] = rec
-        if rec.member_of:
-            self.members.setdefault(rec.member_of, set()).add(rec.container_id)
-        for uid in _claims_of(rec):
-            self.ledgers.setdefault(uid, set()).add(rec.container_id)
-        for a in rec.allocations if rec.books else ():
-            self.tally.setdefault(a.gpu_uuid, GpuTally()).add(a, rec.whole, 1)
-        if rec.state == "bound":
-            if rec.pid_ns is not None:
-                _insert(self.by_pid_ns.setdefault(rec.pid_ns, []), rec)
-            if rec.cgroup:
-                _insert(self.by_cgroup.setdefault(rec.cgroup, []), rec)
-
-    def drop(self, container_id: str) -> SliceRecord | None:
-        rec = self.by_container.pop(container_id, None)
-        if rec is None:
-            return None
-        del self.by_id[rec.id]
-        if rec.member_of:
-            _remove(self.members, rec.member_of, container_id)
-        for uid in _claims_of(rec):
-            _remove(self.ledgers, uid, container_id)
-        for a in rec.allocations if rec.books else ():
-            self.tally[a.gpu_uuid].add(a, rec.whole, -1)
-        if rec.state == "bound":
-            _remove(self.by_pid_ns, rec.pid_ns, rec)
-            _remove(self.by_cgroup, rec.cgroup, rec)
-        return rec
-
-
-def _claims_of(rec: SliceRecord) -> set[str]:
-    """The claims (UIDs) whose shares a ledger charges: its allocations' shares are '<uid>/<share>'."""
-    return {a.share.split("/", 1)[0] for a in rec.allocations} if rec.kind is OwnerKind.SHARES else set()
-
-
-def _agreed(allocs: list[Allocation]) -> tuple[str, str]:
-    """A slice's own policy and priority: its shares' where they agree (each share keeps its own)."""
-    policies, priorities = {a.policy for a in allocs}, {a.priority for a in allocs}
-    policy = policies.pop() if len(policies) == 1 else requests.ComputePolicy.ELASTIC.value
-    priority = priorities.pop() if len(priorities) == 1 else requests.Priority.NORMAL.value
-    return policy, priority
-
-
-def _one_device_slice(container_id: str, wanted: dict[str, Allocation]) -> None:
-    """A container's device plugin shares make one slice: memory and cores on
-    one GPU (memory asked: a share of compute without memory could hold
-    nothing), or whole GPUs only, never both and never with a claim's."""
-    devices = {n: a for n, a in wanted.items() if n.startswith(constants.DEVICES_SLICE_PREFIX)}
-    if not devices:
-        return
-    kinds = {n.rsplit("/", 1)[1] for n in devices}
-    partial = {a.gpu_uuid for n, a in devices.items() if not n.endswith("/gpu")}
-    said = f"container {container_id}"
-    if len(devices) != len(wanted):
-        raise errors.InvalidArgument(f"{said}: gpuslice.io/* extended resources and a DRA claim together; use one")
-    if "gpu" in kinds and kinds != {"gpu"}:
-        raise errors.InvalidArgument(
-            f"{said}: gpuslice.io/gpu with gpuslice.io/memory or cores; ask whole GPUs or a slice"
-        )
-    if len(partial) > 1:
-        raise errors.FailedPrecondition(
-            f"{said}: its gpuslice.io/memory and gpuslice.io/cores lie on GPUs {', '.join(sorted(partial))}; a slice "
-            "lies on one GPU (the device plugin refuses such a pod at admission; this one was allocated otherwise)"
-        )
-    if kinds == {"cores"}:
-        raise errors.InvalidArgument(f"{said}: gpuslice.io/cores without gpuslice.io/memory; ask both in its limits")
-
-
-def _with_compute(a: Allocation, name: str, compute: tuple[requests.ComputePolicy, requests.Priority]) -> Allocation:
-    """A device plugin share with the container's policy and priority (a claim's share keeps its own)."""
-    if not name.startswith(constants.DEVICES_SLICE_PREFIX):
-        return a
-    # the policy rules a share of compute: a memory share holds none, and stays elastic
-    policy = compute[0].value if name.endswith("/cores") else a.policy
-    return dataclasses.replace(a, policy=policy, priority=compute[1].value)
-
-
-def _insert(recs: list[SliceRecord], rec: SliceRecord) -> None:
-    bisect.insort(recs, rec, key=lambda r: (r.created_ms, r.id))
-
-
-def _remove(by: dict, key: object, item: object) -> None:
-    items = by.get(key)
-    if items and item in items:
-        items.remove(item)
-        if not items:
-            del by[key]
 
 
 def _per_gpu(rec: SliceRecord) -> list[GpuLimit]:
@@ -350,8 +175,8 @@ class SliceManager:
         for rec in stored:
             self.index.put(rec)
         for rec in stored:
-            if rec.kind in JOINABLE and not self.index.members.get(rec.id):
-                continue  # its shares are charged through ledgers (members of one made before kept its files)
+            if rec.kind in SHARE_OWNERS and not self.index.members.get(rec.id):
+                continue  # its shares are charged through share groups (members from before groups use its files)
             keep.add(self.target(rec).id)
             try:
                 self._files_for(rec)
@@ -417,8 +242,8 @@ class SliceManager:
         priority. Idempotent for the same shares; all or nothing."""
         if not uid:
             raise errors.InvalidArgument("claim uid: must not be empty")
-        key = constants.claim_slice_key(uid)
-        return self._reserve_joinable(OwnerKind.CLAIM, key, f"claim {uid}", shares, owner, workload)
+        who = ShareOwner(OwnerKind.CLAIM, uid)
+        return self._reserve_shares(who, constants.claim_slice_key(uid), shares, owner, workload)
 
     @metrics.counted(OwnerKind.DEVICES.value)
     def reserve_devices(self, key: str, share: ShareRequest, owner: str = "",
@@ -426,64 +251,32 @@ class SliceManager:
         """A device plugin allocation's slice: the units of one resource the
         kubelet gave one container, on their GPU (share.share names the
         resource). Idempotent for the same key and size."""
-        if not _DEVICES_KEY.match(key):
-            raise errors.InvalidArgument(
-                f"allocation key {key!r}: accepted {constants.DEVICES_SLICE_PREFIX} and 24 lowercase hex digits"
-            )
-        return self._reserve_joinable(OwnerKind.DEVICES, key, f"allocation {key}", [share], owner, workload)
+        if not constants.is_devices_slice_key(key):
+            raise errors.InvalidArgument(f"allocation key {key!r}: accepted {constants.DEVICES_SLICE_KEY_FORMAT}")
+        return self._reserve_shares(ShareOwner(OwnerKind.DEVICES, key), key, [share], owner, workload)
 
-    def _reserve_joinable(self, kind: OwnerKind, key: str, what: str, shares: list[ShareRequest],
-                          owner: str, workload: Workload) -> SliceRecord:  # fmt: skip
+    def _reserve_shares(self, who: ShareOwner, key: str, shares: list[ShareRequest], owner: str,
+                        workload: Workload) -> SliceRecord:  # fmt: skip
         if not shares:
-            raise errors.InvalidArgument(f"{what}: no share to reserve")
+            raise errors.InvalidArgument(f"{who}: no share to reserve")
         with self._lock:
-            allocs = self._claim_allocations(what, shares, exclude=key)  # the same shares again: its own room
+            placed = place_shares(str(who), shares, self.capacities(exclude=key), self.oversubscription)
+            allocs = [Allocation(cap.index, cap.uuid, m, c, s.share, s.policy.value, s.priority.value, who)
+                      for s, cap, m, c in placed]  # fmt: skip
             existing = self.index.by_container.get(key)
-            if existing:
-                if existing.kind is not kind or existing.allocations != tuple(allocs):
-                    raise Conflict(f"{what} already holds slice {existing.id} of other shares")
+            if existing:  # the same shares again: measured against its own room
+                if existing.share_owner != who or existing.allocations != tuple(allocs):
+                    raise Conflict(f"{who} already holds slice {existing.id} of other shares")
                 return existing
-            policy, priority = _agreed(allocs)
+            policy, priority = share_groups.agreed(allocs)
             whole = all(s.request().whole_gpus for s in shares)
-            rec = self.store.transaction(
-                lambda store: store.insert(key, {}, policy, priority, whole, owner, allocs, kind, workload=workload)
-            )
-            self.index.put(rec)  # no files: its containers charge its shares through ledgers (join)
-        return rec
 
-    def _claim_allocations(self, what: str, shares: list[ShareRequest], exclude: str) -> list[Allocation]:
-        """The shares as allocations, after checking that each GPU exists and
-        that what the claim takes of it fits beside what others hold."""
-        caps = {c.index: c for c in self.capacities(exclude)}
-        by_gpu: dict[int, list[ShareRequest]] = {}
-        for s in shares:
-            if s.gpu_index not in caps:
-                have = ", ".join(str(i) for i in sorted(caps))
-                raise CannotFit(f"{what}: no GPU {s.gpu_index} on this node; it has {have}")
-            by_gpu.setdefault(s.gpu_index, []).append(s)
-        allocs = []
-        for index, on_gpu in sorted(by_gpu.items()):
-            cap = caps[index]
-            if len({s.share for s in on_gpu}) != len(on_gpu) or "/" in "".join(s.share for s in on_gpu):
-                raise errors.InvalidArgument(
-                    f"{what}: two shares of GPU {index} with one share ID, or a share ID with '/'"
-                )
-            asked = [s.request() for s in on_gpu]
-            wanted = [demand(r, cap) for r in asked]
-            whole = any(r.whole_gpus for r in asked)
-            memory, cores = sum(m for m, _ in wanted), sum(c for _, c in wanted)
-            total = requests.SliceRequest() if whole else requests.SliceRequest(1, requests.MemoryLimit(memory), cores)
-            empty = GpuCapacity(cap.index, cap.uuid, cap.memory_total)
-            if (whole and len(on_gpu) > 1) or not fits(total, empty, self.oversubscription):
-                raise CannotFit(f"request needs {format_bytes(memory)} per GPU, more than any GPU holds")
-            if not fits(total, cap, self.oversubscription):
-                what = "a whole GPU" if whole else f"{format_bytes(memory)} and {cores} cores"
-                raise NoRoom(f"no room for {what}: {describe([cap], self.oversubscription)}")
-            allocs += [
-                Allocation(index, cap.uuid, m, c, s.share, s.policy.value, s.priority.value)
-                for s, (m, c) in zip(on_gpu, wanted, strict=True)
-            ]
-        return sorted(allocs, key=lambda a: (a.gpu_index, a.share))
+            def insert(store: SliceStore) -> SliceRecord:
+                return store.insert(key, {}, policy, priority, whole, owner, allocs, who.kind, None, workload, who.uid)
+
+            rec = self.store.transaction(insert)
+            self.index.put(rec)  # no files: its containers charge its shares through share groups (join)
+        return rec
 
     def _files_or_nothing(self, rec: SliceRecord) -> None:
         """The slice's files, or no slice at all (the row goes too)."""
@@ -520,40 +313,45 @@ class SliceManager:
             self._driver_limit(bound)
             return bound
 
+    def typed_shares(self, entries: list[ShareEntry]) -> list[ShareRef]:
+        """A container's share entries, each with the owner its key proves."""
+        return share_groups.typed(self.membership, entries)
+
     @metrics.counted(OwnerKind.MEMBER.value)
-    def join(self, container_id: str, shares: list[ShareRef], pid: int,
-             compute: tuple[requests.ComputePolicy, requests.Priority] | None = None,
+    def join(self, container_id: str, shares: list[ShareRef], pid: int, compute: share_groups.Compute | None = None,
              workload: Workload = NO_WORKLOAD) -> SliceRecord:  # fmt: skip
-        """A container given claim devices, bound to the ledger of exactly those
+        """A container given shares, bound to the share group of exactly those
         shares: its processes charge them together with the other containers
-        given the same ones (and see no other share of the claim). `compute`:
-        the container's own policy and priority, for device plugin shares
-        (a claim's shares carry their own)."""
+        given the same ones (and see no other share of their owners).
+        `compute`: the container's own policy and priority, for device plugin
+        shares (a claim's shares carry their own)."""
         who = self._process(container_id, pid)
         if not shares:
             raise errors.InvalidArgument(f"container {container_id}: no claim share to join")
         with self._lock:
-            wanted = self._claim_shares(shares)
-            _one_device_slice(container_id, wanted)
+            wanted = share_groups.named(self.index, self.membership, shares)
+            share_groups.one_device_slice(container_id, wanted)
             if compute is not None:
-                wanted = {n: _with_compute(a, n, compute) for n, a in wanted.items()}
-            key = ledger_key(list(wanted))
+                wanted = [share_groups.with_compute(a, compute) for a in wanted]
+            key = share_groups.group_key(wanted)
             existing = self.index.by_container.get(container_id)
             if existing is not None:
-                ledger = self.index.by_container.get(key)
-                if ledger is not None and existing.member_of == ledger.id and existing.pid == pid:
+                group = self.index.by_container.get(key)
+                if group is not None and existing.member_of == group.id and existing.pid == pid:
                     return existing
                 raise Conflict(f"container {container_id} already holds slice {existing.id}")
-            self._no_other_ledger(key, set(wanted))
+            share_groups.no_other_group(self.index, key, wanted)
 
             def tx(store: SliceStore) -> tuple[SliceRecord | None, SliceRecord]:
-                ledger = self.index.by_container.get(key)
+                group = self.index.by_container.get(key)
                 made = None
-                if ledger is None:
-                    made = ledger = self._insert_ledger(store, key, wanted, workload)
+                if group is None:  # labelled with the workload of the container that first joins it
+                    policy, priority = share_groups.agreed(wanted)
+                    made = group = store.insert(key, {}, policy, priority, False, share_groups.group_label(wanted),
+                                                wanted, OwnerKind.SHARE_GROUP, workload=workload)  # fmt: skip
                 member = store.bind(
-                    store.insert(container_id, {}, ledger.policy, ledger.priority, False, f"member of {key}", [],
-                                 OwnerKind.MEMBER, ledger.id, workload),
+                    store.insert(container_id, {}, group.policy, group.priority, False, f"member of {key}", [],
+                                 OwnerKind.MEMBER, group.id, workload),
                     who.pid, who.pid_ns, who.cgroup, who.start_time,
                 )  # fmt: skip
                 return made, member
@@ -565,102 +363,39 @@ class SliceManager:
             self.index.put(member)
             return member
 
-    def _claim_shares(self, refs: list[ShareRef]) -> dict[str, Allocation]:
-        """The shares the refs name ('<owner>/<share>': its allocation), each
-        reserved here: a claim's (DRA) or an allocation's (device plugin)."""
-        found: dict[str, Allocation] = {}
-        for ref in refs:
-            devices = ref.claim.startswith(constants.DEVICES_SLICE_PREFIX)
-            what = "allocation" if devices else "claim"
-            # before anything is looked up: a forged entry learns nothing, not even whether the owner is here
-            if not self.membership.admits(subject(ref.claim, ref.share), ref.token):
-                raise errors.FailedPrecondition(
-                    f"{what} share {ref}: the container was not given its device (the entry lacks the share's key, "
-                    f"which only the {'device plugin' if devices else 'claim'}'s answer carries)"
-                )
-            claim = self.index.by_container.get(owner_key(ref.claim))
-            if claim is None or claim.kind not in JOINABLE:
-                raise errors.NotFound(
-                    f"the slice of {what} {ref.claim} is not on this node "
-                    f"(the {'device plugin reserves' if devices else 'DRA plugin prepares'} it before the pod's "
-                    "containers start)"
-                )
-            named = [a for a in claim.allocations if a.share == ref.share]
-            if not named:
-                raise errors.NotFound(f"{what} {ref.claim} has no share {ref.share} on this node")
-            for a in named:
-                found[f"{ref.claim}/{a.share}"] = a
-        return found
-
-    def _no_other_ledger(self, key: str, wanted: set[str]) -> None:
-        """A share is charged through one ledger at a time: two containers given
-        overlapping but different sets of shares cannot both hold them exactly."""
-        for uid in sorted({name.split("/", 1)[0] for name in wanted}):
-            claim = self.index.by_container[owner_key(uid)]
-            if self.index.members.get(claim.id):
-                # members joined before ledgers (an upgrade) charge the claim's own files, all its shares
-                others = [(claim, {f"{uid}/{a.share}" for a in claim.allocations})]
-            else:
-                ledgers = [self.index.by_container[k] for k in sorted(self.index.ledgers.get(uid, ())) if k != key]
-                others = [(r, {a.share for a in r.allocations}) for r in ledgers]
-            for rec, held in others:
-                overlap = sorted(wanted & held)
-                if overlap:
-                    users = ", ".join(sorted(self.index.members.get(rec.id, ())))
-                    raise Conflict(
-                        f"claim share {overlap[0]} is in use by container(s) {users} with other shares of the "
-                        "claim; give containers that share a claim either the same requests of it or requests "
-                        "that do not overlap"
-                    )
-
-    def _insert_ledger(self, store: SliceStore, key: str, wanted: dict[str, Allocation],
-                       workload: Workload) -> SliceRecord:  # fmt: skip
-        """The ledger of the shares `wanted`, labelled with the workload of the
-        container that first joins it (its memory use is charged here)."""
-        copies = [dataclasses.replace(a, share=name) for name, a in sorted(wanted.items())]
-        copies.sort(key=lambda a: (a.gpu_index, a.share))
-        policy, priority = _agreed(copies)
-        claims = sorted({name.split("/", 1)[0] for name in wanted})
-        return store.insert(key, {}, policy, priority, False, f"shares of claim {', '.join(claims)}", copies,
-                            OwnerKind.SHARES, workload=workload)  # fmt: skip
-
     def release(self, container_id: str) -> bool:
         with self._lock:
             rec = self.index.by_container.get(container_id)
             if rec is None:
                 return False
             if rec.kind is OwnerKind.MEMBER:  # a member holds no files or capacity of its own
-                ledger = self.index.by_id.get(rec.member_of or "")
+                group = self.index.by_id.get(rec.member_of or "")
                 if (
-                    ledger is None
-                    or ledger.kind is not OwnerKind.SHARES
-                    or (self.index.members.get(ledger.id) != {container_id})
+                    group is None
+                    or group.kind is not OwnerKind.SHARE_GROUP
+                    or (self.index.members.get(group.id) != {container_id})
                 ):
-                    ledger = None  # others still charge it (or a claim's slice from before ledgers)
-                # the last member of a ledger takes it along: its shares are free for another set
-                gone = ledger.id if ledger else rec.id
+                    group = None  # others still charge it (or an owner's slice from before share groups)
+                # the last member of a share group takes it along: its shares are free for another set
+                gone = group.id if group else rec.id
                 self.store.transaction(lambda store: store.delete(gone))
                 self.index.drop(container_id)
                 log.info("container %s left slice %s", container_id, rec.member_of)
-                if ledger:
-                    self._forget(ledger)
+                if group:
+                    self._forget(group)
                 return True
-            # a claim's ledgers and members go with it (the store deletes members' rows with their slice's)
-            ledgers = [rec] + (self._ledgers_of(rec) if rec.kind in JOINABLE else [])
+            # an owner's share groups and their members go with it (the store deletes members' rows with them)
+            groups = [rec] + (self.index.groups_of(rec.share_owner) if rec.kind in SHARE_OWNERS else [])
 
             def tx(store: SliceStore) -> None:
-                for r in ledgers:
+                for r in groups:
                     store.delete(r.id)
 
             self.store.transaction(tx)
-            for r in ledgers:
+            for r in groups:
                 self._forget(r)
         log.info("released slice %s of container %s", rec.id, container_id)
         return True
-
-    def _ledgers_of(self, claim: SliceRecord) -> list[SliceRecord]:
-        uid = uid_of(claim)
-        return [self.index.by_container[k] for k in sorted(self.index.ledgers.get(uid, ()))]
 
     def _forget(self, rec: SliceRecord) -> None:
         """A slice whose row is gone: its members, files and driver limits too."""
@@ -732,8 +467,8 @@ class SliceManager:
 
     def share_keys(self, owner: SliceRecord) -> dict[str, str]:
         """A claim's (or allocation's) membership key per share, for the devices that give them."""
-        uid = uid_of(owner)
-        return {a.share: self.membership.token(subject(uid, a.share)) for a in owner.allocations}
+        return {a.share: self.membership.token(share_groups.subject(owner.share_owner, a.share))
+                for a in owner.allocations}  # fmt: skip
 
     def views(self) -> list[SliceView]:
         return [self.view(r) for r in self.records()]
@@ -792,7 +527,7 @@ class SliceManager:
             # a claim's slice lives until the kubelet unprepares the claim, however long unused
             if (r.state == "bound" and not identity.alive(r.pid or 0, r.pid_start or -1)) or (
                 r.state == "reserved"
-                and r.kind not in (*JOINABLE, OwnerKind.SHARES)
+                and r.kind not in (*SHARE_OWNERS, OwnerKind.SHARE_GROUP)
                 and now_ms() - r.created_ms > reservation_timeout * 1000
             ):
                 gone.append(r.container_id)

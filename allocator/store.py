@@ -15,12 +15,11 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterator
 from contextlib import closing, contextmanager
-from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import TypeVar
 
 from gpuslice import errors
+from gpuslice.allocator.records import NO_WORKLOAD, Allocation, OwnerKind, ShareOwner, SliceRecord, Workload
 
 T = TypeVar("T")
 
@@ -94,6 +93,46 @@ ALTER TABLE slices ADD COLUMN workload_namespace TEXT NOT NULL DEFAULT '';
 ALTER TABLE slices ADD COLUMN workload_pod TEXT NOT NULL DEFAULT '';
 ALTER TABLE slices ADD COLUMN workload_container TEXT NOT NULL DEFAULT '';
 """,
+    # 4: owners typed all the way: a slice's owner UID is a column (a claim's
+    # was read from its key after "claim-"), and each allocation names whose
+    # share it is by kind and UID (a share group's held "<uid>/<share>"; its
+    # owner's kind is the owner row's, found by that UID). A share group whose
+    # owner is gone could charge nothing: it goes, with its members.
+    """
+ALTER TABLE slices ADD COLUMN uid TEXT NOT NULL DEFAULT '';
+UPDATE slices SET uid = substr(container_id, 7) WHERE kind = 'claim' AND container_id LIKE 'claim-%';
+UPDATE slices SET uid = container_id WHERE uid = '';
+CREATE TABLE typed (
+    slice_id TEXT NOT NULL REFERENCES slices(id) ON DELETE CASCADE,
+    owner_kind TEXT NOT NULL DEFAULT '',
+    owner_uid TEXT NOT NULL DEFAULT '',
+    share TEXT NOT NULL DEFAULT '',
+    gpu_index INTEGER NOT NULL,
+    gpu_uuid TEXT NOT NULL,
+    memory INTEGER NOT NULL,
+    cores INTEGER NOT NULL,
+    policy TEXT NOT NULL DEFAULT '',
+    priority TEXT NOT NULL DEFAULT '',
+    PRIMARY KEY (slice_id, gpu_uuid, owner_kind, owner_uid, share)
+);
+INSERT INTO typed
+    SELECT a.slice_id, CASE WHEN s.kind IN ('claim', 'devices') THEN s.kind ELSE '' END,
+           CASE WHEN s.kind IN ('claim', 'devices') THEN s.uid ELSE '' END,
+           a.share, a.gpu_index, a.gpu_uuid, a.memory, a.cores, a.policy, a.priority
+    FROM allocations AS a JOIN slices AS s ON s.id = a.slice_id WHERE s.kind != 'shares';
+INSERT INTO typed
+    SELECT a.slice_id, o.kind, o.uid, substr(a.share, instr(a.share, '/') + 1),
+           a.gpu_index, a.gpu_uuid, a.memory, a.cores, a.policy, a.priority
+    FROM allocations AS a JOIN slices AS s ON s.id = a.slice_id
+    JOIN slices AS o ON o.kind IN ('claim', 'devices') AND o.uid = substr(a.share, 1, instr(a.share, '/') - 1)
+    WHERE s.kind = 'shares';
+DELETE FROM slices WHERE kind = 'shares'
+    AND (SELECT count(*) FROM allocations WHERE slice_id = slices.id)
+        != (SELECT count(*) FROM typed WHERE slice_id = slices.id);
+DROP TABLE allocations;
+ALTER TABLE typed RENAME TO allocations;
+CREATE INDEX allocations_by_gpu ON allocations(gpu_uuid);
+""",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -103,88 +142,6 @@ SQLITE_IOERR, SQLITE_FULL = 10, 13  # primary result codes (the low byte of exte
 
 class StoreError(errors.FailedPrecondition):
     """The store cannot be used as it is (a newer schema, a file that is not a store)."""
-
-
-class OwnerKind(str, Enum):
-    """What a slice belongs to. A new kind of owner (say, a device plugin's
-    allocation) is a new value here, not a convention in a key or a request."""
-
-    CONTAINER = "container"  # a container's own slice (hook, shim, CLI)
-    CLAIM = "claim"  # a DRA claim's slice: kept until the kubelet unprepares it
-    # a device plugin's allocation: the units of one resource the kubelet gave
-    # one container; kept while the kubelet holds them (pod-resources), joined
-    # by the container's shares as a claim is
-    DEVICES = "devices"
-    MEMBER = "member"  # a container in a claim's slice: no capacity of its own
-    # the shares of claims that a container's processes charge together (the
-    # claim devices it was given): the ledger its members attach to; its
-    # allocations are copies of those shares and book nothing (the claims do)
-    SHARES = "shares"
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """One share of a slice on one GPU. `share` tells shares on the same GPU
-    apart (a DRA share ID); policy and priority are the share's own where set,
-    else the slice's."""
-
-    gpu_index: int
-    gpu_uuid: str
-    memory: int
-    cores: int
-    share: str = ""
-    policy: str = ""
-    priority: str = ""
-
-
-@dataclass(frozen=True)
-class Workload:
-    """The Kubernetes workload a slice serves, as people look for it: its
-    namespace, pod and container name (a claim's slice: the claim's namespace
-    and the pod it is reserved for, no container). Empty outside Kubernetes."""
-
-    namespace: str = ""
-    pod: str = ""
-    container: str = ""
-
-    def __bool__(self) -> bool:
-        return bool(self.namespace or self.pod or self.container)
-
-
-NO_WORKLOAD = Workload()
-
-
-@dataclass(frozen=True)
-class SliceRecord:
-    id: str
-    container_id: str
-    state: str
-    request: dict
-    policy: str
-    priority: str
-    whole: bool
-    owner: str
-    created_ms: int
-    bound_ms: int | None
-    pid: int | None
-    pid_ns: int | None
-    cgroup: str | None
-    pid_start: int | None
-    allocations: tuple[Allocation, ...]
-    kind: OwnerKind = OwnerKind.CONTAINER
-    member_of: str | None = None  # a member's claim slice (its id)
-    workload: Workload = NO_WORKLOAD
-
-    @property
-    def file_gpus(self) -> tuple[str, ...]:
-        """The UUIDs of its slice files' GPUs, in the files' order: shares on
-        one GPU add up to one entry there (SliceManager._limits)."""
-        return tuple(dict.fromkeys(a.gpu_uuid for a in self.allocations))
-
-    @property
-    def books(self) -> bool:
-        """Whether its allocations count against the GPUs (a SHARES ledger's are its claims')."""
-        return self.kind is not OwnerKind.SHARES
 
 
 def migrate(db: sqlite3.Connection, path: Path) -> None:
@@ -214,7 +171,7 @@ def now_ms() -> int:
 
 def _refuse(path: Path, what: str) -> StoreError:
     return StoreError(
-        f"{path}: {what}; the slices it held are unknown. Move it aside to start with an empty ledger "
+        f"{path}: {what}; the slices it held are unknown. Move it aside to start with an empty store "
         "(the slices' files are kept in the slice files directory), or restore it from a backup"
     )
 
@@ -225,7 +182,7 @@ class SliceStore:
         a missing store is a lost one, not a first start."""
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        # SQLite would take an empty file for a new store: a ledger that lost its
+        # SQLite would take an empty file for a new store: a store that lost its
         # content must not start as one that holds no slices
         if path.exists() and path.stat().st_size == 0:
             raise _refuse(path, "the slice store is empty (0 bytes), not a store this daemon made")
@@ -235,7 +192,7 @@ class SliceStore:
                 f"({', '.join(sorted(slices_with_files)[:3])}{', …' if len(slices_with_files) > 3 else ''}): "
                 "the slices it held are unknown. Restore it "
                 f"(from {path.name}.recovered beside it, written when the daemon saw it go, or a backup), "
-                "or move the slice files directory aside to start with an empty ledger"
+                "or move the slice files directory aside to start with an empty store"
             )
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
         try:
@@ -244,7 +201,7 @@ class SliceStore:
             # only power loss can drop the last commits, and then every container is gone too.
             self._db.execute("PRAGMA synchronous=NORMAL")
             # a checkpoint every 256 pages (1 MiB) and the log cut back to that size after it: the
-            # ledger stays about a megabyte on disk, whatever the churn (4 MiB and more by default)
+            # store stays about a megabyte on disk, whatever the churn (4 MiB and more by default)
             self._db.execute("PRAGMA wal_autocheckpoint=256")
             self._db.execute("PRAGMA journal_size_limit=1048576")
             self._db.execute("PRAGMA foreign_keys=ON")
@@ -326,25 +283,31 @@ class SliceStore:
             return fn(self)
 
     # -- reads (call inside or outside a transaction) ----------------------------
-    _ALLOCATION = "gpu_index, gpu_uuid, memory, cores, share, policy, priority"
+    _ALLOCATION = "gpu_index, gpu_uuid, memory, cores, share, policy, priority, owner_kind, owner_uid"
+    _ORDER = "gpu_index, owner_kind, owner_uid, share"
+
+    @staticmethod
+    def _allocation(row: tuple) -> Allocation:
+        index, gpu_uuid, memory, cores, share, policy, priority, kind, uid = row
+        of = ShareOwner(OwnerKind(kind), uid) if kind else None
+        return Allocation(index, gpu_uuid, memory, cores, share, policy, priority, of)
 
     def _record(self, row: tuple, allocs: tuple[Allocation, ...] | None = None) -> SliceRecord:
         if allocs is None:
             allocs = tuple(
-                Allocation(*a)
+                self._allocation(a)
                 for a in self._db.execute(
-                    f"SELECT {self._ALLOCATION} FROM allocations WHERE slice_id=? ORDER BY gpu_index, share",
-                    (row[0],),
+                    f"SELECT {self._ALLOCATION} FROM allocations WHERE slice_id=? ORDER BY {self._ORDER}", (row[0],)
                 )
             )
         return SliceRecord(
             row[0], row[1], row[2], json.loads(row[3]), row[4], row[5], bool(row[6]), row[7], row[8], row[9],
-            row[10], row[11], row[12], row[13], allocs, OwnerKind(row[14]), row[15], Workload(*row[16:19]),
+            row[10], row[11], row[12], row[13], allocs, OwnerKind(row[14]), row[15], Workload(*row[16:19]), row[19],
         )  # fmt: skip
 
     _COLUMNS = (
         "id, container_id, state, request, policy, priority, whole, owner, created_ms, bound_ms, pid, pid_ns, "
-        "cgroup, pid_start, kind, member_of, workload_namespace, workload_pod, workload_container"
+        "cgroup, pid_start, kind, member_of, workload_namespace, workload_pod, workload_container, uid"
     )
 
     def get(self, container_id: str) -> SliceRecord | None:
@@ -358,33 +321,35 @@ class SliceStore:
             rows = self._db.execute(f"SELECT {self._COLUMNS} FROM slices ORDER BY created_ms, id").fetchall()
             allocs: dict[str, list[Allocation]] = {}
             for sid, *a in self._db.execute(
-                f"SELECT slice_id, {self._ALLOCATION} FROM allocations ORDER BY slice_id, gpu_index, share"
+                f"SELECT slice_id, {self._ALLOCATION} FROM allocations ORDER BY slice_id, {self._ORDER}"
             ):
-                allocs.setdefault(sid, []).append(Allocation(*a))
+                allocs.setdefault(sid, []).append(self._allocation(tuple(a)))
             return [self._record(r, tuple(allocs.get(r[0], ()))) for r in rows]
 
     # -- writes (call inside transaction()) ---------------------------------------
     def insert(
         self, container_id: str, request: dict, policy: str, priority: str, whole: bool, owner: str,
         allocations: list[Allocation], kind: OwnerKind = OwnerKind.CONTAINER, member_of: str | None = None,
-        workload: Workload = NO_WORKLOAD,
+        workload: Workload = NO_WORKLOAD, uid: str = "",
     ) -> SliceRecord:  # fmt: skip
-        """Insert a reservation; the record as written (no read back)."""
+        """Insert a reservation; the record as written (no read back). `uid`:
+        its owner's (a claim's UID); its key where empty."""
         rec = SliceRecord(
             uuid.uuid4().hex[:16], container_id, "reserved", dict(request), policy, priority, whole, owner, now_ms(),
-            None, None, None, None, None, tuple(allocations), kind, member_of, workload,
+            None, None, None, None, None, tuple(allocations), kind, member_of, workload, uid or container_id,
         )  # fmt: skip
         self._db.execute(
             "INSERT INTO slices (id, container_id, state, request, policy, priority, whole, owner, created_ms, kind, "
-            "member_of, workload_namespace, workload_pod, workload_container) "
-            "VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "member_of, workload_namespace, workload_pod, workload_container, uid) "
+            "VALUES (?, ?, 'reserved', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (rec.id, container_id, json.dumps(request), policy, priority, int(whole), owner, rec.created_ms,
-             kind.value, member_of, workload.namespace, workload.pod, workload.container),
+             kind.value, member_of, workload.namespace, workload.pod, workload.container, rec.uid),
         )  # fmt: skip
         self._db.executemany(
-            f"INSERT INTO allocations (slice_id, {self._ALLOCATION}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            [(rec.id, a.gpu_index, a.gpu_uuid, a.memory, a.cores, a.share, a.policy, a.priority) for a in allocations],
-        )
+            f"INSERT INTO allocations (slice_id, {self._ALLOCATION}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            [(rec.id, a.gpu_index, a.gpu_uuid, a.memory, a.cores, a.share, a.policy, a.priority,
+              a.of.kind.value if a.of else "", a.of.uid if a.of else "") for a in allocations],
+        )  # fmt: skip
         return rec
 
     def bind(self, rec: SliceRecord, pid: int, pid_ns: int, cgroup: str, pid_start: int) -> SliceRecord:
@@ -401,8 +366,17 @@ class SliceStore:
     def resize(self, rec: SliceRecord, allocations: list[Allocation], request: dict) -> SliceRecord:
         for a in allocations:
             self._db.execute(
-                "UPDATE allocations SET memory=?, cores=? WHERE slice_id=? AND gpu_uuid=? AND share=?",
-                (a.memory, a.cores, rec.id, a.gpu_uuid, a.share),
+                "UPDATE allocations SET memory=?, cores=? WHERE slice_id=? AND gpu_uuid=? AND owner_kind=? "
+                "AND owner_uid=? AND share=?",
+                (
+                    a.memory,
+                    a.cores,
+                    rec.id,
+                    a.gpu_uuid,
+                    a.of.kind.value if a.of else "",
+                    a.of.uid if a.of else "",
+                    a.share,
+                ),
             )
         self._db.execute("UPDATE slices SET request=? WHERE id=?", (json.dumps(request), rec.id))
         return dataclasses.replace(rec, allocations=tuple(allocations), request=dict(request))

@@ -43,7 +43,7 @@ class Holding:
 
 def allocation_key(resource: str, device_ids: list[str] | tuple[str, ...]) -> str:
     digest = hashlib.sha256("\n".join([resource, *sorted(device_ids)]).encode()).hexdigest()[:24]
-    return constants.DEVICES_SLICE_PREFIX + digest
+    return constants.devices_slice_key(digest)
 
 
 def holdings(resource: str, device_ids: list[str]) -> list[Holding]:

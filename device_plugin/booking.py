@@ -23,7 +23,6 @@ log = logging.getLogger(__name__)
 
 PARTNER_S = 2.0  # a container's resources are allocated back to back; older is another container's
 GRACE_S = 5.0  # an allocation this young may not be in the kubelet's books yet (its Allocate just returned)
-KIND = "devices"  # the daemon's OwnerKind.DEVICES
 
 
 class Steering:
@@ -145,7 +144,7 @@ class Booking:
         now_ms = time.time() * 1000
         released = 0
         for s in self.daemon.list():
-            if s.kind != KIND or s.container_id in keys or now_ms - s.created_unix_ms < grace_s * 1000:
+            if s.owner_kind != pb.DEVICES or s.container_id in keys or now_ms - s.created_unix_ms < grace_s * 1000:
                 continue
             if self.daemon.release(s.container_id):
                 released += 1

@@ -61,9 +61,24 @@ CONTAINER_DRIVER_DIR = _str("GS_CONTAINER_DRIVER_DIR")
 
 
 def claim_slice_key(uid: str) -> str:
-    """The key a DRA claim's slice is listed and released by (its kind is the
-    store's, not this key's)."""
+    """The key a DRA claim's slice is listed and released by. Keys are made
+    here and never read back: a slice's owner kind and UID are the store's."""
     return CLAIM_SLICE_PREFIX + uid
+
+
+DEVICES_SLICE_KEY_FORMAT = f"{DEVICES_SLICE_PREFIX} and 24 lowercase hex digits"
+_DEVICES_SLICE_KEY = re.compile(re.escape(DEVICES_SLICE_PREFIX) + r"[0-9a-f]{24}\Z")
+
+
+def devices_slice_key(digest: str) -> str:
+    """The key a device plugin allocation's slice is listed and released by:
+    the plugin's digest of the resource and its device IDs."""
+    return DEVICES_SLICE_PREFIX + digest[:24]
+
+
+def is_devices_slice_key(key: str) -> bool:
+    """Whether `key` has the form devices_slice_key makes (ReserveDevices checks its input)."""
+    return bool(_DEVICES_SLICE_KEY.match(key))
 
 
 def runtime_socket_beside(control_socket: str | Path) -> Path:

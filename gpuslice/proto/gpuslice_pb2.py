@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgpuslice/proto/gpuslice.proto\x12\x0bgpuslice.v1\"\x12\n\x10InventoryRequest\"\xf1\x01\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x12\n\npci_bus_id\x18\x04 \x01(\t\x12\x14\n\x0cmemory_total\x18\x05 \x01(\x04\x12\x17\n\x0fmemory_reserved\x18\x06 \x01(\x04\x12\x16\n\x0e\x63ores_reserved\x18\x07 \x01(\r\x12\x0e\n\x06slices\x18\x08 \x01(\r\x12\x11\n\texclusive\x18\t \x01(\x08\x12\x1a\n\x12\x63ompute_capability\x18\n \x01(\t\x12\x0e\n\x06health\x18\x0b \x01(\t\x12\x15\n\rdriver_limits\x18\x0c \x01(\t\";\n\x04Link\x12\t\n\x01\x61\x18\x01 \x01(\r\x12\t\n\x01\x62\x18\x02 \x01(\r\x12\x0c\n\x04pcie\x18\x03 \x01(\t\x12\x0f\n\x07nvlinks\x18\x04 \x01(\r\"j\n\x0eInventoryReply\x12\x1e\n\x04gpus\x18\x01 \x03(\x0b\x32\x10.gpuslice.v1.Gpu\x12 \n\x05links\x18\x02 \x03(\x0b\x32\x11.gpuslice.v1.Link\x12\x16\n\x0e\x64river_version\x18\x03 \x01(\t\"=\n\x08Workload\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03pod\x18\x02 \x01(\t\x12\x11\n\tcontainer\x18\x03 \x01(\t\"\xd5\x01\n\x0eReserveRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x41\n\x0b\x61nnotations\x18\x02 \x03(\x0b\x32,.gpuslice.v1.ReserveRequest.AnnotationsEntry\x12\r\n\x05owner\x18\x03 \x01(\t\x12\'\n\x08workload\x18\x04 \x01(\x0b\x32\x15.gpuslice.v1.Workload\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"m\n\x05Share\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x0e\n\x06memory\x18\x02 \x01(\x04\x12\r\n\x05\x63ores\x18\x03 \x01(\r\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12\x10\n\x08priority\x18\x05 \x01(\t\x12\x10\n\x08share_id\x18\x06 \x01(\t\"\x9f\x01\n\x15ReserveDevicesRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08resource\x18\x02 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x03 \x01(\t\x12\x0e\n\x06memory\x18\x04 \x01(\x04\x12\r\n\x05\x63ores\x18\x05 \x01(\r\x12\r\n\x05owner\x18\x06 \x01(\t\x12\'\n\x08workload\x18\x07 \x01(\x0b\x32\x15.gpuslice.v1.Workload\"~\n\x13ReserveClaimRequest\x12\x0b\n\x03uid\x18\x01 \x01(\t\x12\"\n\x06shares\x18\x02 \x03(\x0b\x32\x12.gpuslice.v1.Share\x12\r\n\x05owner\x18\x03 \x01(\t\x12\'\n\x08workload\x18\x04 \x01(\x0b\x32\x15.gpuslice.v1.Workload\"\xae\x01\n\x08SliceGpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x14\n\x0cmemory_limit\x18\x03 \x01(\x04\x12\r\n\x05\x63ores\x18\x04 \x01(\r\x12\x16\n\x0e\x63ompute_target\x18\x05 \x01(\x01\x12\x14\n\x0c\x63ompute_used\x18\x06 \x01(\x01\x12\x10\n\x08share_id\x18\x07 \x01(\t\x12\x0e\n\x06policy\x18\x08 \x01(\t\x12\x10\n\x08priority\x18\t \x01(\t\"\xc4\x03\n\x05Slice\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12#\n\x04gpus\x18\x04 \x03(\x0b\x32\x15.gpuslice.v1.SliceGpu\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\t\x12\r\n\x05whole\x18\x07 \x01(\x08\x12\x17\n\x0f\x63reated_unix_ms\x18\x08 \x01(\x03\x12\x0b\n\x03pid\x18\t \x01(\r\x12\x0e\n\x06pid_ns\x18\n \x01(\x04\x12\x0e\n\x06\x63group\x18\x0b \x01(\t\x12\x13\n\x0bmemory_used\x18\x0c \x01(\x04\x12\x11\n\tprocesses\x18\r \x01(\r\x12\x13\n\x0b\x65nforcement\x18\x0e \x01(\t\x12\x0c\n\x04kind\x18\x0f \x01(\t\x12\x11\n\tmember_of\x18\x10 \x01(\t\x12\x35\n\nshare_keys\x18\x11 \x03(\x0b\x32!.gpuslice.v1.Slice.ShareKeysEntry\x12\'\n\x08workload\x18\x12 \x01(\x0b\x32\x15.gpuslice.v1.Workload\x1a\x30\n\x0eShareKeysEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"0\n\x0b\x42indRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\"&\n\x0eReleaseRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08\"\"\n\nGetRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\"\r\n\x0bListRequest\"/\n\tListReply\x12\"\n\x06slices\x18\x01 \x03(\x0b\x32\x12.gpuslice.v1.Slice\"\x9b\x01\n\rResizeRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12@\n\x0b\x61nnotations\x18\x02 \x03(\x0b\x32+.gpuslice.v1.ResizeRequest.AnnotationsEntry\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\xc1\x04\n\tAllocator\x12G\n\tInventory\x12\x1d.gpuslice.v1.InventoryRequest\x1a\x1b.gpuslice.v1.InventoryReply\x12:\n\x07Reserve\x12\x1b.gpuslice.v1.ReserveRequest\x1a\x12.gpuslice.v1.Slice\x12\x44\n\x0cReserveClaim\x12 .gpuslice.v1.ReserveClaimRequest\x1a\x12.gpuslice.v1.Slice\x12H\n\x0eReserveDevices\x12\".gpuslice.v1.ReserveDevicesRequest\x1a\x12.gpuslice.v1.Slice\x12\x34\n\x04\x42ind\x12\x18.gpuslice.v1.BindRequest\x1a\x12.gpuslice.v1.Slice\x12\x41\n\x07Release\x12\x1b.gpuslice.v1.ReleaseRequest\x1a\x19.gpuslice.v1.ReleaseReply\x12\x32\n\x03Get\x12\x17.gpuslice.v1.GetRequest\x1a\x12.gpuslice.v1.Slice\x12\x38\n\x04List\x12\x18.gpuslice.v1.ListRequest\x1a\x16.gpuslice.v1.ListReply\x12\x38\n\x06Resize\x12\x1a.gpuslice.v1.ResizeRequest\x1a\x12.gpuslice.v1.Sliceb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dgpuslice/proto/gpuslice.proto\x12\x0bgpuslice.v1\"\x12\n\x10InventoryRequest\"\xf1\x01\n\x03Gpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\x12\n\npci_bus_id\x18\x04 \x01(\t\x12\x14\n\x0cmemory_total\x18\x05 \x01(\x04\x12\x17\n\x0fmemory_reserved\x18\x06 \x01(\x04\x12\x16\n\x0e\x63ores_reserved\x18\x07 \x01(\r\x12\x0e\n\x06slices\x18\x08 \x01(\r\x12\x11\n\texclusive\x18\t \x01(\x08\x12\x1a\n\x12\x63ompute_capability\x18\n \x01(\t\x12\x0e\n\x06health\x18\x0b \x01(\t\x12\x15\n\rdriver_limits\x18\x0c \x01(\t\";\n\x04Link\x12\t\n\x01\x61\x18\x01 \x01(\r\x12\t\n\x01\x62\x18\x02 \x01(\r\x12\x0c\n\x04pcie\x18\x03 \x01(\t\x12\x0f\n\x07nvlinks\x18\x04 \x01(\r\"j\n\x0eInventoryReply\x12\x1e\n\x04gpus\x18\x01 \x03(\x0b\x32\x10.gpuslice.v1.Gpu\x12 \n\x05links\x18\x02 \x03(\x0b\x32\x11.gpuslice.v1.Link\x12\x16\n\x0e\x64river_version\x18\x03 \x01(\t\"=\n\x08Workload\x12\x11\n\tnamespace\x18\x01 \x01(\t\x12\x0b\n\x03pod\x18\x02 \x01(\t\x12\x11\n\tcontainer\x18\x03 \x01(\t\"\xd5\x01\n\x0eReserveRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x41\n\x0b\x61nnotations\x18\x02 \x03(\x0b\x32,.gpuslice.v1.ReserveRequest.AnnotationsEntry\x12\r\n\x05owner\x18\x03 \x01(\t\x12\'\n\x08workload\x18\x04 \x01(\x0b\x32\x15.gpuslice.v1.Workload\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"m\n\x05Share\x12\x11\n\tgpu_index\x18\x01 \x01(\r\x12\x0e\n\x06memory\x18\x02 \x01(\x04\x12\r\n\x05\x63ores\x18\x03 \x01(\r\x12\x0e\n\x06policy\x18\x04 \x01(\t\x12\x10\n\x08priority\x18\x05 \x01(\t\x12\x10\n\x08share_id\x18\x06 \x01(\t\"\x9f\x01\n\x15ReserveDevicesRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x10\n\x08resource\x18\x02 \x01(\t\x12\x10\n\x08gpu_uuid\x18\x03 \x01(\t\x12\x0e\n\x06memory\x18\x04 \x01(\x04\x12\r\n\x05\x63ores\x18\x05 \x01(\r\x12\r\n\x05owner\x18\x06 \x01(\t\x12\'\n\x08workload\x18\x07 \x01(\x0b\x32\x15.gpuslice.v1.Workload\"~\n\x13ReserveClaimRequest\x12\x0b\n\x03uid\x18\x01 \x01(\t\x12\"\n\x06shares\x18\x02 \x03(\x0b\x32\x12.gpuslice.v1.Share\x12\r\n\x05owner\x18\x03 \x01(\t\x12\'\n\x08workload\x18\x04 \x01(\x0b\x32\x15.gpuslice.v1.Workload\"\xed\x01\n\x08SliceGpu\x12\r\n\x05index\x18\x01 \x01(\r\x12\x0c\n\x04uuid\x18\x02 \x01(\t\x12\x14\n\x0cmemory_limit\x18\x03 \x01(\x04\x12\r\n\x05\x63ores\x18\x04 \x01(\r\x12\x16\n\x0e\x63ompute_target\x18\x05 \x01(\x01\x12\x14\n\x0c\x63ompute_used\x18\x06 \x01(\x01\x12\x10\n\x08share_id\x18\x07 \x01(\t\x12\x0e\n\x06policy\x18\x08 \x01(\t\x12\x10\n\x08priority\x18\t \x01(\t\x12*\n\nowner_kind\x18\n \x01(\x0e\x32\x16.gpuslice.v1.OwnerKind\x12\x11\n\towner_uid\x18\x0b \x01(\t\"\x87\x04\n\x05Slice\x12\n\n\x02id\x18\x01 \x01(\t\x12\x14\n\x0c\x63ontainer_id\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12#\n\x04gpus\x18\x04 \x03(\x0b\x32\x15.gpuslice.v1.SliceGpu\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x10\n\x08priority\x18\x06 \x01(\t\x12\r\n\x05whole\x18\x07 \x01(\x08\x12\x17\n\x0f\x63reated_unix_ms\x18\x08 \x01(\x03\x12\x0b\n\x03pid\x18\t \x01(\r\x12\x0e\n\x06pid_ns\x18\n \x01(\x04\x12\x0e\n\x06\x63group\x18\x0b \x01(\t\x12\x13\n\x0bmemory_used\x18\x0c \x01(\x04\x12\x11\n\tprocesses\x18\r \x01(\r\x12\x13\n\x0b\x65nforcement\x18\x0e \x01(\t\x12\x10\n\x04kind\x18\x0f \x01(\tB\x02\x18\x01\x12\x11\n\tmember_of\x18\x10 \x01(\t\x12\x35\n\nshare_keys\x18\x11 \x03(\x0b\x32!.gpuslice.v1.Slice.ShareKeysEntry\x12\'\n\x08workload\x18\x12 \x01(\x0b\x32\x15.gpuslice.v1.Workload\x12*\n\nowner_kind\x18\x13 \x01(\x0e\x32\x16.gpuslice.v1.OwnerKind\x12\x11\n\towner_uid\x18\x14 \x01(\t\x1a\x30\n\x0eShareKeysEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"0\n\x0b\x42indRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12\x0b\n\x03pid\x18\x02 \x01(\r\"&\n\x0eReleaseRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\" \n\x0cReleaseReply\x12\x10\n\x08released\x18\x01 \x01(\x08\"\"\n\nGetRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\"\r\n\x0bListRequest\"/\n\tListReply\x12\"\n\x06slices\x18\x01 \x03(\x0b\x32\x12.gpuslice.v1.Slice\"\x9b\x01\n\rResizeRequest\x12\x14\n\x0c\x63ontainer_id\x18\x01 \x01(\t\x12@\n\x0b\x61nnotations\x18\x02 \x03(\x0b\x32+.gpuslice.v1.ResizeRequest.AnnotationsEntry\x1a\x32\n\x10\x41nnotationsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01*k\n\tOwnerKind\x12\x1a\n\x16OWNER_KIND_UNSPECIFIED\x10\x00\x12\r\n\tCONTAINER\x10\x01\x12\t\n\x05\x43LAIM\x10\x02\x12\x0b\n\x07\x44\x45VICES\x10\x03\x12\x0f\n\x0bSHARE_GROUP\x10\x04\x12\n\n\x06MEMBER\x10\x05\x32\xc1\x04\n\tAllocator\x12G\n\tInventory\x12\x1d.gpuslice.v1.InventoryRequest\x1a\x1b.gpuslice.v1.InventoryReply\x12:\n\x07Reserve\x12\x1b.gpuslice.v1.ReserveRequest\x1a\x12.gpuslice.v1.Slice\x12\x44\n\x0cReserveClaim\x12 .gpuslice.v1.ReserveClaimRequest\x1a\x12.gpuslice.v1.Slice\x12H\n\x0eReserveDevices\x12\".gpuslice.v1.ReserveDevicesRequest\x1a\x12.gpuslice.v1.Slice\x12\x34\n\x04\x42ind\x12\x18.gpuslice.v1.BindRequest\x1a\x12.gpuslice.v1.Slice\x12\x41\n\x07Release\x12\x1b.gpuslice.v1.ReleaseRequest\x1a\x19.gpuslice.v1.ReleaseReply\x12\x32\n\x03Get\x12\x17.gpuslice.v1.GetRequest\x1a\x12.gpuslice.v1.Slice\x12\x38\n\x04List\x12\x18.gpuslice.v1.ListRequest\x1a\x16.gpuslice.v1.ListReply\x12\x38\n\x06Resize\x12\x1a.gpuslice.v1.ResizeRequest\x1a\x12.gpuslice.v1.Sliceb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,12 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESERVEREQUEST_ANNOTATIONSENTRY']._serialized_options = b'8\001'
   _globals['_SLICE_SHAREKEYSENTRY']._loaded_options = None
   _globals['_SLICE_SHAREKEYSENTRY']._serialized_options = b'8\001'
+  _globals['_SLICE'].fields_by_name['kind']._loaded_options = None
+  _globals['_SLICE'].fields_by_name['kind']._serialized_options = b'\030\001'
   _globals['_RESIZEREQUEST_ANNOTATIONSENTRY']._loaded_options = None
   _globals['_RESIZEREQUEST_ANNOTATIONSENTRY']._serialized_options = b'8\001'
+  _globals['_OWNERKIND']._serialized_start=2303
+  _globals['_OWNERKIND']._serialized_end=2410
   _globals['_INVENTORYREQUEST']._serialized_start=46
   _globals['_INVENTORYREQUEST']._serialized_end=64
   _globals['_GPU']._serialized_start=67
@@ -58,27 +62,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RESERVECLAIMREQUEST']._serialized_start=1031
   _globals['_RESERVECLAIMREQUEST']._serialized_end=1157
   _globals['_SLICEGPU']._serialized_start=1160
-  _globals['_SLICEGPU']._serialized_end=1334
-  _globals['_SLICE']._serialized_start=1337
-  _globals['_SLICE']._serialized_end=1789
-  _globals['_SLICE_SHAREKEYSENTRY']._serialized_start=1741
-  _globals['_SLICE_SHAREKEYSENTRY']._serialized_end=1789
-  _globals['_BINDREQUEST']._serialized_start=1791
-  _globals['_BINDREQUEST']._serialized_end=1839
-  _globals['_RELEASEREQUEST']._serialized_start=1841
-  _globals['_RELEASEREQUEST']._serialized_end=1879
-  _globals['_RELEASEREPLY']._serialized_start=1881
-  _globals['_RELEASEREPLY']._serialized_end=1913
-  _globals['_GETREQUEST']._serialized_start=1915
-  _globals['_GETREQUEST']._serialized_end=1949
-  _globals['_LISTREQUEST']._serialized_start=1951
-  _globals['_LISTREQUEST']._serialized_end=1964
-  _globals['_LISTREPLY']._serialized_start=1966
-  _globals['_LISTREPLY']._serialized_end=2013
-  _globals['_RESIZEREQUEST']._serialized_start=2016
-  _globals['_RESIZEREQUEST']._serialized_end=2171
+  _globals['_SLICEGPU']._serialized_end=1397
+  _globals['_SLICE']._serialized_start=1400
+  _globals['_SLICE']._serialized_end=1919
+  _globals['_SLICE_SHAREKEYSENTRY']._serialized_start=1871
+  _globals['_SLICE_SHAREKEYSENTRY']._serialized_end=1919
+  _globals['_BINDREQUEST']._serialized_start=1921
+  _globals['_BINDREQUEST']._serialized_end=1969
+  _globals['_RELEASEREQUEST']._serialized_start=1971
+  _globals['_RELEASEREQUEST']._serialized_end=2009
+  _globals['_RELEASEREPLY']._serialized_start=2011
+  _globals['_RELEASEREPLY']._serialized_end=2043
+  _globals['_GETREQUEST']._serialized_start=2045
+  _globals['_GETREQUEST']._serialized_end=2079
+  _globals['_LISTREQUEST']._serialized_start=2081
+  _globals['_LISTREQUEST']._serialized_end=2094
+  _globals['_LISTREPLY']._serialized_start=2096
+  _globals['_LISTREPLY']._serialized_end=2143
+  _globals['_RESIZEREQUEST']._serialized_start=2146
+  _globals['_RESIZEREQUEST']._serialized_end=2301
   _globals['_RESIZEREQUEST_ANNOTATIONSENTRY']._serialized_start=706
   _globals['_RESIZEREQUEST_ANNOTATIONSENTRY']._serialized_end=756
-  _globals['_ALLOCATOR']._serialized_start=2174
-  _globals['_ALLOCATOR']._serialized_end=2751
+  _globals['_ALLOCATOR']._serialized_start=2413
+  _globals['_ALLOCATOR']._serialized_end=2990
 # @@protoc_insertion_point(module_scope)

@@ -1,10 +1,26 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class OwnerKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OWNER_KIND_UNSPECIFIED: _ClassVar[OwnerKind]
+    CONTAINER: _ClassVar[OwnerKind]
+    CLAIM: _ClassVar[OwnerKind]
+    DEVICES: _ClassVar[OwnerKind]
+    SHARE_GROUP: _ClassVar[OwnerKind]
+    MEMBER: _ClassVar[OwnerKind]
+OWNER_KIND_UNSPECIFIED: OwnerKind
+CONTAINER: OwnerKind
+CLAIM: OwnerKind
+DEVICES: OwnerKind
+SHARE_GROUP: OwnerKind
+MEMBER: OwnerKind
 
 class InventoryRequest(_message.Message):
     __slots__ = ()
@@ -136,7 +152,7 @@ class ReserveClaimRequest(_message.Message):
     def __init__(self, uid: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ..., owner: _Optional[str] = ..., workload: _Optional[_Union[Workload, _Mapping]] = ...) -> None: ...
 
 class SliceGpu(_message.Message):
-    __slots__ = ("index", "uuid", "memory_limit", "cores", "compute_target", "compute_used", "share_id", "policy", "priority")
+    __slots__ = ("index", "uuid", "memory_limit", "cores", "compute_target", "compute_used", "share_id", "policy", "priority", "owner_kind", "owner_uid")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LIMIT_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +162,8 @@ class SliceGpu(_message.Message):
     SHARE_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    OWNER_KIND_FIELD_NUMBER: _ClassVar[int]
+    OWNER_UID_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     memory_limit: int
@@ -155,10 +173,12 @@ class SliceGpu(_message.Message):
     share_id: str
     policy: str
     priority: str
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., memory_limit: _Optional[int] = ..., cores: _Optional[int] = ..., compute_target: _Optional[float] = ..., compute_used: _Optional[float] = ..., share_id: _Optional[str] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ...) -> None: ...
+    owner_kind: OwnerKind
+    owner_uid: str
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., memory_limit: _Optional[int] = ..., cores: _Optional[int] = ..., compute_target: _Optional[float] = ..., compute_used: _Optional[float] = ..., share_id: _Optional[str] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., owner_kind: _Optional[_Union[OwnerKind, str]] = ..., owner_uid: _Optional[str] = ...) -> None: ...
 
 class Slice(_message.Message):
-    __slots__ = ("id", "container_id", "state", "gpus", "policy", "priority", "whole", "created_unix_ms", "pid", "pid_ns", "cgroup", "memory_used", "processes", "enforcement", "kind", "member_of", "share_keys", "workload")
+    __slots__ = ("id", "container_id", "state", "gpus", "policy", "priority", "whole", "created_unix_ms", "pid", "pid_ns", "cgroup", "memory_used", "processes", "enforcement", "kind", "member_of", "share_keys", "workload", "owner_kind", "owner_uid")
     class ShareKeysEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -184,6 +204,8 @@ class Slice(_message.Message):
     MEMBER_OF_FIELD_NUMBER: _ClassVar[int]
     SHARE_KEYS_FIELD_NUMBER: _ClassVar[int]
     WORKLOAD_FIELD_NUMBER: _ClassVar[int]
+    OWNER_KIND_FIELD_NUMBER: _ClassVar[int]
+    OWNER_UID_FIELD_NUMBER: _ClassVar[int]
     id: str
     container_id: str
     state: str
@@ -202,7 +224,9 @@ class Slice(_message.Message):
     member_of: str
     share_keys: _containers.ScalarMap[str, str]
     workload: Workload
-    def __init__(self, id: _Optional[str] = ..., container_id: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[SliceGpu, _Mapping]]] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., whole: _Optional[bool] = ..., created_unix_ms: _Optional[int] = ..., pid: _Optional[int] = ..., pid_ns: _Optional[int] = ..., cgroup: _Optional[str] = ..., memory_used: _Optional[int] = ..., processes: _Optional[int] = ..., enforcement: _Optional[str] = ..., kind: _Optional[str] = ..., member_of: _Optional[str] = ..., share_keys: _Optional[_Mapping[str, str]] = ..., workload: _Optional[_Union[Workload, _Mapping]] = ...) -> None: ...
+    owner_kind: OwnerKind
+    owner_uid: str
+    def __init__(self, id: _Optional[str] = ..., container_id: _Optional[str] = ..., state: _Optional[str] = ..., gpus: _Optional[_Iterable[_Union[SliceGpu, _Mapping]]] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., whole: _Optional[bool] = ..., created_unix_ms: _Optional[int] = ..., pid: _Optional[int] = ..., pid_ns: _Optional[int] = ..., cgroup: _Optional[str] = ..., memory_used: _Optional[int] = ..., processes: _Optional[int] = ..., enforcement: _Optional[str] = ..., kind: _Optional[str] = ..., member_of: _Optional[str] = ..., share_keys: _Optional[_Mapping[str, str]] = ..., workload: _Optional[_Union[Workload, _Mapping]] = ..., owner_kind: _Optional[_Union[OwnerKind, str]] = ..., owner_uid: _Optional[str] = ...) -> None: ...
 
 class BindRequest(_message.Message):
     __slots__ = ("container_id", "pid")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.cli import rootfs
+from gpuslice.proto import gpuslice_pb2 as pb
 from tests.clients.cri import Kubelet
 from tests.e2e.test_dra_containerd import share_of
 from tests.harness.containerd import NEEDS_CRI, Pod, cdi_kubelet
@@ -111,4 +112,4 @@ def test_two_pods_get_exactly_their_memory_and_hard_shares_and_deletion_frees_th
     while len(node.allocations()) != 1:  # the filler's
         assert time.monotonic() < deadline, node.log()
         time.sleep(0.1)
-    assert [s.kind for s in gpu_node.slices()] == ["devices"]  # members and ledgers went with their containers
+    assert [s.owner_kind for s in gpu_node.slices()] == [pb.DEVICES]  # members and groups went with their containers

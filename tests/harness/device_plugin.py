@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuslice.cli.sim_daemon import RunningDaemon
+from gpuslice.proto import gpuslice_pb2 as pb
 from tests.harness import CLIENTS, REPO
 from tests.harness.kubelet_api import write_descriptor_sets
 from tools.api_server import ApiServer
@@ -153,4 +154,4 @@ class DevicePluginNode:
 
     def allocations(self) -> dict[str, Any]:
         """The daemon's device plugin allocations, by key."""
-        return {s.container_id: s for s in self.d.client().list() if s.kind == "devices"}
+        return {s.container_id: s for s in self.d.client().list() if s.owner_kind == pb.DEVICES}

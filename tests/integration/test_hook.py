@@ -205,7 +205,7 @@ def test_the_hook_follows_the_pods_container_list_and_reads_request_variables(tm
 @needs_root
 def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_path, daemon, containers):
     """A DRA claim's share (reserved by the kubelet plugin) and two containers
-    given its CDI device: both join its ledger, their processes charge it
+    given its CDI device: both join its group, their processes charge it
     together, and the claim outlives them until it is unprepared."""
 
     d = daemon(reservation_timeout=0.5)
@@ -218,9 +218,9 @@ def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_pat
         r = hook("createRuntime", {"id": name, "pid": box.init_pid, "bundle": str(b)}, d.socket)
         assert r.returncode == 0, r.stderr
     members = {s.container_id: s for s in client.list()}
-    ledger = next(k for k, s in members.items() if s.kind == "shares")
-    assert set(members) == {"claim-0f0e", ledger, "c1", "c2"} and members["c1"].state == "bound"
-    assert members["c1"].member_of == members["c2"].member_of == ledger
+    group = next(k for k, s in members.items() if s.owner_kind == pb.SHARE_GROUP)
+    assert set(members) == {"claim-0f0e", group, "c1", "c2"} and members["c1"].state == "bound"
+    assert members["c1"].member_of == members["c2"].member_of == group
     first = run_client(boxes["c1"], d.slice_socket, 1536 << 20, linger=10)
     assert json.loads(first.stdout.readline())["charged"] is True
     second = run_client(boxes["c2"], d.slice_socket, 1 << 30)
@@ -230,11 +230,11 @@ def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_pat
     first.kill()
     first.wait(10)
 
-    time.sleep(1.5)  # three sweeps past the reservation timeout: neither the claim nor its ledger is stale
-    assert client.get("claim-0f0e").state == "reserved" and client.get(ledger).kind == "shares"
+    time.sleep(1.5)  # three sweeps past the reservation timeout: neither the claim nor its group is stale
+    assert client.get("claim-0f0e").state == "reserved" and client.get(group).owner_kind == pb.SHARE_GROUP
     assert hook("poststop", {"id": "c1", "pid": boxes["c1"].init_pid, "bundle": str(b)}, d.socket).returncode == 0
-    assert {s.container_id for s in client.list()} == {"claim-0f0e", ledger, "c2"}
-    assert client.release("claim-0f0e")  # unprepared: its ledger and its containers' records go with it
+    assert {s.container_id for s in client.list()} == {"claim-0f0e", group, "c2"}
+    assert client.release("claim-0f0e")  # unprepared: its group and its containers' records go with it
     assert client.list() == []
 
 
@@ -242,9 +242,9 @@ def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_pat
 def test_each_container_gets_the_shares_it_was_given_and_no_other(tmp_path, daemon, containers):
     """One claim, two requests on one GPU (kube-scheduler 1.36 puts both on
     gpu-0, each with its share ID): a container given request a sees and
-    charges a's 1 GiB only, one given b b's 2 GiB only; their ledgers are
+    charges a's 1 GiB only, one given b b's 2 GiB only; their share groups are
     separate, the books hold 3 GiB. A container given both while they are in
-    use apart is refused in one line (a share is charged through one ledger),
+    use apart is refused in one line (a share is charged through one group),
     and takes both once they are free."""
     d = daemon()
     client = d.client()
@@ -270,7 +270,7 @@ def test_each_container_gets_the_shares_it_was_given_and_no_other(tmp_path, daem
     assert (seen["ca"]["limit"], seen["ca"]["charged"]) == (1 << 30, False)
     assert (seen["cb"]["limit"], seen["cb"]["charged"]) == (2 << 30, False)
     gpu0 = client.inventory().gpus[0]
-    assert (gpu0.memory_reserved, gpu0.cores_reserved) == (3 << 30, 50)  # the claim's books; ledgers book nothing
+    assert (gpu0.memory_reserved, gpu0.cores_reserved) == (3 << 30, 50)  # the claim's books; share groups book nothing
 
     r = hook("createRuntime", {"id": "both", "pid": boxes["both"].init_pid, "bundle": str(bundles["both"])}, d.socket)
     [line] = r.stderr.strip().splitlines()
@@ -281,7 +281,7 @@ def test_each_container_gets_the_shares_it_was_given_and_no_other(tmp_path, daem
     ), line
     for name in ("ca", "cb"):
         assert hook("poststop", {"id": name, "pid": 1, "bundle": str(bundles[name])}, d.socket).returncode == 0
-    assert {s.container_id for s in client.list()} == {"claim-ab"}  # the last member took each ledger along
+    assert {s.container_id for s in client.list()} == {"claim-ab"}  # the last member took each group along
     r = hook("createRuntime", {"id": "both", "pid": boxes["both"].init_pid, "bundle": str(bundles["both"])}, d.socket)
     assert r.returncode == 0, r.stderr
     both = run_client(boxes["both"], d.slice_socket, 3 << 30)
@@ -361,15 +361,16 @@ def test_a_device_plugin_containers_slice_is_what_it_was_given_on_one_gpu(tmp_pa
         r = hook("createRuntime", {"id": name, "pid": box.init_pid, "bundle": str(b)}, d.socket)
         [line] = r.stderr.strip().splitlines()
         assert r.returncode == 1 and said in line, (name, line)
-    assert {s.kind for s in client.list()} == {"devices"}  # nobody joined anything
+    assert {s.owner_kind for s in client.list()} == {pb.DEVICES}  # nobody joined anything
 
     box = containers()
     b = bundle(tmp_path / "ok", {}, env=[entry("mem0"), entry("cores0"), "GPUSLICE_COMPUTE_POLICY=hard"])
     r = hook("createRuntime", {"id": "ok", "pid": box.init_pid, "bundle": str(b)}, d.socket)
     assert r.returncode == 0, r.stderr
-    ledger = next(s for s in client.list() if s.kind == "shares")
-    per = {g.share_id.rsplit("/", 1)[1]: g for g in ledger.gpus}
-    assert {g.uuid for g in ledger.gpus} == {uuids[0]}
+    group = next(s for s in client.list() if s.owner_kind == pb.SHARE_GROUP)
+    per = {g.share_id: g for g in group.gpus}
+    assert {(g.uuid, g.owner_kind, g.owner_uid) for g in group.gpus} == {
+        (uuids[0], pb.DEVICES, key["mem0"]), (uuids[0], pb.DEVICES, key["cores0"])}  # fmt: skip
     assert (per["memory"].memory_limit, per["cores"].cores, per["cores"].policy) == (3 << 30, 40, "hard")
     out = run_client(box, d.slice_socket, 3 << 30)
     seen = json.loads(out.stdout.readline())

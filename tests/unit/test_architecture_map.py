@@ -37,3 +37,16 @@ def test_every_file_the_map_names_is_in_the_tree():
     assert len(named) > 50, named  # the map names files: the pattern found them
     missing = sorted(n for n in named if not any(t == n or t.endswith("/" + n) for t in tracked))
     assert missing == [], f"docs/architecture.md names files the tree does not have: {missing}"
+
+
+def test_the_owner_kinds_the_map_names_are_the_stores_and_the_wires():
+    """The map lists the owner kinds; they are records.OwnerKind's and the proto's enum's, one for one."""
+    from gpuslice.allocator.records import OwnerKind
+    from gpuslice.proto import gpuslice_pb2 as pb
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    said = re.search(r"`records\.OwnerKind`:\s*([A-Z_,\s]+?);", text)
+    assert said, "docs/architecture.md: the owner kinds' list after `records.OwnerKind`:"
+    named = {n.strip() for n in said.group(1).split(",")}
+    assert named == {k.name for k in OwnerKind}
+    assert named == set(pb.OwnerKind.keys()) - {"OWNER_KIND_UNSPECIFIED"}

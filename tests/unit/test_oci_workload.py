@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from gpuslice.allocator import oci
-from gpuslice.allocator.store import NO_WORKLOAD, Workload
+from gpuslice.allocator.records import NO_WORKLOAD, Workload
 from gpuslice.dra.prepare import workload_of as claim_workload
 
 

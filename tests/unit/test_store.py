@@ -8,16 +8,8 @@ import sqlite3
 
 import pytest
 
-from gpuslice.allocator.store import (
-    MIGRATIONS,
-    NO_WORKLOAD,
-    SCHEMA_VERSION,
-    Allocation,
-    OwnerKind,
-    SliceStore,
-    StoreError,
-    Workload,
-)
+from gpuslice.allocator.records import NO_WORKLOAD, Allocation, OwnerKind, ShareOwner, Workload
+from gpuslice.allocator.store import MIGRATIONS, SCHEMA_VERSION, SliceStore, StoreError
 from gpuslice.errors import Code, code_of
 
 
@@ -92,7 +84,9 @@ def test_version_1_owners_become_kinds_and_allocations_become_shares(tmp_path):
         OwnerKind.MEMBER,
     )
     assert got["c2"].member_of == "s2" and got["c2"].request == {} and got["c1"].member_of is None
-    assert got["claim-u1"].allocations == (Allocation(0, "GPU-0", 2 << 30, 30),)  # share "", the slice's policy
+    # share "", the slice's policy; whose share it is, typed (version 4)
+    assert got["claim-u1"].allocations == (Allocation(0, "GPU-0", 2 << 30, 30, of=ShareOwner(OwnerKind.CLAIM, "u1")),)
+    assert got["claim-u1"].share_owner == ShareOwner(OwnerKind.CLAIM, "u1") and got["c1"].uid == "c1"
     # two shares of one GPU now fit one slice; deleting the claim takes its member's row with it
     store.transaction(lambda s: s.insert("claim-u2", {}, "elastic", "normal", False, "dra", [
         Allocation(1, "GPU-1", 1 << 30, 20, "a", "hard", "high"), Allocation(1, "GPU-1", 1 << 30, 10, "b")],
@@ -105,7 +99,7 @@ def test_version_1_owners_become_kinds_and_allocations_become_shares(tmp_path):
     who = Workload("team-a", "trainer-0", "main")
     store.transaction(lambda s: s.insert("c3", {}, "elastic", "normal", False, "hook", [], workload=who))
     store.close()
-    assert version(path) == SCHEMA_VERSION == 3
+    assert version(path) == SCHEMA_VERSION == 4
     again = SliceStore(path)
     assert again.get("c3").workload == who and again.get("c1").workload == NO_WORKLOAD
     again.close()
