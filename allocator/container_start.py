@@ -32,7 +32,8 @@ from pathlib import Path
 from gpuslice import constants, errors, request
 from gpuslice.allocator import oci
 from gpuslice.allocator.records import OwnerKind
-from gpuslice.allocator.slices import ShareEntry, SliceManager
+from gpuslice.allocator.share_groups import ShareEntry
+from gpuslice.allocator.slices import SliceManager
 from gpuslice.atomic_file import write_text_atomically
 from gpuslice.cdi import apply as cdi_apply
 from gpuslice.cdi import spec as cdi_spec

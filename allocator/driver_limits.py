@@ -8,8 +8,12 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pynvml
+
+if TYPE_CHECKING:
+    from gpuslice.allocator.records import SliceRecord
 
 log = logging.getLogger(__name__)
 
@@ -112,3 +116,37 @@ class DriverLimits:
             return None
         del name
         return q.softLimit, q.hardLimit, q.currentUsed
+
+
+class Enforcement:
+    """Which slices the driver limits too, on which cgroup: the slice's memory
+    as the cgroup's hard and soft limit on each of its GPUs, where the driver
+    can (`limits` None: a driver or pynvml without them)."""
+
+    def __init__(self, limits: DriverLimits | None, own_cgroup: str) -> None:
+        self.limits = limits
+        self.own_cgroup = own_cgroup  # the daemon's: never limited
+        self.enforced: dict[str, str] = {}  # slice id -> the cgroup path the driver limits
+
+    def __contains__(self, slice_id: str) -> bool:
+        return slice_id in self.enforced
+
+    def apply(self, rec: SliceRecord) -> None:
+        dl = self.limits
+        if dl is None or rec.state != "bound" or rec.cgroup == self.own_cgroup:
+            return
+        ns = dl.cgroup_path(rec.cgroup)
+        if ns is None or not dl.any_supported([a.gpu_uuid for a in rec.allocations]):
+            log.info("slice %s: no driver limit (cgroup %s)", rec.id, rec.cgroup)
+            return
+        if all(dl.set(a.gpu_uuid, ns, a.memory, a.memory) for a in rec.allocations):
+            self.enforced[rec.id] = ns
+            log.info("slice %s: the driver limits %s", rec.id, ns)
+        else:
+            self.clear(rec)
+
+    def clear(self, rec: SliceRecord) -> None:
+        ns = self.enforced.pop(rec.id, None)
+        if ns and self.limits:
+            for a in rec.allocations:
+                self.limits.clear(a.gpu_uuid, ns)

@@ -14,6 +14,7 @@ from itertools import combinations
 
 from gpuslice import errors
 from gpuslice import request as requests
+from gpuslice.allocator.records import Allocation
 from gpuslice.request import SliceRequest
 from gpuslice.units import format_bytes
 
@@ -178,3 +179,24 @@ def place_shares(what: str, shares: Sequence[ShareRequest], caps: Sequence[GpuCa
             raise NoRoom(f"no room for {held}: {describe([cap], oversubscription)}")
         placed += sorted(((s, cap, m, c) for s, (m, c) in zip(on_gpu, wanted, strict=True)), key=lambda p: p[0].share)
     return placed
+
+
+def resized(req: SliceRequest, allocs: Sequence[Allocation], used: Sequence[int], caps: Sequence[GpuCapacity],
+            oversubscription: float) -> list[Allocation]:  # fmt: skip
+    """A container's slice at its new size on the same GPUs, if each has room
+    for it (`caps`: without the slice) and no GPU's new memory is below what
+    the slice uses there (`used`, per allocation)."""
+    by_uuid = {c.uuid: c for c in caps}
+    new = []
+    for i, a in enumerate(allocs):
+        cap = by_uuid[a.gpu_uuid]
+        if not fits(req, cap, oversubscription):
+            raise NoRoom(f"GPU {a.gpu_index} ({a.gpu_uuid}) has no room for the new size")
+        memory, cores = demand(req, cap)
+        if i < len(used) and memory < used[i]:
+            raise errors.FailedPrecondition(
+                f"slice uses {format_bytes(used[i])} on GPU {a.gpu_index}, more than the new limit "
+                f"{format_bytes(memory)}"
+            )
+        new.append(Allocation(a.gpu_index, a.gpu_uuid, memory, cores))
+    return new

@@ -12,8 +12,9 @@ import grpc
 from gpuslice import errors, inventory, request
 from gpuslice.allocator import metrics
 from gpuslice.allocator.compute import ComputeController
+from gpuslice.allocator.placement import ShareRequest
 from gpuslice.allocator.records import Workload
-from gpuslice.allocator.slices import ShareRequest, SliceManager, SliceView
+from gpuslice.allocator.slices import SliceManager, SliceView
 from gpuslice.grpc_server import status_of
 from gpuslice.proto import gpuslice_pb2 as pb
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
@@ -133,7 +134,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
     def Inventory(self, request, context):
         inv = self.m.inventory
         caps = {c.uuid: c for c in self.m.capacities()}
-        limits = self.m.driver_limits.state if self.m.driver_limits else {}
+        limits = self.m.driver.limits.state if self.m.driver.limits else {}
         gpus = [
             pb.Gpu(
                 index=g.index, uuid=g.uuid, name=g.name, pci_bus_id=g.pci_bus_id, memory_total=g.memory_total,
@@ -152,7 +153,7 @@ class AllocatorService(pb_grpc.AllocatorServicer):
         return pb.InventoryReply(gpus=gpus, links=links, driver_version=inv.driver_version)
 
     def _message(self, view: SliceView, compute: ComputeController | None = None) -> pb.Slice:
-        member_of = self.m.target(view.record).container_id if view.record.member_of else ""
+        member_of = self.m.index.target(view.record).container_id if view.record.member_of else ""
         return slice_message(view, compute, member_of)
 
     @_rpc("Reserve")

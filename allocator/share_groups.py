@@ -58,6 +58,11 @@ def subject(owner: ShareOwner, share: str) -> str:
     return (devices_share if owner.kind is OwnerKind.DEVICES else claim_share)(owner.uid, share)
 
 
+def keys(membership: MembershipKey, owner: SliceRecord) -> dict[str, str]:
+    """A claim's (or allocation's) membership key per share, for the devices that give them."""
+    return {a.share: membership.token(subject(owner.share_owner, a.share)) for a in owner.allocations}
+
+
 def typed(membership: MembershipKey, entries: list[ShareEntry]) -> list[ShareRef]:
     """Each entry with the owner its key proves; one line for one that none does."""
     refs = []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import mmap
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -22,7 +23,9 @@ from typing import Any
 
 from cffi import FFI
 
+from gpuslice.allocator.records import Allocation
 from gpuslice.paths import native_dir
+from gpuslice.request import ComputePolicy, Priority
 
 OPEN_UNTIL_CONTROLLED_NS = 1_000_000_000
 
@@ -81,6 +84,38 @@ def on_disk(directory: Path) -> dict[str, list[Path]]:
             if p.suffix in (".limits", ".usage"):
                 found.setdefault(p.stem, []).append(p)
     return found
+
+
+def set_aside(directory: Path, keep: set[str]) -> list[Path]:
+    """Files of slices not in `keep` (the store does not hold them) moved to
+    <dir>/orphaned, not deleted; the files moved."""
+    stale = [p for sid, paths in on_disk(directory).items() if sid not in keep for p in paths]
+    if stale:
+        aside = directory / "orphaned"
+        aside.mkdir(mode=0o700, exist_ok=True)
+        for p in stale:
+            p.replace(aside / p.name)
+    return stale
+
+
+def per_gpu(allocations: Iterable[Allocation], policy: str, priority: str) -> list[GpuLimit]:
+    """A slice's limits, one per GPU in its allocations' order: shares on one
+    GPU add up (hard if any of them is, at the highest of their priorities;
+    `policy`, `priority`: the slice's, for a share without its own)."""
+    order = list(Priority)  # high, normal, low
+    merged: dict[str, GpuLimit] = {}
+    for a in allocations:
+        hard = (a.policy or policy) == ComputePolicy.HARD.value
+        prio = a.priority or priority
+        if (m := merged.get(a.gpu_uuid)) is None:
+            merged[a.gpu_uuid] = GpuLimit(a.gpu_uuid, a.memory, a.cores, hard, 0, prio)
+        else:
+            best = min(m.priority, prio, key=lambda p: order.index(Priority(p)))
+            total = GpuLimit(
+                a.gpu_uuid, m.memory_limit + a.memory, min(100, m.cores + a.cores), m.hard or hard, 0, best
+            )
+            merged[a.gpu_uuid] = total
+    return list(merged.values())
 
 
 class SliceFiles:

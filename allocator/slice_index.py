@@ -5,9 +5,13 @@ bound slices by pid namespace and cgroup."""
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from gpuslice.allocator.identity import Identity
+from gpuslice.allocator.placement import GpuCapacity
 from gpuslice.allocator.records import SHARE_OWNERS, Allocation, OwnerKind, ShareOwner, SliceRecord
+from gpuslice.inventory import Gpu
 
 
 @dataclass
@@ -73,6 +77,38 @@ class Index:
             _remove(self.by_pid_ns, rec.pid_ns, rec)
             _remove(self.by_cgroup, rec.cgroup, rec)
         return rec
+
+    def target(self, rec: SliceRecord) -> SliceRecord:
+        """The slice whose files and limits a record's processes use: a
+        member's share group, else the record itself."""
+        return self.by_id.get(rec.member_of, rec) if rec.member_of else rec
+
+    def bound_slice(self, who: Identity, own: Identity) -> SliceRecord | None:
+        """The bound slice whose container this process belongs to: same pid
+        namespace (a container's own; where a pod's containers share one, the
+        one with the process's cgroup), else same cgroup; never the daemon's
+        (`own`). Its target: the slice whose files it charges."""
+        if who.pid_ns != own.pid_ns and (recs := self.by_pid_ns.get(who.pid_ns)):
+            # containers of a pod that shares its pid namespace: each has its own cgroup
+            mine = next((r for r in recs if r.cgroup == who.cgroup), recs[0]) if len(recs) > 1 else recs[0]
+            return self.target(mine)
+        if who.cgroup not in ("", "/", own.cgroup) and (recs := self.by_cgroup.get(who.cgroup)):
+            return self.target(recs[0])
+        return None
+
+    def capacities(self, gpus: Iterable[Gpu], exclude: str | None = None) -> list[GpuCapacity]:
+        """Each GPU's room as the slices leave it; without slice `exclude` (a
+        resize measures against everything but the slice itself)."""
+        used = {u: GpuTally(t.memory, t.cores, t.slices, t.whole) for u, t in self.tally.items()}
+        rec = self.by_container.get(exclude) if exclude else None
+        if rec is not None and rec.books:
+            for a in rec.allocations:
+                used[a.gpu_uuid].add(a, rec.whole, -1)
+        caps = []
+        for g in gpus:
+            t = used.get(g.uuid, GpuTally())
+            caps.append(GpuCapacity(g.index, g.uuid, g.memory_total, t.memory, t.cores, t.slices, t.whole > 0))
+        return caps
 
     def groups_of(self, owner: ShareOwner) -> list[SliceRecord]:
         """The share groups that hold some of an owner's shares, by key."""

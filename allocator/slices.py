@@ -19,8 +19,9 @@ from pathlib import Path
 from gpuslice import constants, errors
 from gpuslice import request as requests
 from gpuslice.allocator import identity, metrics, share_groups, slice_files
+from gpuslice.allocator.driver_limits import DriverLimits, Enforcement
 from gpuslice.allocator.membership import MembershipKey
-from gpuslice.allocator.placement import GpuCapacity, NoRoom, ShareRequest, demand, fits, place, place_shares
+from gpuslice.allocator.placement import GpuCapacity, ShareRequest, place, place_shares, resized
 from gpuslice.allocator.records import (
     NO_WORKLOAD,
     SHARE_OWNERS,
@@ -32,14 +33,11 @@ from gpuslice.allocator.records import (
 )
 from gpuslice.allocator.share_groups import Conflict, ShareEntry, ShareRef
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
-from gpuslice.allocator.slice_index import GpuTally, Index
+from gpuslice.allocator.slice_index import Index
 from gpuslice.allocator.store import SliceStore, now_ms
 from gpuslice.inventory import Inventory
-from gpuslice.units import format_bytes
 
 log = logging.getLogger(__name__)
-
-__all__ = ["Conflict", "NoSlice", "ShareEntry", "ShareRef", "ShareRequest", "SliceFull", "SliceManager", "SliceView"]
 
 
 class NoSlice(errors.NotFound):
@@ -68,27 +66,11 @@ class SliceView:
     enforcement: str  # "driver+interposer" where the driver enforces the memory limit too
 
 
-def _per_gpu(rec: SliceRecord) -> list[GpuLimit]:
-    """The slice's limits, one per GPU: shares on one GPU add up (hard if any
-    of them is, at the highest of their priorities)."""
-    order = list(requests.Priority)  # high, normal, low
-    merged: dict[str, GpuLimit] = {}
-    for a in rec.allocations:
-        hard = (a.policy or rec.policy) == requests.ComputePolicy.HARD.value
-        priority = a.priority or rec.priority
-        if (m := merged.get(a.gpu_uuid)) is None:
-            merged[a.gpu_uuid] = GpuLimit(a.gpu_uuid, a.memory, a.cores, hard, 0, priority)
-        else:
-            best = min(m.priority, priority, key=lambda p: order.index(requests.Priority(p)))
-            merged[a.gpu_uuid] = GpuLimit(a.gpu_uuid, m.memory_limit + a.memory, min(100, m.cores + a.cores),
-                                          m.hard or hard, 0, best)  # fmt: skip
-    return list(merged.values())
-
-
 class SliceManager:
     def __init__(
         self, store: SliceStore, inventory: Inventory, files_dir: Path, oversubscription: float = 1.0,
-        context_reserve: int = 0, driver_limits=None, membership: MembershipKey | None = None,
+        context_reserve: int = 0, driver_limits: DriverLimits | None = None,
+        membership: MembershipKey | None = None, proc: identity.ProcFs = identity.PROC,
     ) -> None:  # fmt: skip
         self.store = store
         self.membership = membership or MembershipKey.ephemeral()
@@ -96,35 +78,21 @@ class SliceManager:
         self.files_dir = files_dir
         self.oversubscription = oversubscription
         self.context_reserve = context_reserve
-        self.driver_limits = driver_limits  # DriverLimits, or None without NVML's cgroup limits
-        self.enforced: dict[str, str] = {}  # slice id -> cgroup path the driver limits
+        self.proc = proc  # how a process's identity is read (/proc; a test's stand-in)
         self.files: dict[str, SliceFiles] = {}
         self.index = Index()
         self._lock = threading.RLock()
         self.on_release: list = []  # callbacks(slice_id) for the process watcher
         files_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.own_pid_ns = identity.of_pid(os.getpid()).pid_ns
-        self.own_cgroup = identity.of_pid(os.getpid()).cgroup
+        self.own = identity.of_pid(os.getpid(), proc)  # the daemon's own: no container's
+        self.driver = Enforcement(driver_limits, self.own.cgroup)  # the driver's limits, where it has them
 
     # -- capacity ------------------------------------------------------------------
     def capacities(self, exclude: str | None = None) -> list[GpuCapacity]:
         with self._lock:
-            used = {u: GpuTally(t.memory, t.cores, t.slices, t.whole) for u, t in self.index.tally.items()}
-            rec = self.index.by_container.get(exclude) if exclude else None
-            for a in rec.allocations if rec else ():  # a resize measures against everything but the slice itself
-                used[a.gpu_uuid].add(a, rec.whole, -1)  # type: ignore[union-attr]
-        caps = []
-        for g in self.inventory.gpus:
-            t = used.get(g.uuid, GpuTally())
-            caps.append(GpuCapacity(g.index, g.uuid, g.memory_total, t.memory, t.cores, t.slices, t.whole > 0))
-        return caps
+            return self.index.capacities(self.inventory.gpus, exclude)
 
     # -- files -----------------------------------------------------------------------
-    def target(self, rec: SliceRecord) -> SliceRecord:
-        """The slice whose files and limits a record's processes use: a member's
-        claim slice, else the record itself."""
-        return self.index.by_id.get(rec.member_of, rec) if rec.member_of else rec
-
     def limits_of(self, slice_id: str) -> list[GpuLimit]:
         """A slice's limits per GPU, in its files' order, from its record (none
         once it is released)."""
@@ -133,39 +101,17 @@ class SliceManager:
             return self._limits(rec) if rec else []
 
     def _limits(self, rec: SliceRecord) -> list[GpuLimit]:
-        return [dataclasses.replace(g, context_reserve=self.context_reserve) for g in _per_gpu(rec)]
+        limits = slice_files.per_gpu(rec.allocations, rec.policy, rec.priority)
+        return [dataclasses.replace(g, context_reserve=self.context_reserve) for g in limits]
 
     def _files_for(self, rec: SliceRecord) -> SliceFiles:
         with self._lock:
-            rec = self.target(rec)
+            rec = self.index.target(rec)
             f = self.files.get(rec.id)
             if f is None:
                 f = self.files[rec.id] = SliceFiles(self.files_dir, rec.id)
             f.write_limits(self._limits(rec))
             return f
-
-    def _driver_limit(self, rec: SliceRecord) -> None:
-        """Have the driver enforce the slice's memory on the container's cgroup
-        too (hard = soft = the slice's memory), where it can."""
-        dl = self.driver_limits
-        if dl is None or rec.state != "bound" or rec.cgroup == self.own_cgroup:
-            return
-        uuids = [a.gpu_uuid for a in rec.allocations]
-        ns = dl.cgroup_path(rec.cgroup)
-        if ns is None or not dl.any_supported(uuids):
-            log.info("slice %s: no driver limit (cgroup %s)", rec.id, rec.cgroup)
-            return
-        if all(dl.set(a.gpu_uuid, ns, a.memory, a.memory) for a in rec.allocations):
-            self.enforced[rec.id] = ns
-            log.info("slice %s: the driver limits %s", rec.id, ns)
-        else:
-            self._clear_driver_limit(rec)
-
-    def _clear_driver_limit(self, rec: SliceRecord) -> None:
-        ns = self.enforced.pop(rec.id, None)
-        if ns and self.driver_limits:
-            for a in rec.allocations:
-                self.driver_limits.clear(a.gpu_uuid, ns)
 
     def restore(self) -> None:
         """After a (re)start: files for every slice in the store, stale files
@@ -177,24 +123,17 @@ class SliceManager:
         for rec in stored:
             if rec.kind in SHARE_OWNERS and not self.index.members.get(rec.id):
                 continue  # its shares are charged through share groups (members from before groups use its files)
-            keep.add(self.target(rec).id)
+            keep.add(self.index.target(rec).id)
             try:
                 self._files_for(rec)
             except OSError as e:  # e.g. a full disk: the slice stays; a Reserve of it again makes them
                 log.error("slice %s of container %s: cannot make its files: %s", rec.id, rec.container_id, e)
                 continue
-            self._driver_limit(rec)
-        stale = [p for sid, paths in slice_files.on_disk(self.files_dir).items() if sid not in keep for p in paths]
+            self.driver.apply(rec)
+        stale = slice_files.set_aside(self.files_dir, keep)
         if stale:
-            # files of slices the store does not hold: kept aside, and said, not deleted
-            aside = self.files_dir / "orphaned"
-            aside.mkdir(mode=0o700, exist_ok=True)
-            for p in stale:
-                p.replace(aside / p.name)
-            log.warning(
-                "%d slice files of slices not in the store moved to %s: %s",
-                len(stale), aside, ", ".join(sorted({p.stem for p in stale})),
-            )  # fmt: skip
+            aside, names = self.files_dir / "orphaned", ", ".join(sorted({p.stem for p in stale}))
+            log.warning("%d slice files of slices not in the store moved to %s: %s", len(stale), aside, names)
 
     # -- operations ----------------------------------------------------------------------
     @metrics.counted(OwnerKind.CONTAINER.value)
@@ -289,10 +228,9 @@ class SliceManager:
                 f"{e.strerror or e}; nothing was reserved"
             ) from e
 
-    @staticmethod
-    def _process(container_id: str, pid: int) -> identity.Identity:
+    def _process(self, container_id: str, pid: int) -> identity.Identity:
         try:
-            return identity.of_pid(pid)
+            return identity.of_pid(pid, self.proc)
         except identity.NoSuchProcess as e:
             raise errors.InvalidArgument(f"pid {pid}: no such process to bind container {container_id} to") from e
 
@@ -310,7 +248,7 @@ class SliceManager:
                 lambda store: store.bind(rec, who.pid, who.pid_ns, who.cgroup, who.start_time)
             )
             self.index.put(bound)
-            self._driver_limit(bound)
+            self.driver.apply(bound)
             return bound
 
     def typed_shares(self, entries: list[ShareEntry]) -> list[ShareRef]:
@@ -405,7 +343,7 @@ class SliceManager:
         f = self.files.pop(rec.id, None)
         if f:
             f.remove()
-        self._clear_driver_limit(rec)
+        self.driver.clear(rec)
         for cb in self.on_release:
             cb(rec.id)
 
@@ -428,29 +366,17 @@ class SliceManager:
             merged = {**rec.request, **changes}
             req = requests.parse(merged)
             assert req is not None
-            caps = {c.uuid: c for c in self.capacities(exclude=container_id)}
             f = self.files.get(rec.id)
             used = f.used() if f else [0] * len(rec.allocations)
-            new = []
-            for i, a in enumerate(rec.allocations):
-                cap = caps[a.gpu_uuid]
-                if not fits(req, cap, self.oversubscription):
-                    raise NoRoom(f"GPU {a.gpu_index} ({a.gpu_uuid}) has no room for the new size")
-                memory, cores = demand(req, cap)
-                if i < len(used) and memory < used[i]:
-                    raise Conflict(
-                        f"slice uses {format_bytes(used[i])} on GPU {a.gpu_index}, more than the new limit "
-                        f"{format_bytes(memory)}"
-                    )
-                new.append(Allocation(a.gpu_index, a.gpu_uuid, memory, cores))
-            return store.resize(rec, new, merged)
+            caps = self.capacities(exclude=container_id)
+            return store.resize(rec, resized(req, rec.allocations, used, caps, self.oversubscription), merged)
 
         with self._lock:
             rec = self.store.transaction(tx)
             self.index.put(rec)
             self._files_for(rec)
-            if rec.id in self.enforced:
-                self._driver_limit(rec)
+            if rec.id in self.driver:
+                self.driver.apply(rec)
         return rec
 
     def get(self, container_id: str) -> SliceView:
@@ -466,9 +392,7 @@ class SliceManager:
         return sorted(recs, key=lambda r: (r.created_ms, r.id))
 
     def share_keys(self, owner: SliceRecord) -> dict[str, str]:
-        """A claim's (or allocation's) membership key per share, for the devices that give them."""
-        return {a.share: self.membership.token(share_groups.subject(owner.share_owner, a.share))
-                for a in owner.allocations}  # fmt: skip
+        return share_groups.keys(self.membership, owner)
 
     def views(self) -> list[SliceView]:
         return [self.view(r) for r in self.records()]
@@ -481,24 +405,15 @@ class SliceManager:
 
     def view(self, rec: SliceRecord) -> SliceView:
         f = self.files.get(rec.id)
-        how = "driver+interposer" if rec.id in self.enforced else "interposer"
+        how = "driver+interposer" if rec.id in self.driver else "interposer"
         if f is None:
             return SliceView(rec, 0, 0, how)
         return SliceView(rec, sum(f.used()), len(f.slot_pids()), how)
 
     # -- containers' processes ------------------------------------------------------------
     def slice_of(self, who: identity.Identity) -> SliceRecord | None:
-        """The bound slice whose container this process belongs to: same pid
-        namespace (a container's own; where a pod's containers share one, the
-        one with the process's cgroup), else same cgroup; never the daemon's."""
         with self._lock:
-            if who.pid_ns != self.own_pid_ns and (recs := self.index.by_pid_ns.get(who.pid_ns)):
-                # containers of a pod that shares its pid namespace: each has its own cgroup
-                mine = next((r for r in recs if r.cgroup == who.cgroup), recs[0]) if len(recs) > 1 else recs[0]
-                return self.target(mine)
-            if who.cgroup not in ("", "/", self.own_cgroup) and (recs := self.index.by_cgroup.get(who.cgroup)):
-                return self.target(recs[0])
-        return None
+            return self.index.bound_slice(who, self.own)
 
     def attach(self, who: identity.Identity) -> Attachment:
         """A process of a container with a slice takes a slot in the slice's
@@ -525,7 +440,7 @@ class SliceManager:
         gone = []
         for r in self.records():
             # a claim's slice lives until the kubelet unprepares the claim, however long unused
-            if (r.state == "bound" and not identity.alive(r.pid or 0, r.pid_start or -1)) or (
+            if (r.state == "bound" and not identity.alive(r.pid or 0, r.pid_start or -1, self.proc)) or (
                 r.state == "reserved"
                 and r.kind not in (*SHARE_OWNERS, OwnerKind.SHARE_GROUP)
                 and now_ms() - r.created_ms > reservation_timeout * 1000
