@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gpuslice import constants
 from gpuslice.cdi import driver_files
+from gpuslice.cdi.registry import DYNAMIC_DIR
 from gpuslice.cdi.spec import ContainerEdits, Device, DeviceNode, Hook, Mount, Spec
 from gpuslice.host_root import HostRoot
 from gpuslice.inventory import Inventory
@@ -24,6 +25,10 @@ SIM_STATE = "/run/gpuslice/sim"
 SIM_CONFIG = "/etc/gpuslice/sim.yaml"
 RW = ("rw", "nosuid", "nodev", "bind")
 INTERPOSER = ("libcuda.so.1", "libnvidia-ml.so.1")  # the files of the interposer's directory
+
+
+SPEC_NAME = "gpuslice.json"
+OUTPUT = DYNAMIC_DIR / SPEC_NAME  # where `gpuslice cdi generate` writes the spec
 
 
 @dataclass(frozen=True)

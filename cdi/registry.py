@@ -19,7 +19,8 @@ from gpuslice.cdi.spec import KIND, SUFFIXES, Device, Spec, SpecError, parse_tex
 
 log = logging.getLogger(__name__)
 
-SPEC_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))  # lowest priority first
+STATIC_DIR, DYNAMIC_DIR = Path("/etc/cdi"), Path("/var/run/cdi")  # an admin's specs; generated ones
+SPEC_DIRS = (STATIC_DIR, DYNAMIC_DIR)  # lowest priority first
 
 
 @dataclass(frozen=True)

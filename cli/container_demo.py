@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice import paths
+from gpuslice.cdi.registry import DYNAMIC_DIR
 from gpuslice.cdi.registry import Registry as CdiRegistry
 from gpuslice.cli import rootfs, sim_daemon
 from gpuslice.cli.status_table import render_status
 from gpuslice.units import format_bytes
 
-SPEC = Path("/var/run/cdi/gpuslice-demo.json")
+SPEC = DYNAMIC_DIR / "gpuslice-demo.json"
 PODMAN = ["--runtime", "runc", "--network", "none", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"]
 SLICES = (
     ("small", {"gpuslice.io/memory": "2Gi", "gpuslice.io/cores": "20"}),

@@ -28,7 +28,6 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from gpuslice import constants, errors, inventory, paths
@@ -39,44 +38,18 @@ from gpuslice.cdi import generate as gen
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cli import install
 from gpuslice.cli.host_files import HostFiles
-from gpuslice.host_root import HostRoot
+from gpuslice.cli.node_agent_options import RUN_DIR, Options
 
 log = logging.getLogger(__name__)
 
-SPEC_NAME = "gpuslice.json"
 RECORD = "node-agent.json"  # in the state directory: what the agent wrote on the host
 RUNTIME_BIN_DIRS = ("usr/local/bin", "usr/bin", "bin")
 # the binaries the runtime runs, and the interposer the spec mounts (host_dir/bin, host_dir/wrap)
 EXECUTABLES = ("gpuslice-hook", "gpuslice-runtime")
-RUNTIMES = ("containerd", "crio", "none")  # none: the runtime is left as it is
-RUN_DIR = Path(constants.CONTROL_SOCKET).parent
 
 
 class AgentError(errors.FailedPrecondition):
     """The host is not one the agent can install onto (one line: what and why)."""
-
-
-@dataclass(frozen=True)
-class Options:
-    host_root: Path = Path("/host")  # where the host's / is mounted in this container
-    host_dir: str = "/opt/gpuslice"  # where the node's parts go, a host path
-    driver_root: str = "/"  # where the driver is installed, a host path (/run/nvidia/driver: a driver container)
-    runtime: str = "containerd"  # containerd, crio, or none: the runtime is left as it is
-    runtime_restart: str = "systemd"  # or none
-    runtime_config: str = ""  # containerd's config.toml, a host path, where not /etc/containerd/config.toml
-    runtime_version: tuple[int, int] | None = None  # else asked of the host's binary
-    # the daemon's sockets and slice files, the host's, mounted at the same path; the
-    # runtime shim looks in /run/gpuslice (the hook is told by the spec)
-    run_dir: Path = RUN_DIR
-    state_dir: Path = Path(constants.STATE_DIR)  # the host's /var/lib/gpuslice, mounted
-    cdi_dir: Path = Path("/var/run/cdi")  # the host's, mounted
-    metrics_port: int = 9445
-    compute_period: float = 0.05
-    driver_poll: float = 10.0  # seconds between looks at the driver's files
-
-    def here(self, host_path: str | Path, what: str = "path") -> Path:
-        """A host path as this container reaches it (normalised: a `..` never leads out of /host)."""
-        return HostRoot(self.host_root).here(host_path, what)
 
 
 def parts() -> list[tuple[Path, str, int]]:
@@ -113,7 +86,7 @@ class NodeAgent:
         self.opts = opts
         self.run = run  # how a host command runs (tests record it)
         self.files = HostFiles(opts.state_dir / RECORD)
-        self.spec_path = opts.cdi_dir / SPEC_NAME
+        self.spec_path = opts.cdi_dir / gen.SPEC_NAME
         self.stopping = threading.Event()
         self.runtime_configured = False
         self.daemon: Daemon | None = None

@@ -23,7 +23,8 @@ from gpuslice.cli import container_view, install
 from gpuslice.cli.selftest_report import Check, failed
 from gpuslice.client import AllocatorClient
 from gpuslice.device_plugin import units
-from gpuslice.device_plugin.node_view import POD_RESOURCES_SOCKET, PodResources
+from gpuslice.device_plugin.node_view import PodResources
+from gpuslice.device_plugin.options import POD_RESOURCES_SOCKET
 from gpuslice.units import format_bytes
 
 NVIDIA_GPU = "nvidia.com/gpu"

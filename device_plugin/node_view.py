@@ -15,13 +15,13 @@ import grpc
 from gpuslice import errors, kube
 from gpuslice.device_plugin import units as u
 from gpuslice.device_plugin.admission import Held, PendingPod, asks_of
+from gpuslice.device_plugin.options import POD_RESOURCES_SOCKET
 from gpuslice.proto import kubelet_podresources_v1_pb2 as pr
 from gpuslice.proto import kubelet_podresources_v1_pb2_grpc as pr_grpc
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
 class PodResources:

@@ -15,7 +15,6 @@ import logging
 import os
 import threading
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -25,7 +24,8 @@ from gpuslice.client import AllocatorClient
 from gpuslice.device_plugin import node_gpus
 from gpuslice.device_plugin import units as u
 from gpuslice.device_plugin.booking import Booking
-from gpuslice.device_plugin.node_view import POD_RESOURCES_SOCKET, NodeApi, PodResources
+from gpuslice.device_plugin.node_view import NodeApi, PodResources
+from gpuslice.device_plugin.options import Options
 from gpuslice.device_plugin.service import DevicePluginService
 from gpuslice.grpc_server import listen_root_only
 from gpuslice.proto import gpuslice_pb2 as pb
@@ -34,20 +34,8 @@ from gpuslice.proto import kubelet_deviceplugin_v1beta1_pb2_grpc as dp_grpc
 
 log = logging.getLogger(__name__)
 
-DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_SOCKET = "kubelet.sock"
 VERSION = "v1beta1"
-
-
-@dataclass(frozen=True)
-class Options:
-    node: str
-    daemon_socket: str
-    kubeconfig: str | None = None
-    plugin_dir: Path = DEVICE_PLUGIN_DIR
-    pod_resources: Path = POD_RESOURCES_SOCKET
-    reconcile_s: float = 2.0
-    use_api: bool = True  # read pending pods (exact one-GPU admission, admission.py); publish per-GPU state
 
 
 def endpoint_name(resource: str) -> str:

@@ -8,7 +8,6 @@ import logging
 import os
 import threading
 from concurrent import futures
-from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
@@ -20,26 +19,11 @@ from gpuslice.client import AllocatorClient
 from gpuslice.dra import resource_slice, service
 from gpuslice.dra.checkpoint import Checkpoint
 from gpuslice.dra.cluster_api import ClusterApi
+from gpuslice.dra.options import Options
 from gpuslice.dra.prepare import Preparer
 from gpuslice.grpc_server import listen_root_only
 
 log = logging.getLogger(__name__)
-
-PLUGIN_DIR = Path("/var/lib/kubelet/plugins") / resource_slice.DRIVER
-REGISTRY_DIR = Path("/var/lib/kubelet/plugins_registry")
-
-
-@dataclass(frozen=True)
-class Options:
-    node: str
-    daemon_socket: str
-    kubeconfig: str | None = None
-    plugin_dir: Path = PLUGIN_DIR
-    registry_dir: Path = REGISTRY_DIR
-    cdi_dir: Path = Path("/var/run/cdi")
-    base_spec: Path | None = None  # the node's gpuslice.io/gpu spec; default: the one CDI resolves
-    republish_s: float = 30.0
-    sysfs: Path = Path("/sys")  # where the standard pcieRoot attribute is read
 
 
 def base_spec(path: Path | None) -> cdi_spec.Spec:

@@ -118,7 +118,7 @@ def test_bad_input_is_one_line_and_changes_nothing(tmp_path, target, files, flag
         (root / name).write_text(text)
     before = snapshot(root) if root.exists() else {}
     r = cli("install", target, "--root", str(root), "--shim", SHIM, *flags)
-    assert r.returncode == 1 and line in r.stderr, r.stderr
+    assert r.returncode == 2 and line in r.stderr and r.stderr.startswith("gpuslice install: "), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert (snapshot(root) if root.exists() else {}) == before
 

@@ -74,7 +74,7 @@ def test_without_a_driver_generate_daemon_and_gpus_say_so_in_one_line_and_exit_3
         assert r.returncode == 3, (argv, r.stderr)
         [said] = r.stderr.strip().splitlines()
         assert line in said and "Traceback" not in r.stderr
-        assert said.startswith("gpuslice daemon: " if argv[0] == "daemon" else "gpuslice: ")
+        assert said.startswith(f"gpuslice {' '.join(a for a in argv[:2] if not a.startswith('-'))}: "), said
     assert not (tmp_path / "spec.json").exists()
 
 

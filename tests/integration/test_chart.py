@@ -91,7 +91,7 @@ def test_the_agents_command_is_the_node_agent_commands_own_options():
     and the values reach it (runtimeConfig and runtimeVersion only when set)."""
     import click
 
-    from gpuslice.cli.main import node_agent_cmd
+    from gpuslice.cli.cmd_kube import node_agent_cmd
 
     k3s = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
     sets = ("nodeAgent.driverRoot=/run/nvidia/driver", "nodeAgent.runtimeVersion=1.7", f"nodeAgent.runtimeConfig={k3s}")

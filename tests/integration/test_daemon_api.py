@@ -207,7 +207,7 @@ def test_bad_daemon_config_names_each_problem(tmp_path):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert any("metrics.port" in line for line in lines)
-    assert any(line.startswith(f"config {cfg}: socket:") for line in lines)
+    assert any(line.startswith(f"gpuslice daemon: config {cfg}: socket:") for line in lines)
     assert any("nvml:" in line for line in lines) and any("surprise" in line for line in lines)
 
 

@@ -91,15 +91,14 @@ def test_the_device_plugin_install_is_valid_where_it_is_meant_for(overlay, versi
 
 
 def test_the_device_plugin_gets_the_paths_and_rights_it_uses():
-    from gpuslice.device_plugin import node_view
-    from gpuslice.device_plugin import plugin as dp_plugin
+    from gpuslice.device_plugin import options as dp_options
 
     objects = render("device-plugin")
     pod = objects[("DaemonSet", "gpuslice-device-plugin")]["spec"]["template"]["spec"]
     [container] = pod["containers"]
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     host = {v["hostPath"]["path"] for v in pod["volumes"]}
-    for path in (dp_plugin.DEVICE_PLUGIN_DIR, node_view.POD_RESOURCES_SOCKET.parent, Path("/run/gpuslice")):
+    for path in (dp_options.DEVICE_PLUGIN_DIR, dp_options.POD_RESOURCES_SOCKET.parent, Path("/run/gpuslice")):
         assert str(path) in mounts and str(path) in host, path
     assert container["command"] == ["gpuslice", "device-plugin"]
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]

@@ -1,0 +1,29 @@
+"""The device plugin's and the scheduler extender's configuration: one type
+each, with its defaults (the command line reads them from here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuslice import constants
+
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
+POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+
+
+@dataclass(frozen=True)
+class Options:
+    node: str
+    daemon_socket: str = constants.CONTROL_SOCKET
+    kubeconfig: str | None = None
+    plugin_dir: Path = DEVICE_PLUGIN_DIR
+    pod_resources: Path = POD_RESOURCES_SOCKET
+    reconcile_s: float = 2.0
+    use_api: bool = True  # read pending pods (exact one-GPU admission, admission.py); publish per-GPU state
+
+
+@dataclass(frozen=True)
+class ExtenderOptions:
+    listen: str = "127.0.0.1:8790"  # HOST:PORT for kube-scheduler's calls (beside it in its pod: the loopback)
+    policy: str = "binpack"  # binpack or spread
