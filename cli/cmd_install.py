@@ -9,6 +9,7 @@ import click
 from gpuslice import paths
 from gpuslice.cli import app
 from gpuslice.cli.cmd_kube import RUNTIME_VERSION
+from gpuslice.cli.host_files import HostFiles
 
 TARGETS = click.Choice(["containerd", "crio", "podman", "docker"])
 RUNTIME_BINARY = click.option(
@@ -48,15 +49,16 @@ def _install(target: str, ctx_args: dict, dry_run: bool) -> None:
     if not ctx.remove:
         ctx.shim = ctx.shim or str(paths.executable("gpuslice-runtime"))
         ctx.hook = ctx.hook or str(paths.executable("gpuslice-hook"))
-    changes = installer.plan(target, ctx)
+    files = HostFiles(installer.record_path(ctx, target))
+    changes = installer.plan(target, ctx, files)
     pending = [c for c in changes if c.changes]
-    if not pending:
+    if not pending and not (ctx.remove and files.entries):
         click.echo(f"{target}: nothing to change")
         return
     if dry_run:
         for c in pending:
             click.echo(c.diff(), nl=False)
         return
-    installer.apply(changes)
+    installer.apply(changes, files, ctx.remove)
     for c in pending:
         click.echo(f"{'removed' if c.after is None else 'wrote'} {c.path}")

@@ -1,17 +1,20 @@
-"""Files the node agent puts on the host, each recorded so that it goes back
-as it was: what the path held before (bytes and mode, a symlink's target, or
+"""Files gpuslice puts on a host, each recorded so that it goes back as it
+was: what the path held before (bytes and mode, a symlink's target, or
 nothing), the directories made for it, and a digest of what was written.
+The one recorder of `gpuslice install` (ROOT/var/lib/gpuslice/install/
+TARGET.json) and of the node agent (its state directory's node-agent.json).
 
-The record lives in the agent's state directory on the host and is written
-before each file: an agent killed before it could undo leaves it for the next
-one, which keeps the first view of each path, so its undo restores the host
-as it was before any agent. A file edited since it was written is left as it
-is (and said), like `gpuslice uninstall`."""
+The record is written before each file: a process killed before it could
+undo leaves it for the next one, which keeps the first view of each path, so
+its undo restores the host as it was before any of them. A file edited since
+it was written is not overwritten with the old view: it is left as it is (and
+said), or given what the caller says instead (uninstall: the edits, less
+ours). A record in the layout `gpuslice install` wrote before it used this
+one ({"before": {path: text}, "wrote": {path: text}}) is read as one."""
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import hashlib
 import json
 import logging
@@ -47,6 +50,24 @@ def _holds(path: Path, digest: str, mode: int) -> bool:
     return _digest(path.read_bytes()) == digest and path.stat().st_mode & 0o7777 == mode
 
 
+def _holds_content(path: Path, digest: str) -> bool:
+    return path.is_file() and not path.is_symlink() and _digest(path.read_bytes()) == digest
+
+
+def _mode(path: Path) -> int:
+    return path.stat().st_mode & 0o7777 if path.is_file() else 0o644
+
+
+def _from_install_manifest(data: dict) -> dict:
+    """{"before": {path: text or None}, "wrote": {path: text}} as this record."""
+    files = {}
+    for path, wrote in data.get("wrote", {}).items():
+        text = data.get("before", {}).get(path)
+        before = Before("none") if text is None else Before("file", base64.b64encode(text.encode()).decode())
+        files[path] = {"before": asdict(before), "wrote": _digest(wrote.encode()) if wrote is not None else ""}
+    return {"files": files, "made_dirs": []}
+
+
 def _now(path: Path) -> Before:
     if path.is_symlink():
         return Before("link", os.readlink(path))
@@ -62,8 +83,13 @@ class HostFiles:
         self.made_dirs: list[str] = []
         if record.exists():
             data = json.loads(record.read_text())
+            if "files" not in data:  # gpuslice install's own layout, before this recorder
+                data = _from_install_manifest(data)
             self.entries = {k: Entry(Before(**v["before"]), v["wrote"]) for k, v in data["files"].items()}
             self.made_dirs = list(data["made_dirs"])
+
+    def __contains__(self, path: Path) -> bool:
+        return str(path) in self.entries
 
     def _save(self) -> None:
         data = {"files": {k: asdict(v) for k, v in self.entries.items()}, "made_dirs": self.made_dirs}
@@ -96,6 +122,57 @@ class HostFiles:
         write_bytes_atomically(path, data, mode)
         return True
 
+    def adopt(self, other: Path) -> None:
+        """Take over another record (say, what `gpuslice install` kept before
+        the node agent used this one): its paths not recorded here, then it goes."""
+        if other.exists():
+            theirs = HostFiles(other)
+            for k, e in theirs.entries.items():
+                self.entries.setdefault(k, e)
+            self.made_dirs += [d for d in theirs.made_dirs if d not in self.made_dirs]
+            self._save()
+            other.unlink()
+
+    def edited(self) -> list[str]:
+        """The paths whose content is no longer what was written."""
+        return [k for k, e in self.entries.items() if not _holds_content(Path(k), e.wrote)]
+
+    def restoring(self, path: Path, otherwise: bytes | None) -> bytes | None:
+        """What undoing `path` writes: what it held before, if it still holds
+        what was written (a file; None: nothing); else `otherwise`."""
+        entry = self.entries.get(str(path))
+        if entry is None or not _holds_content(path, entry.wrote) or entry.before.kind == "link":
+            return otherwise
+        return base64.b64decode(entry.before.data) if entry.before.kind == "file" else None
+
+    def restore(self, path: Path, otherwise: bytes | None) -> None:
+        """`path` as `restoring` says (None: removed), and out of the record."""
+        entry = self.entries.get(str(path))
+        data = self.restoring(path, otherwise)
+        mode = entry.before.mode if entry and entry.before.kind == "file" else _mode(path)
+        if data is None:
+            path.unlink(missing_ok=True)
+        elif not (path.is_file() and path.read_bytes() == data):
+            write_bytes_atomically(path, data, mode)
+        self.entries.pop(str(path), None)
+        self._save()
+
+    def finish(self) -> None:
+        """After the last path is restored: the directories made go (if empty), and the record."""
+        left = []
+        for d in sorted(self.made_dirs, key=lambda p: -len(Path(p).parts)):
+            try:
+                Path(d).rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:  # not empty: a file still recorded, or something else lives there now
+                left.append(d)
+        self.made_dirs = left
+        if self.entries:
+            self._save()
+        else:
+            self.record.unlink(missing_ok=True)
+
     def undo(self) -> list[str]:
         """Every path back as it was; the record goes too. Returns what was left
         as it is (edited since it was written)."""
@@ -116,9 +193,7 @@ class HostFiles:
                 path.symlink_to(b.data)
             else:
                 path.unlink()
-        for d in sorted(self.made_dirs, key=lambda p: -len(Path(p).parts)):
-            with contextlib.suppress(OSError):  # not empty: something else lives there now
-                Path(d).rmdir()
-        self.record.unlink(missing_ok=True)
-        self.entries, self.made_dirs = {}, []
+        self.entries = {}
+        self.finish()
+        self.made_dirs = []
         return kept

@@ -19,7 +19,7 @@ from typing import Any
 import tomli_w
 
 from gpuslice import errors, request
-from gpuslice.atomic_file import write_text_atomically
+from gpuslice.cli.host_files import HostFiles
 
 try:
     import tomllib
@@ -97,16 +97,6 @@ class Change:
 
 def _read(path: Path) -> str | None:
     return path.read_text() if path.exists() else None
-
-
-def apply(changes: list[Change]) -> None:
-    for c in changes:
-        if not c.changes:
-            continue
-        if c.after is None:
-            c.path.unlink(missing_ok=True)
-        else:
-            write_text_atomically(c.path, c.after)
 
 
 # ---- containerd ----------------------------------------------------------------
@@ -293,30 +283,35 @@ TARGETS: dict[str, Callable[[Context], list[Change]]] = {
 }
 
 
-def _manifest(ctx: Context, target: str) -> Path:
+def record_path(ctx: Context, target: str) -> Path:
+    """Where `gpuslice install TARGET` records what it wrote (cli/host_files.py)."""
     return (ctx.manifest_dir or ctx.root / MANIFEST_DIR) / f"{target}.json"
 
 
-def plan(target: str, ctx: Context) -> list[Change]:
-    """The changes that install (or, with ctx.remove, uninstall) makes, the
-    manifest of what the files held before included."""
+def plan(target: str, ctx: Context, files: HostFiles) -> list[Change]:
+    """The changes that install (or, with ctx.remove, uninstall) makes. On
+    uninstall a file as install left it goes back to what it held before
+    (`files`, the record); an edited one keeps the edits, less ours."""
     changes = TARGETS[target](ctx)
-    manifest = _manifest(ctx, target)
-    recorded = json.loads(manifest.read_text()) if manifest.exists() else None
-    if ctx.remove:
-        if recorded:
-            # a file as install left it goes back to what it was; an edited one keeps the edits, less ours
-            changes = [
-                Change(c.path, c.before, recorded["before"].get(str(c.path), c.after))
-                if c.before == recorded["wrote"].get(str(c.path))
-                else c
-                for c in changes
-            ]
-        return [*changes, Change(manifest, _read(manifest), None)]
-    if not any(c.changes for c in changes):
+    if not ctx.remove:
         return changes
-    before = dict(recorded["before"]) if recorded else {}
+    restored = []
     for c in changes:
-        before.setdefault(str(c.path), c.before)  # the first install's view of the file is the one to restore
-    record = {"before": before, "wrote": {str(c.path): c.after for c in changes}}
-    return [*changes, Change(manifest, _read(manifest), json.dumps(record, indent=1) + "\n")]
+        after = files.restoring(c.path, None if c.after is None else c.after.encode())
+        restored.append(Change(c.path, c.before, None if after is None else after.decode()))
+    return restored
+
+
+def apply(changes: list[Change], files: HostFiles, remove: bool) -> None:
+    """Write the changes through the record: each file's first view is kept
+    before it is written; on uninstall each path leaves the record, and the
+    record goes once it holds none."""
+    for c in changes:
+        if remove:
+            if c.path in files or c.changes:
+                files.restore(c.path, None if c.after is None else c.after.encode())
+        elif c.changes:
+            assert c.after is not None  # install writes; it removes nothing
+            files.put(c.path, c.after.encode(), c.path.stat().st_mode & 0o7777 if c.path.is_file() else 0o644)
+    if remove:
+        files.finish()

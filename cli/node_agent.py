@@ -157,11 +157,11 @@ class NodeAgent:
     def configure_runtime(self, remove: bool = False) -> None:
         if self.opts.runtime == "none":
             return
-        changes = install.plan(self.opts.runtime, self._context(remove))
+        ctx = self._context(remove)
+        self.files.adopt(install.record_path(ctx, self.opts.runtime))  # what an agent before this recorder kept
+        changes = install.plan(self.opts.runtime, ctx, self.files)
         changed = [c for c in changes if c.changes]
-        if not remove:  # directories install makes (conf.d) go again at undo
-            self.files.note_parents([c.path for c in changed if c.after is not None])
-        install.apply(changes)
+        install.apply(changes, self.files, remove)
         self.runtime_configured = not remove
         for c in changed:
             log.info("%s %s", "restored" if remove else "wrote", c.path)

@@ -5,7 +5,6 @@ Also the layout a container gets from the spec, which the slice checks use."""
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ from gpuslice.cdi import driver_files
 from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cdi.registry import Registry
 from gpuslice.cli import container_view, install
+from gpuslice.cli.host_files import HostFiles
 from gpuslice.cli.selftest_report import Check, failed
 from gpuslice.client import AllocatorClient
 from gpuslice.device_plugin import units
@@ -170,19 +170,16 @@ def runtimes(root: Path = Path("/")) -> Check:
     expected = "each configured runtime as installed"
     configured, changed = [], []
     for target in install.TARGETS:
-        manifest = root / install.MANIFEST_DIR / f"{target}.json"
-        if not manifest.is_file():
+        record = install.record_path(install.Context(root), target)
+        if not record.is_file():
             continue
         configured.append(target)
         try:
-            wrote = json.loads(manifest.read_text())["wrote"]
-        except (OSError, ValueError, KeyError) as e:
-            changed.append(f"{target} (manifest unreadable: {e})")
+            edited = HostFiles(record).edited()
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            changed.append(f"{target} (its record {record} is unreadable: {e})")
             continue
-        for path, content in wrote.items():
-            current = Path(path).read_text() if Path(path).is_file() else None
-            if current != content:
-                changed.append(f"{target}: {path}")
+        changed += [f"{target}: {path}" for path in edited]
     if not configured:
         return Check("runtimes", expected, "none configured (runtimes that read CDI specs need none)", None)
     observed = ", ".join(configured) + (f"; changed since: {'; '.join(changed)}" if changed else "")

@@ -133,3 +133,24 @@ def test_the_drop_in_follows_the_containerd_version(tmp_path, version, marker):
     dropin = (root / "etc/containerd/conf.d/gpuslice.toml").read_text()
     assert marker in dropin and f"containerd {version}" in dropin
     assert (root / "etc/containerd/config.toml").read_text().startswith(("version = 2\n", "version = 3\n"))
+
+
+def test_an_install_recorded_before_the_one_recorder_is_undone_byte_for_byte(tmp_path):
+    """`gpuslice install` kept {"before": ..., "wrote": ...} of its own before it
+    recorded through cli/host_files.py, the node agent's recorder: an uninstall
+    after the upgrade reads that record and restores each file as it was."""
+    root = tmp_path / "root"
+    (root / "etc/docker").mkdir(parents=True)
+    daemon_json = root / "etc/docker/daemon.json"
+    daemon_json.write_text('{"log-driver": "journald"}\n')
+    before = snapshot(root)
+    assert cli("install", "docker", "--root", str(root), "--shim", SHIM, "--runtime-version", "26.1").returncode == 0
+    record = root / "var/lib/gpuslice/install/docker.json"
+    assert json.loads(record.read_text())["files"][str(daemon_json)]["before"]["kind"] == "file"  # the one layout
+    installed = daemon_json.read_text()
+    # the layout of f0844ec's install: the texts themselves
+    record.write_text(json.dumps({"before": {str(daemon_json): '{"log-driver": "journald"}\n'},
+                                  "wrote": {str(daemon_json): installed}}))  # fmt: skip
+    r = cli("uninstall", "docker", "--root", str(root))
+    assert r.returncode == 0, r.stderr
+    assert snapshot(root) == before and not record.exists()

@@ -134,3 +134,31 @@ def test_the_runtime_is_restarted_through_the_hosts_systemd_and_a_failure_is_one
 def test_a_runtime_the_agent_does_not_configure_is_refused_in_one_line(tmp_path, runtime):
     with pytest.raises(node_agent.AgentError, match="accepted: containerd, crio, none"):
         node_agent.NodeAgent(node_agent.Options(host_root=tmp_path, runtime=runtime, state_dir=tmp_path))
+
+
+def test_the_node_agent_records_the_runtimes_configuration_with_its_parts_in_one_record(tmp_path):
+    """One recorder: the runtime's configuration the agent writes (through
+    `gpuslice install`'s plan) is in the agent's record beside its parts; a
+    record an older agent's install kept is taken over; undo restores all."""
+    host = tmp_path / "host"
+    cfg = host / "etc/crio/crio.conf.d"
+    cfg.mkdir(parents=True)
+    (cfg / "00-default.conf").write_text("[crio]\n")
+    before = {p: p.read_bytes() for p in host.rglob("*") if p.is_file()}
+    state = host / "var/lib/gpuslice"
+    opts = node_agent.Options(host_root=host, runtime="crio", runtime_restart="none", state_dir=state)
+    old = state / "install" / "crio.json"  # an older agent's install record, of a file since gone
+    old.parent.mkdir(parents=True)
+    old.write_text(
+        json.dumps({"before": {str(host / "etc/old.conf"): None}, "wrote": {str(host / "etc/old.conf"): "x"}})
+    )
+    agent = node_agent.NodeAgent(opts, lambda *a, **k: subprocess.CompletedProcess(a, 0, "", ""))
+    agent.install_parts()
+    agent.configure_runtime()
+    record = json.loads((state / node_agent.RECORD).read_text())["files"]
+    written = [p for p in record if p.startswith(str(host / "etc/crio"))]
+    assert written and any(p.startswith(str(host / "opt/gpuslice")) for p in record), sorted(record)
+    assert str(host / "etc/old.conf") in record and not old.exists()  # taken over
+    agent.runtime_configured = True
+    agent.undo()
+    assert {p: p.read_bytes() for p in host.rglob("*") if p.is_file()} == before
