@@ -168,10 +168,38 @@ REREADS = 5
 INCOMPLETE_WAIT_S = 30.0
 
 
-def _await_change(root: Path, before: tuple, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while watched_state(root) == before and time.monotonic() < deadline:
-        time.sleep(0.1)
+class DriverWatch:
+    """The one watcher of the driver's files under a root (WATCHED): what they
+    were when last looked at, and whether they changed since. `gpuslice cdi
+    generate` looks once around making a spec (reread_if_changed); the node
+    agent looks every poll period and makes the spec again."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.seen = watched_state(root)
+
+    def any(self) -> bool:
+        """Whether any watched file was there when last looked at."""
+        return any(self.seen)
+
+    def differs(self) -> bool:
+        """Whether the files are not what they were when last looked at."""
+        return watched_state(self.root) != self.seen
+
+    def changed(self) -> bool:
+        """Whether the files changed since they were last looked at (looked at now)."""
+        now = watched_state(self.root)
+        changed, self.seen = now != self.seen, now
+        return changed
+
+    def wait(self, seconds: float) -> bool:
+        """Wait up to `seconds` for them to differ, looking every 0.1 s; whether they do."""
+        deadline = time.monotonic() + seconds
+        while not self.differs():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
 
 
 @contextmanager
@@ -185,17 +213,17 @@ def reread_if_changed(root: Path, watch: bool) -> Iterator[None]:
     Incomplete either way round: NVML there and libcuda not (DriverFilesError),
     or a watched file there and NVML not loadable yet (NoDriver). No driver
     file at all is no install in progress: nothing is waited for."""
-    before = watched_state(root) if watch else ()
+    watch_ = DriverWatch(root) if watch else None
     try:
         yield
     except (DriverFilesError, inventory.NoDriver):
-        if watch and any(before):
+        if watch_ is not None and watch_.any():
             log.warning("the driver's files are incomplete; waiting up to %.0f s for the rest", INCOMPLETE_WAIT_S)
-            _await_change(root, before, INCOMPLETE_WAIT_S)
+            watch_.wait(INCOMPLETE_WAIT_S)
         raise
     finally:
         rounds = int(os.environ.get(REREAD_ENV, "0"))
-        if watch and rounds < REREADS and watched_state(root) != before:
+        if watch_ is not None and rounds < REREADS and watch_.changed():
             log.warning("the driver's files changed while they were read; reading them again")
             os.environ[REREAD_ENV] = str(rounds + 1)
             os.execv(sys.executable, sys.orig_argv)

@@ -120,13 +120,10 @@ class NodeAgent:
 
     def watch_driver(self, inv: inventory.Inventory) -> None:
         """The spec made again when the driver's files change (an upgrade)."""
-        root = self.opts.here(self.opts.driver_root, "driver root")
-        seen = driver_files.watched_state(root)
+        watch = driver_files.DriverWatch(self.opts.here(self.opts.driver_root, "driver root"))
         while not self.stopping.wait(self.opts.driver_poll):
-            now = driver_files.watched_state(root)
-            if now == seen:
+            if not watch.changed():
                 continue
-            seen = now
             try:
                 self.write_spec(inv)
             except errors.GpusliceError as e:

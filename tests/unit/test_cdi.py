@@ -337,3 +337,18 @@ def test_the_official_test_specs_are_judged_as_the_cdi_project_judges_them(kind)
             assert not path.read_text().strip() or not official.is_valid(json.loads(path.read_text())), path
             with pytest.raises(SpecError):
                 cdi_spec.load(path)
+
+
+def test_one_driver_watcher_sees_each_change_once(tmp_path):
+    """cdi generate and the node agent watch the driver through DriverWatch:
+    a change is seen once (the agent makes the spec once per change), and a
+    wait ends at the change without consuming it (generate reads again)."""
+    from gpuslice.cdi import driver_files
+
+    lib = tmp_path / driver_files.WATCHED[0]
+    lib.parent.mkdir(parents=True)
+    watch = driver_files.DriverWatch(tmp_path)
+    assert not watch.any() and not watch.changed() and not watch.wait(0.2)
+    lib.write_bytes(b"\x7fELF")
+    assert watch.wait(5) and watch.differs()  # seen, not consumed
+    assert watch.changed() and not watch.changed() and watch.any()
