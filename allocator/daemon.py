@@ -72,8 +72,9 @@ class Daemon:
         self.watcher = ProcessWatcher()
         self.manager.on_release.append(self.watcher.forget)
         # only slices with processes can launch: the controller looks at those alone
-        self.compute = ComputeController(self.watcher.files_in_use, self.manager.limits_of, NvmlUtilization(),
-                                         cfg.compute_period)  # fmt: skip
+        self.compute = ComputeController(
+            self.watcher.files_in_use, self.manager.limits_of, NvmlUtilization(), cfg.compute_period
+        )
         self._stop = threading.Event()
         self._server: grpc.Server | None = None
         self._health: health.HealthServicer | None = None

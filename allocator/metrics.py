@@ -103,17 +103,23 @@ class SliceCollector(Collector):
         cores = GaugeMetricFamily("gpuslice_slice_cores", "compute share asked (percent of the GPU)", labels=per_gpu)
         used = GaugeMetricFamily("gpuslice_slice_memory_used_bytes", "slice memory in use, all GPUs", labels=SLICE)
         procs = GaugeMetricFamily("gpuslice_slice_processes", "processes attached", labels=SLICE)
-        driver = GaugeMetricFamily("gpuslice_slice_driver_enforced",
-                                   "1 when the driver enforces the slice's memory limit too", labels=SLICE)  # fmt: skip
-        throttled = CounterMetricFamily("gpuslice_slice_throttled_launches",
-                                        "kernel launches that waited for the slice's compute budget",
-                                        labels=per_gpu)  # fmt: skip
-        refused = CounterMetricFamily("gpuslice_slice_oom_refusals",
-                                      "allocations refused at the slice's memory limit", labels=per_gpu)  # fmt: skip
-        target = GaugeMetricFamily("gpuslice_slice_compute_target_ratio",
-                                   "share of the GPU the controller aims at", labels=per_gpu)  # fmt: skip
-        got = GaugeMetricFamily("gpuslice_slice_compute_used_ratio",
-                                "share of the GPU used, over about a second", labels=per_gpu)  # fmt: skip
+        driver = GaugeMetricFamily(
+            "gpuslice_slice_driver_enforced", "1 when the driver enforces the slice's memory limit too", labels=SLICE
+        )
+        throttled = CounterMetricFamily(
+            "gpuslice_slice_throttled_launches",
+            "kernel launches that waited for the slice's compute budget",
+            labels=per_gpu,
+        )
+        refused = CounterMetricFamily(
+            "gpuslice_slice_oom_refusals", "allocations refused at the slice's memory limit", labels=per_gpu
+        )
+        target = GaugeMetricFamily(
+            "gpuslice_slice_compute_target_ratio", "share of the GPU the controller aims at", labels=per_gpu
+        )
+        got = GaugeMetricFamily(
+            "gpuslice_slice_compute_used_ratio", "share of the GPU used, over about a second", labels=per_gpu
+        )
         for v in self.m.views():
             r, who = v.record, self._who(v.record)
             # per GPU of the slice: shares of one GPU add up, as in its slice files (one series each)

@@ -149,8 +149,9 @@ class ShareRequest:
         return SliceRequest(1, memory, self.cores, self.policy, self.priority)
 
 
-def place_shares(what: str, shares: Sequence[ShareRequest], caps: Sequence[GpuCapacity],
-                 oversubscription: float) -> list[tuple[ShareRequest, GpuCapacity, int, int]]:  # fmt: skip
+def place_shares(
+    what: str, shares: Sequence[ShareRequest], caps: Sequence[GpuCapacity], oversubscription: float
+) -> list[tuple[ShareRequest, GpuCapacity, int, int]]:
     """Each share with its GPU, memory and cores, after checking that each GPU
     exists and that what the shares take of it fits beside what the others
     hold (`caps`); ordered by GPU, then share."""

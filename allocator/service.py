@@ -23,8 +23,7 @@ from gpuslice.request import ComputePolicy, Priority
 log = logging.getLogger(__name__)
 
 
-def slice_message(view: SliceView, compute: ComputeController | None = None,
-                  member_of: str = "") -> pb.Slice:  # fmt: skip
+def slice_message(view: SliceView, compute: ComputeController | None = None, member_of: str = "") -> pb.Slice:
     r = view.record
     gpus = []
     in_files = {u: i for i, u in enumerate(r.file_gpus)}

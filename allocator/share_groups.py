@@ -175,8 +175,9 @@ def no_other_group(index: Index, key: str, wanted: list[Allocation]) -> None:
                 (rec, {(owner, a.share) for a in rec.allocations})
             ]
         else:
-            others = [(g, {(a.of, a.share) for a in g.allocations}) for g in index.groups_of(owner)
-                      if g.container_id != key]  # fmt: skip
+            others = [
+                (g, {(a.of, a.share) for a in g.allocations}) for g in index.groups_of(owner) if g.container_id != key
+            ]
         for g, held in others:
             overlap = sorted(asked & held, key=lambda s: s[1])
             if overlap:

@@ -61,9 +61,10 @@ class SliceSocketServer(UnixSocketServer):
             return self._reply(conn, "GPUSLICE_BAD_REQUEST", "expected an ATTACH request (gpuslice_slice.h)")
         if req.version != constant("GPUSLICE_SLICE_VERSION"):
             return self._reply(
-                conn, "GPUSLICE_BAD_REQUEST",
+                conn,
+                "GPUSLICE_BAD_REQUEST",
                 f"protocol version {req.version} unsupported; this daemon speaks {constant('GPUSLICE_SLICE_VERSION')}",
-            )  # fmt: skip
+            )
         try:
             who = identity.of_pidfd(peer.pidfd)
         except identity.NoSuchProcess:

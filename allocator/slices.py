@@ -137,8 +137,9 @@ class SliceManager:
 
     # -- operations ----------------------------------------------------------------------
     @metrics.counted(OwnerKind.CONTAINER.value)
-    def reserve(self, container_id: str, asked: requests.Parsed, owner: str = "",
-                workload: Workload = NO_WORKLOAD) -> SliceRecord:  # fmt: skip
+    def reserve(
+        self, container_id: str, asked: requests.Parsed, owner: str = "", workload: Workload = NO_WORKLOAD
+    ) -> SliceRecord:
         """A container's slice, placed here; `asked` is its request, parsed once
         by the caller (requests.read); `workload`, the pod's container it serves."""
         if not container_id:
@@ -174,8 +175,9 @@ class SliceManager:
         return rec
 
     @metrics.counted(OwnerKind.CLAIM.value)
-    def reserve_claim(self, uid: str, shares: list[ShareRequest], owner: str = "",
-                      workload: Workload = NO_WORKLOAD) -> SliceRecord:  # fmt: skip
+    def reserve_claim(
+        self, uid: str, shares: list[ShareRequest], owner: str = "", workload: Workload = NO_WORKLOAD
+    ) -> SliceRecord:
         """A DRA claim's slice, on exactly the GPUs and of exactly the sizes the
         scheduler allocated: each share its own memory, cores, policy and
         priority. Idempotent for the same shares; all or nothing."""
@@ -185,8 +187,9 @@ class SliceManager:
         return self._reserve_shares(who, constants.claim_slice_key(uid), shares, owner, workload)
 
     @metrics.counted(OwnerKind.DEVICES.value)
-    def reserve_devices(self, key: str, share: ShareRequest, owner: str = "",
-                        workload: Workload = NO_WORKLOAD) -> SliceRecord:  # fmt: skip
+    def reserve_devices(
+        self, key: str, share: ShareRequest, owner: str = "", workload: Workload = NO_WORKLOAD
+    ) -> SliceRecord:
         """A device plugin allocation's slice: the units of one resource the
         kubelet gave one container, on their GPU (share.share names the
         resource). Idempotent for the same key and size."""
@@ -194,14 +197,17 @@ class SliceManager:
             raise errors.InvalidArgument(f"allocation key {key!r}: accepted {constants.DEVICES_SLICE_KEY_FORMAT}")
         return self._reserve_shares(ShareOwner(OwnerKind.DEVICES, key), key, [share], owner, workload)
 
-    def _reserve_shares(self, who: ShareOwner, key: str, shares: list[ShareRequest], owner: str,
-                        workload: Workload) -> SliceRecord:  # fmt: skip
+    def _reserve_shares(
+        self, who: ShareOwner, key: str, shares: list[ShareRequest], owner: str, workload: Workload
+    ) -> SliceRecord:
         if not shares:
             raise errors.InvalidArgument(f"{who}: no share to reserve")
         with self._lock:
             placed = place_shares(str(who), shares, self.capacities(exclude=key), self.oversubscription)
-            allocs = [Allocation(cap.index, cap.uuid, m, c, s.share, s.policy.value, s.priority.value, who)
-                      for s, cap, m, c in placed]  # fmt: skip
+            allocs = [
+                Allocation(cap.index, cap.uuid, m, c, s.share, s.policy.value, s.priority.value, who)
+                for s, cap, m, c in placed
+            ]
             existing = self.index.by_container.get(key)
             if existing:  # the same shares again: measured against its own room
                 if existing.share_owner != who or existing.allocations != tuple(allocs):

@@ -283,8 +283,9 @@ class UnixSocketServer:
             item = next(iter(self._pending.values()))
             if item.deadline.at > now:
                 return
-            log.debug("%s: a client of uid %d sent no whole request in %.1f s", self.name, item.peer.uid,
-                      self.deadline_s)  # fmt: skip
+            log.debug(
+                "%s: a client of uid %d sent no whole request in %.1f s", self.name, item.peer.uid, self.deadline_s
+            )
             self._drop(item)
 
     # -- the workers ------------------------------------------------------------------------

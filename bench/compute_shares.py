@@ -282,8 +282,10 @@ def report(columns: list[Column]) -> None:
     for m in MIXES:
         want = m.expect or m.cores
         got = [c.mixes[m.name] for c in columns]
-        click.echo(f"  {m.name:<22}{'/'.join(map(str, want)):<24}"
-                   + "".join(f"{'/'.join(f'{g:.1f}' for g in r.shares):<{w}}" for r in got))  # fmt: skip
+        click.echo(
+            f"  {m.name:<22}{'/'.join(map(str, want)):<24}"
+            + "".join(f"{'/'.join(f'{g:.1f}' for g in r.shares):<{w}}" for r in got)
+        )
         errs = [f"{r.error(want):.2f} | {r.second_error(want):.2f} | {r.settled_s:.1f} s" for r in got]
         click.echo(f"  {'':<46}" + "".join(f"{e:<{w}}" for e in errs))
     rows = [

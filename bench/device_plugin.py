@@ -89,8 +89,10 @@ def main() -> None:
             while len(kubelet.registered) < 3:
                 assert plugin.poll() is None and time.monotonic() < deadline, (work / "plugin.log").read_text()
                 time.sleep(0.05)
-            stubs = {r: dp_grpc.DevicePluginStub(grpc.insecure_channel(f"unix://{plugin_dir / kubelet.registered[r]}"))
-                     for r in ASK}  # fmt: skip
+            stubs = {
+                r: dp_grpc.DevicePluginStub(grpc.insecure_channel(f"unix://{plugin_dir / kubelet.registered[r]}"))
+                for r in ASK
+            }
             client = d.client()
             floor = []
             for i in range(PODS):
@@ -117,8 +119,10 @@ def main() -> None:
                     ids = list(stubs[r].GetPreferredAllocation(req, timeout=30).container_responses[0].deviceIDs)
                     prefer.append((time.perf_counter() - start) * 1e3)
                     start = time.perf_counter()
-                    stubs[r].Allocate(dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(
-                        devices_ids=ids)]), timeout=30)  # fmt: skip
+                    stubs[r].Allocate(
+                        dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]),
+                        timeout=30,
+                    )
                     allocate.append((time.perf_counter() - start) * 1e3)
                     with kubelet.lock:
                         kubelet.held[f"bench/{name}"][r] = ids
@@ -130,9 +134,11 @@ def main() -> None:
                         del kubelet.held[f"bench/{gone}"]
             print(f"daemon Reserve + Release (the floor): p50 {p(floor, 50):.2f} ms, p99 {p(floor, 99):.2f} ms")
             for label, times in (("GetPreferredAllocation", prefer), ("Allocate", allocate)):
-                print(f"{label}, {len(times)} calls (identifying the container through pod-resources and the API): "
-                      f"p50 {p(times, 50):.2f} ms, p99 {p(times, 99):.2f} ms ({p(times, 99) / p(floor, 99):.1f}x the "
-                      f"floor's p99); budget p99 < 20 ms: {'met' if p(times, 99) < 20 else 'NOT met'}")  # fmt: skip
+                print(
+                    f"{label}, {len(times)} calls (identifying the container through pod-resources and the API): "
+                    f"p50 {p(times, 50):.2f} ms, p99 {p(times, 99):.2f} ms ({p(times, 99) / p(floor, 99):.1f}x the "
+                    f"floor's p99); budget p99 < 20 ms: {'met' if p(times, 99) < 20 else 'NOT met'}"
+                )
         finally:
             plugin.terminate()
             plugin.wait(20)

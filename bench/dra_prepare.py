@@ -51,8 +51,10 @@ def main() -> None:
                         claims = [allocated(f"c{r}-{i}", ("gpu-0", "256Mi", None)) for i in range(per_call)]
                         for c in claims:
                             dra.api.put_claim(c)
-                        refs = [pb.Claim(uid=c["metadata"]["uid"], namespace="ml", name=c["metadata"]["name"])
-                                for c in claims]  # fmt: skip
+                        refs = [
+                            pb.Claim(uid=c["metadata"]["uid"], namespace="ml", name=c["metadata"]["name"])
+                            for c in claims
+                        ]
                         t = time.perf_counter()
                         reply = stub.NodePrepareResources(pb.NodePrepareResourcesRequest(claims=refs), timeout=30)
                         times.append((time.perf_counter() - t) * 1e3)

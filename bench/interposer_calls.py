@@ -109,8 +109,10 @@ def main() -> None:
         finally:
             stop()
     click.echo(f"interposer {mode}, simulator behind it; per call, measured in one run")
-    click.echo(f"  {'call':<28}{'direct ns':>10}{'wrapped ns':>11}{'added ns':>9}{'direct Ir':>11}"
-               f"{'wrapped Ir':>11}{'added Ir':>9}")  # fmt: skip
+    click.echo(
+        f"  {'call':<28}{'direct ns':>10}{'wrapped ns':>11}{'added ns':>9}{'direct Ir':>11}"
+        f"{'wrapped Ir':>11}{'added Ir':>9}"
+    )
     for op in OPS:
         d_ns, w_ns = ns["direct"][op], ns["interposer"][op]
         d_ir, w_ir = ir["direct"].get(op, float("nan")), ir["interposer"].get(op, float("nan"))

@@ -45,8 +45,10 @@ def _status_seconds(d: sim_daemon.RunningDaemon) -> tuple[float, int]:
     t0 = time.perf_counter()
     out = subprocess.run(
         [sys.executable, "-m", "gpuslice.cli", "status", "--socket", str(d.socket)],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return time.perf_counter() - t0, out.stdout.count("\n")
 
 

@@ -74,8 +74,10 @@ def _ctr(root: Path, shim: Path) -> Runner:
         notes = [a for k, v in annotations.items() for a in ("--annotation", f"{k}={v}")]
         return subprocess.Popen(
             ["ctr", "run", "--rm", "--runc-binary", str(shim), *notes, "--rootfs", str(root), name, *argv],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
     return Runner("containerd (ctr) + the gpuslice runtime shim", start)
 

@@ -167,8 +167,9 @@ class NodeAgent:
 
     def restart_runtime(self) -> None:
         if self.opts.runtime_restart == "none":
-            log.info("the runtime's configuration changed; restart %s to load it (--runtime-restart none)",
-                     self.opts.runtime)  # fmt: skip
+            log.info(
+                "the runtime's configuration changed; restart %s to load it (--runtime-restart none)", self.opts.runtime
+            )
             return
         cmd = restart_command(self.opts.runtime)
         r = self.run(cmd, capture_output=True, text=True, timeout=120)

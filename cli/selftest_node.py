@@ -152,9 +152,10 @@ def cdi(
         env,
         {g.index: _view_env(view, spec.device(str(g.index)).edits.env) for g in inv.gpus if str(g.index) in names},
         Path(env.get(constants.ENV_REAL_LIBCUDA, str(files.libcuda))),
-        container_view.View(view, tuple((m.host_path, m.container_path) for m in mounts), tuple(hide_files),
-                            tuple(hide_dirs)),
-    )  # fmt: skip
+        container_view.View(
+            view, tuple((m.host_path, m.container_path) for m in mounts), tuple(hide_files), tuple(hide_dirs)
+        ),
+    )
     absent = [m.host_path for m in mounts if not Path(m.host_path).exists()]
     given = Path(layout.env.get("GPUSLICE_REAL_LIBCUDA", "(none)"))
     same = given.exists() and given.resolve() == files.libcuda.resolve()

@@ -160,8 +160,9 @@ def _in_slice(client: AllocatorClient, box: Box, gpu: Gpu, layout: Layout, limit
     if loaded != interposer:
         observed += f" (of {loaded}, not the interposer)"
     expected = f"the interposer's, at driver {r['driver']} and older"
-    checks.append(Check(f"{tag} cuGetProcAddress hooks", expected, observed,
-                        r["hooked"] == r["checked"] and loaded == interposer))  # fmt: skip
+    checks.append(
+        Check(f"{tag} cuGetProcAddress hooks", expected, observed, r["hooked"] == r["checked"] and loaded == interposer)
+    )
     checks.append(_ptx_jit(box, tag))
     checks.append(_launch_overhead(box, layout, tag))
     return checks

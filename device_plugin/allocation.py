@@ -50,8 +50,10 @@ def holdings(resource: str, device_ids: list[str]) -> list[Holding]:
     """The allocations that these units make (one GPU per allocation)."""
     grouped = u.by_gpu(device_ids)
     if resource == u.GPU:
-        return [Holding(allocation_key(resource, [x.id]), resource, x.gpu, (x.id,)) for x in
-                (unit for found in grouped.values() for unit in found)]  # fmt: skip
+        return [
+            Holding(allocation_key(resource, [x.id]), resource, x.gpu, (x.id,))
+            for x in (unit for found in grouped.values() for unit in found)
+        ]
     if len(grouped) != 1:
         raise errors.FailedPrecondition(f"{len(device_ids)} {resource} span GPUs {', '.join(sorted(grouped))}")
     gpu = next(iter(grouped))
@@ -72,13 +74,15 @@ def reserve(daemon: AllocatorClient, h: Holding, owner: str, workload: pb.Worklo
     size = len(h.device_ids)
     memory = size * u.GIB if h.resource == u.MEMORY else 0
     cores = size if h.resource == u.CORES else 0
-    reply = daemon.reserve_devices(h.key, SHARE[h.resource], h.gpu, memory=memory, cores=cores, owner=owner,
-                                   workload=workload)  # fmt: skip
+    reply = daemon.reserve_devices(
+        h.key, SHARE[h.resource], h.gpu, memory=memory, cores=cores, owner=owner, workload=workload
+    )
     return reply.share_keys[SHARE[h.resource]]
 
 
-def answer(daemon: AllocatorClient, resource: str, device_ids: list[str], owner: str,
-           workload: pb.Workload | None = None) -> tuple[dp.ContainerAllocateResponse, list[Holding]]:  # fmt: skip
+def answer(
+    daemon: AllocatorClient, resource: str, device_ids: list[str], owner: str, workload: pb.Workload | None = None
+) -> tuple[dp.ContainerAllocateResponse, list[Holding]]:
     """Book every allocation the units make, all or none: the container's answer, and what was booked."""
     made: list[Holding] = []
     response = dp.ContainerAllocateResponse()

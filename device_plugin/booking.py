@@ -66,8 +66,9 @@ class Booking:
             held = self.kubelet.held()
             who = admission.identify(resource, size, self.api.pending(), held)
         except errors.GpusliceError as e:
-            log.warning("cannot tell which container asks %d %s (%s): steering by the last allocation", size,
-                        resource, e)  # fmt: skip
+            log.warning(
+                "cannot tell which container asks %d %s (%s): steering by the last allocation", size, resource, e
+            )
             return None, None
         if who is None:
             log.info("%d %s: no single pending container matches; steering by the last allocation", size, resource)

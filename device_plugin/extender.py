@@ -89,8 +89,9 @@ def pod_asks(pod: dict[str, Any]) -> list[dict[str, int]]:
 
 
 class Extender:
-    def __init__(self, spread: bool = False, assumed_s: float = ASSUMED_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self, spread: bool = False, assumed_s: float = ASSUMED_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.spread = spread
         self.assumed_s = assumed_s
         self.clock = clock
@@ -107,8 +108,10 @@ class Extender:
         name = _node_name(node)
         text = ((node.get("metadata") or {}).get("annotations") or {}).get(node_gpus.ANNOTATION)
         if text is None:
-            raise errors.NotFound(f"node {name} publishes no per-GPU state ({node_gpus.ANNOTATION}): is gpuslice "
-                                  "device-plugin running there, with its API access?")  # fmt: skip
+            raise errors.NotFound(
+                f"node {name} publishes no per-GPU state ({node_gpus.ANNOTATION}): is gpuslice "
+                "device-plugin running there, with its API access?"
+            )
         state = node_gpus.decode(text)
         now = self.clock()
         takes: list[Take] = []
@@ -178,8 +181,9 @@ class Extender:
         return scores
 
 
-def _filter_result(nodes: list[dict[str, Any]], failed: dict[str, str], unresolvable: dict[str, str],
-                   error: str = "") -> dict[str, Any]:  # fmt: skip
+def _filter_result(
+    nodes: list[dict[str, Any]], failed: dict[str, str], unresolvable: dict[str, str], error: str = ""
+) -> dict[str, Any]:
     return {
         "Nodes": {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": nodes},
         "NodeNames": None,

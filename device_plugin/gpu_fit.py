@@ -54,8 +54,10 @@ def place(containers: list[dict[str, int]], free: Free) -> list[Take] | str:
                 return f"container {i} asks {whole} whole GPUs; {len(idle)} have no slice"
             now = [Take(g, whole=True) for g in idle[:whole]]
         elif memory or cores:
-            fitting = sorted((g for g, f in left.items() if f.memory >= memory and f.cores >= cores),
-                             key=lambda g: (left[g].memory + left[g].cores, g))  # fmt: skip
+            fitting = sorted(
+                (g for g, f in left.items() if f.memory >= memory and f.cores >= cores),
+                key=lambda g: (left[g].memory + left[g].cores, g),
+            )
             if not fitting:
                 return f"container {i} asks {memory} memory and {cores} cores on one GPU; free: {_have(left)}"
             now = [Take(fitting[0], memory, cores)]

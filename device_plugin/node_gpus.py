@@ -65,13 +65,16 @@ def decode(text: str) -> NodeGpus:
     except ValueError as e:
         raise errors.InvalidArgument(f"{ANNOTATION} is not JSON ({e})") from e
     if not isinstance(raw, dict) or raw.get("v") != VERSION:
-        raise errors.InvalidArgument(f"{ANNOTATION}: version {raw.get('v') if isinstance(raw, dict) else raw!r} "
-                                     f"(accepted: {VERSION}; a newer plugin than this extender?)")  # fmt: skip
+        raise errors.InvalidArgument(
+            f"{ANNOTATION}: version {raw.get('v') if isinstance(raw, dict) else raw!r} "
+            f"(accepted: {VERSION}; a newer plugin than this extender?)"
+        )
     gpus: dict[str, GpuFree] = {}
     for gpu, f in (raw.get("gpus") or {}).items():
         if not isinstance(f, dict) or not isinstance(f.get("whole"), bool):
-            raise errors.InvalidArgument(f"{ANNOTATION}: GPU {gpu} is {f!r} (accepted: memory, cores, whole, "
-                                         "memoryUnits)")  # fmt: skip
+            raise errors.InvalidArgument(
+                f"{ANNOTATION}: GPU {gpu} is {f!r} (accepted: memory, cores, whole, memoryUnits)"
+            )
         gpus[gpu] = GpuFree(_count(f.get("memory"), f"{gpu} memory"), _count(f.get("cores"), f"{gpu} cores"),
                             f["whole"], _count(f.get("memoryUnits"), f"{gpu} memoryUnits"))  # fmt: skip
     pods = raw.get("pods") or []

@@ -81,8 +81,9 @@ class NodeApi:
         try:
             raw = self.core.list_pod_for_all_namespaces(
                 field_selector=f"spec.nodeName={self.node},status.phase=Pending",
-                _preload_content=False, _request_timeout=self.timeout,
-            )  # fmt: skip
+                _preload_content=False,
+                _request_timeout=self.timeout,
+            )
         except self.api_exception as e:
             raise errors.Unavailable(f"pods of node {self.node}: the API server answered {e.status} {e.reason}") from e
         except OSError as e:

@@ -38,8 +38,9 @@ def describe(resource: str, free: dict[str, list[str]], size: int) -> str:
     return f"{size} {resource} must lie on one GPU; free: {have}"
 
 
-def prefer(resource: str, available: list[str], must_include: list[str], size: int,
-           partner: Partner | None = None) -> list[str]:  # fmt: skip
+def prefer(
+    resource: str, available: list[str], must_include: list[str], size: int, partner: Partner | None = None
+) -> list[str]:
     """`size` units of `resource` from `available`, all on one GPU: the GPU of
     `must_include` (a restarted container's), else the partner's, else the
     fullest GPU that fits (binpacking leaves whole GPUs whole)."""

@@ -89,8 +89,9 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
         reply = dp.PreferredAllocationResponse()
         for c in request.container_requests:
             try:
-                chosen = self.booking.prefer(self.resource, list(c.available_deviceIDs),
-                                             list(c.must_include_deviceIDs), c.allocation_size)  # fmt: skip
+                chosen = self.booking.prefer(
+                    self.resource, list(c.available_deviceIDs), list(c.must_include_deviceIDs), c.allocation_size
+                )
             except errors.GpusliceError as e:
                 # the kubelet fails the pod's admission with this line (UnexpectedAdmissionError)
                 log.warning("%s: %s", self.resource, e)

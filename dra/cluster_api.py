@@ -38,10 +38,12 @@ class ClusterApi:
         except self.client.ApiException as e:
             if e.status != 404:
                 raise errors.Unavailable(f"ResourceSlice {name}: {e.status} {e.reason}") from e
-            self.objects.create_cluster_custom_object(GROUP, VERSION, "resourceslices", body,
-                                                      _request_timeout=self.timeout)  # fmt: skip
+            self.objects.create_cluster_custom_object(
+                GROUP, VERSION, "resourceslices", body, _request_timeout=self.timeout
+            )
             return
         version = current["metadata"]["resourceVersion"]
         body = {**body, "metadata": {**body["metadata"], "resourceVersion": version}}
-        self.objects.replace_cluster_custom_object(GROUP, VERSION, "resourceslices", name, body,
-                                                   _request_timeout=self.timeout)  # fmt: skip
+        self.objects.replace_cluster_custom_object(
+            GROUP, VERSION, "resourceslices", name, body, _request_timeout=self.timeout
+        )

@@ -64,8 +64,9 @@ class Plugin:
                 log.warning("GPU %d (%s) tainted %s: %s", g.index, g.uuid, resource_slice.UNHEALTHY, g.health)
         self.api.publish_slice(resource_slice.build(self.opts.node, inventory, self.generation, self.opts.sysfs))
         self.published = seen
-        log.info("published ResourceSlice %s, generation %d", resource_slice.slice_name(self.opts.node),
-                 self.generation)  # fmt: skip
+        log.info(
+            "published ResourceSlice %s, generation %d", resource_slice.slice_name(self.opts.node), self.generation
+        )
 
     def serve(self) -> None:
         dra = grpc.server(futures.ThreadPoolExecutor(max_workers=4))

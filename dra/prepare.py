@@ -108,8 +108,9 @@ def monitoring_edits(base: cdi_spec.ContainerEdits) -> cdi_spec.ContainerEdits:
     wrap, sockets = constants.CONTAINER_WRAP_DIR, constants.SLICE_SOCKET_DIR
     mounts = tuple(m for m in base.mounts if not m.container_path.startswith((wrap + "/", sockets)))
     env = tuple(e for e in base.env if e.partition("=")[0] not in _INTERPOSER_ENV)
-    return cdi_spec.ContainerEdits(env=(*env, f"LD_LIBRARY_PATH={constants.CONTAINER_DRIVER_DIR}"),
-                                   device_nodes=base.device_nodes, mounts=mounts)  # fmt: skip
+    return cdi_spec.ContainerEdits(
+        env=(*env, f"LD_LIBRARY_PATH={constants.CONTAINER_DRIVER_DIR}"), device_nodes=base.device_nodes, mounts=mounts
+    )
 
 
 class Preparer:

@@ -122,13 +122,12 @@ def _device(gpu: pb.Gpu, driver_version: str, pcie_group: int, nvlink_domain: in
             },
             "cores": {
                 "value": "100",
-                "requestPolicy": {"default": str(DEFAULT_CORES),
-                                  "validRange": {"min": "0", "max": "100", "step": "1"}},
+                "requestPolicy": {"default": str(DEFAULT_CORES), "validRange": {"min": "0", "max": "100", "step": "1"}},
             },
         },
         # a failing GPU takes no new claims; those running keep it (NoSchedule, not NoExecute)
         **({"taints": taints} if taints else {}),
-    }  # fmt: skip
+    }
 
 
 def build(node: str, inventory: pb.InventoryReply, generation: int, sysfs: Path = Path("/sys")) -> dict[str, Any]:

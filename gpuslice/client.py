@@ -85,20 +85,23 @@ class AllocatorClient:
     def inventory(self) -> pb.InventoryReply:
         return _call(self.stub.Inventory, pb.InventoryRequest(), self.timeout)
 
-    def reserve(self, container_id: str, annotations: dict[str, str], owner: str = "",
-                workload: pb.Workload | None = None) -> pb.Slice:  # fmt: skip
+    def reserve(
+        self, container_id: str, annotations: dict[str, str], owner: str = "", workload: pb.Workload | None = None
+    ) -> pb.Slice:
         req = pb.ReserveRequest(container_id=container_id, annotations=annotations, owner=owner, workload=workload)
         return _call(self.stub.Reserve, req, self.timeout)
 
-    def reserve_claim(self, uid: str, shares: Iterable[pb.Share], owner: str = "",
-                      workload: pb.Workload | None = None) -> pb.Slice:  # fmt: skip
+    def reserve_claim(
+        self, uid: str, shares: Iterable[pb.Share], owner: str = "", workload: pb.Workload | None = None
+    ) -> pb.Slice:
         req = pb.ReserveClaimRequest(uid=uid, shares=list(shares), owner=owner, workload=workload)
         return _call(self.stub.ReserveClaim, req, self.timeout)
 
     def reserve_devices(self, key: str, resource: str, gpu_uuid: str, memory: int = 0, cores: int = 0,
                         owner: str = "", workload: pb.Workload | None = None) -> pb.Slice:  # fmt: skip
-        req = pb.ReserveDevicesRequest(key=key, resource=resource, gpu_uuid=gpu_uuid, memory=memory, cores=cores,
-                                       owner=owner, workload=workload)  # fmt: skip
+        req = pb.ReserveDevicesRequest(
+            key=key, resource=resource, gpu_uuid=gpu_uuid, memory=memory, cores=cores, owner=owner, workload=workload
+        )
         return _call(self.stub.ReserveDevices, req, self.timeout)
 
     def bind(self, container_id: str, pid: int) -> pb.Slice:

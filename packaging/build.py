@@ -256,8 +256,9 @@ def build_deb(out: Path, pkg: Package = NODE) -> Path:
             (control / name).chmod(0o755)
         out.mkdir(parents=True, exist_ok=True)
         deb = out / f"{pkg.name}_{version()}_{arch}.deb"
-        subprocess.run(["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(dest), str(deb)], check=True,
-                       capture_output=True)  # fmt: skip
+        subprocess.run(
+            ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(dest), str(deb)], check=True, capture_output=True
+        )
     return deb
 
 

@@ -103,8 +103,10 @@ class ApiServer:
             pods = list(self.pods.values())
         found = []
         for p in pods:
-            fields = {"spec.nodeName": p["spec"].get("nodeName", ""),
-                      "status.phase": (p.get("status") or {}).get("phase", "Pending")}  # fmt: skip
+            fields = {
+                "spec.nodeName": p["spec"].get("nodeName", ""),
+                "status.phase": (p.get("status") or {}).get("phase", "Pending"),
+            }
             if all(fields.get(k) == v for k, v in wanted.items()):
                 found.append(p)
         return found
@@ -128,8 +130,9 @@ class ApiServer:
                 send_json(self, code, body)
 
             def _missing(self) -> None:
-                self._send(404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
-                                 "code": 404})  # fmt: skip
+                self._send(
+                    404, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404}
+                )
 
             def _body(self) -> dict[str, Any]:
                 return json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -200,8 +203,10 @@ class ApiServer:
                     return self._missing()
                 body = self._body()
                 if body["metadata"].get("resourceVersion") != api.slices[m.group(1)]["metadata"]["resourceVersion"]:
-                    return self._send(409, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409,
-                                            "reason": "Conflict"})  # fmt: skip
+                    return self._send(
+                        409,
+                        {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 409, "reason": "Conflict"},
+                    )
                 self._store_slice(m.group(1), body, "replace")
 
         return Handler

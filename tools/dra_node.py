@@ -36,8 +36,9 @@ class PluginNode:
     """A daemon with its node spec, the plugin (`gpuslice kubelet-plugin`, its own
     process) writing claims' specs to `claim_specs`, and a stand-in API server."""
 
-    def __init__(self, d: RunningDaemon, spec: Path, tmp: Path, claim_specs: Path,
-                 gpuslice: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, d: RunningDaemon, spec: Path, tmp: Path, claim_specs: Path, gpuslice: list[str] | None = None
+    ) -> None:
         # how to run `gpuslice`: this checkout's, or e.g. the plugin's container image
         self.gpuslice = gpuslice or [sys.executable, "-m", "gpuslice.cli"]
         self.plugin_args: list[str] = []  # more options for `gpuslice kubelet-plugin`

@@ -85,8 +85,9 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return r
 
 
-def template_args(kube_version: str, *sets: str, values: Path | None = None,
-                  namespace: str = "gpuslice-system") -> list[str]:  # fmt: skip
+def template_args(
+    kube_version: str, *sets: str, values: Path | None = None, namespace: str = "gpuslice-system"
+) -> list[str]:
     """`helm template`'s arguments for a cluster of `kube_version` with `--set` pairs."""
     args = ["template", "gpuslice", str(CHART), "--namespace", namespace, "--kube-version", kube_version]
     args += [a for s in sets for a in ("--set", s)]

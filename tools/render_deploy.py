@@ -42,11 +42,15 @@ def rendered(o: Overlay) -> dict[str, str]:
     namespaced = any(d and d["metadata"].get("namespace") == NAMESPACE for d in yaml.safe_load_all(text))
     namespace = f"---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n" if namespaced else ""
     sets = " --set ".join(o.sets + NODE_PACKAGE)
-    head = (f"# {o.why}\n# Rendered from deploy/helm/gpuslice (helm template --set {sets})"
-            " by tools/render_deploy.py: edit the chart, not this file.\n")  # fmt: skip
-    kustomization = (f"# kubectl apply -k deploy/overlays/{o.name}\n# {o.why}\n"
-                     "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-                     "resources:\n  - gpuslice.yaml\n")  # fmt: skip
+    head = (
+        f"# {o.why}\n# Rendered from deploy/helm/gpuslice (helm template --set {sets})"
+        " by tools/render_deploy.py: edit the chart, not this file.\n"
+    )
+    kustomization = (
+        f"# kubectl apply -k deploy/overlays/{o.name}\n# {o.why}\n"
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources:\n  - gpuslice.yaml\n"
+    )
     return {"gpuslice.yaml": head + namespace + text, "kustomization.yaml": kustomization}
 
 

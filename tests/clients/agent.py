@@ -480,9 +480,11 @@ class Agent:
     def jit_link(self, path: str = "") -> dict:
         """cuLinkCreate -> add PTX -> complete -> cuModuleLoadData ->
         cuModuleGetFunction / cuModuleGetGlobal -> copy into the global -> launch."""
-        ptx = (b".version 8.0\n.target sm_80\n.address_size 64\n"
-               b".visible .global .align 4 .b32 table[256];\n"
-               b".visible .entry scale()\n{\n .reg .f32 %f<2>;\n ld.global.f32 %f1, [table];\n ret;\n}\n")  # fmt: skip
+        ptx = (
+            b".version 8.0\n.target sm_80\n.address_size 64\n"
+            b".visible .global .align 4 .b32 table[256];\n"
+            b".visible .entry scale()\n{\n .reg .f32 %f<2>;\n ld.global.f32 %f1, [table];\n ret;\n}\n"
+        )
         steps = {}
         steps["create"], state = cu.cuLinkCreate(0, [], [])
         if path:  # the same PTX from a file, as cuLinkAddFile reads it
@@ -490,8 +492,9 @@ class Agent:
                 f.write(ptx)
             (steps["add"],) = cu.cuLinkAddFile(state, cu.CUjitInputType.CU_JIT_INPUT_PTX, path.encode(), 0, [], [])
         else:
-            (steps["add"],) = cu.cuLinkAddData(state, cu.CUjitInputType.CU_JIT_INPUT_PTX, ptx, len(ptx),
-                                               b"scale.ptx", 0, [], [])  # fmt: skip
+            (steps["add"],) = cu.cuLinkAddData(
+                state, cu.CUjitInputType.CU_JIT_INPUT_PTX, ptx, len(ptx), b"scale.ptx", 0, [], []
+            )
         steps["complete"], image, _size = cu.cuLinkComplete(state)
         steps["load"], mod = cu.cuModuleLoadData(image)
         (steps["destroy"],) = cu.cuLinkDestroy(state)  # the module keeps what it loaded
@@ -516,9 +519,11 @@ class Agent:
         props.location.id = 0
         _, pool = cu.cuMemPoolCreate(props)
         out = {}
-        for attr in (cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
-                     cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
-                     cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES):  # fmt: skip
+        for attr in (
+            cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES,
+            cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC,
+            cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+        ):
             seen = [int(cu.cuMemPoolGetAttribute(pool, attr)[1])]
             for value in (0, 1):
                 assert cu.cuMemPoolSetAttribute(pool, attr, value)[0] == cu.CUresult.CUDA_SUCCESS
@@ -725,8 +730,10 @@ class Agent:
         pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(device)
         try:
-            samples = [[int(s.pid), int(s.timeStamp), int(s.smUtil)] for s in
-                       pynvml.nvmlDeviceGetProcessUtilization(h, last_seen_us)]  # fmt: skip
+            samples = [
+                [int(s.pid), int(s.timeStamp), int(s.smUtil)]
+                for s in pynvml.nvmlDeviceGetProcessUtilization(h, last_seen_us)
+            ]
         except pynvml.NVMLError_NotFound:
             samples = []
         pynvml.nvmlShutdown()

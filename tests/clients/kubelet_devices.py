@@ -76,9 +76,11 @@ class Endpoint:
     def watch(self) -> None:
         m = self.m.dp.file.services_by_name["DevicePlugin"].methods_by_name["ListAndWatch"]
         reply = message_factory.GetMessageClass(m.output_type)
-        stream = self.channel.unary_stream(f"/{m.containing_service.full_name}/ListAndWatch",
-                                           request_serializer=lambda r: r.SerializeToString(),
-                                           response_deserializer=reply.FromString)  # fmt: skip
+        stream = self.channel.unary_stream(
+            f"/{m.containing_service.full_name}/ListAndWatch",
+            request_serializer=lambda r: r.SerializeToString(),
+            response_deserializer=reply.FromString,
+        )
         try:
             for update in stream(self.m.dp.message("Empty")):
                 with self.m.lock:
@@ -206,8 +208,10 @@ class DeviceManager:
                     raise Rejected(f"cannot allocate unregistered device {resource}")
                 available = self.healthy[resource] - self.allocated(resource)
                 if len(available) < needed:
-                    raise Rejected(f"requested number of devices unavailable for {resource}. Requested: {needed}, "
-                                   f"Available: {len(available)}")  # fmt: skip
+                    raise Rejected(
+                        f"requested number of devices unavailable for {resource}. Requested: {needed}, "
+                        f"Available: {len(available)}"
+                    )
             chosen: set[str] = set()
             if endpoint.options.get_preferred_allocation_available:
                 req = self.dp.message("PreferredAllocationRequest", container_requests=[self.dp.message(
@@ -225,8 +229,10 @@ class DeviceManager:
             with self.lock:
                 if chosen & self.allocated(resource):
                     raise Rejected(f"devices {sorted(chosen)} taken meanwhile")
-            req = self.dp.message("AllocateRequest", container_requests=[self.dp.message(
-                "ContainerAllocateRequest", devices_ids=sorted(chosen))])  # fmt: skip
+            req = self.dp.message(
+                "AllocateRequest",
+                container_requests=[self.dp.message("ContainerAllocateRequest", devices_ids=sorted(chosen))],
+            )
             try:
                 reply = endpoint.call("Allocate", req, 30)
             except grpc.RpcError as e:
@@ -284,8 +290,10 @@ class DeviceManager:
                 spec = pod["spec"]
                 for c in [*(spec.get("initContainers") or ()), *spec["containers"]]:
                     per = self.pod_devices.get(uid, {}).get(c["name"], {})
-                    devices = [self.pr.message("ContainerDevices", resource_name=r, device_ids=v["ids"])
-                               for r, v in sorted(per.items())]  # fmt: skip
+                    devices = [
+                        self.pr.message("ContainerDevices", resource_name=r, device_ids=v["ids"])
+                        for r, v in sorted(per.items())
+                    ]
                     containers.append(self.pr.message("ContainerResources", name=c["name"], devices=devices))
                 meta = pod["metadata"]
                 pods.append(self.pr.message("PodResources", name=meta["name"], namespace=meta["namespace"],
@@ -294,8 +302,10 @@ class DeviceManager:
 
     def allocatable(self, request: Any, context: Any) -> Any:
         with self.lock:
-            devices = [self.pr.message("ContainerDevices", resource_name=r, device_ids=sorted(d))
-                       for r, d in sorted(self.healthy.items())]  # fmt: skip
+            devices = [
+                self.pr.message("ContainerDevices", resource_name=r, device_ids=sorted(d))
+                for r, d in sorted(self.healthy.items())
+            ]
         return self.pr.message("AllocatableResourcesResponse", devices=devices)
 
 
@@ -362,8 +372,9 @@ def main() -> None:
     server.add_generic_rpc_handlers([_service(m.dp, "Registration", {"Register": register})])
     server.add_insecure_port(f"unix://{plugin_dir}/kubelet.sock")
     lister = grpc.server(futures.ThreadPoolExecutor(4))
-    lister.add_generic_rpc_handlers([_service(m.pr, "PodResourcesLister", {
-        "List": m.list_pods, "GetAllocatableResources": m.allocatable})])  # fmt: skip
+    lister.add_generic_rpc_handlers(
+        [_service(m.pr, "PodResourcesLister", {"List": m.list_pods, "GetAllocatableResources": m.allocatable})]
+    )
     Path(pod_resources).parent.mkdir(parents=True, exist_ok=True)
     Path(pod_resources).unlink(missing_ok=True)
     lister.add_insecure_port(f"unix://{pod_resources}")

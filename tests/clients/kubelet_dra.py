@@ -40,9 +40,11 @@ class Api:
     def call(self, channel: grpc.Channel, service: str, method: str, request: Any, timeout: float) -> Any:
         m = self.file.services_by_name[service].methods_by_name[method]
         reply = message_factory.GetMessageClass(m.output_type)
-        stub = channel.unary_unary(f"/{m.containing_service.full_name}/{m.name}",
-                                   request_serializer=lambda r: r.SerializeToString(),
-                                   response_deserializer=reply.FromString)  # fmt: skip
+        stub = channel.unary_unary(
+            f"/{m.containing_service.full_name}/{m.name}",
+            request_serializer=lambda r: r.SerializeToString(),
+            response_deserializer=reply.FromString,
+        )
         return stub(request, timeout=timeout)
 
 
@@ -66,8 +68,10 @@ def register(out: Path, socket: str) -> dict:
 
 def call(out: Path, verb: str, endpoint: str, version: str, claims: list[dict]) -> dict:
     dra = Api(out, version)
-    method, request = {"prepare": ("NodePrepareResources", "NodePrepareResourcesRequest"),
-                       "unprepare": ("NodeUnprepareResources", "NodeUnprepareResourcesRequest")}[verb]  # fmt: skip
+    method, request = {
+        "prepare": ("NodePrepareResources", "NodePrepareResourcesRequest"),
+        "unprepare": ("NodeUnprepareResources", "NodeUnprepareResourcesRequest"),
+    }[verb]
     req = dra.message(request, claims=[dra.message("Claim", **c) for c in claims])
     with grpc.insecure_channel(f"unix://{endpoint}") as ch:
         return as_dict(dra.call(ch, "DRAPlugin", method, req, 30))

@@ -102,8 +102,9 @@ class Scheduler:
 
     def _send(self, verb: str, args: dict[str, Any]) -> Any:
         url = self.url_prefix.rstrip("/") + "/" + verb
-        req = urllib.request.Request(url, data=json.dumps(args).encode(), method="POST",
-                                     headers={"Content-Type": "application/json"})  # fmt: skip
+        req = urllib.request.Request(
+            url, data=json.dumps(args).encode(), method="POST", headers={"Content-Type": "application/json"}
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
                 return json.loads(r.read())
@@ -118,14 +119,16 @@ class Scheduler:
             return {"Pod": pod, "Nodes": None, "NodeNames": [n["metadata"]["name"] for n in nodes]}
         return {"Pod": pod, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": None}
 
-    def filter(self, pod: dict[str, Any], nodes: list[dict[str, Any]]
-               ) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, str]]:  # fmt: skip
+    def filter(
+        self, pod: dict[str, Any], nodes: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, str]]:
         """(nodes kept, FailedNodes, FailedAndUnresolvableNodes); raises ExtenderError."""
         if not self.is_interested(pod):
             return nodes, {}, {}
         given = {n["metadata"]["name"] for n in nodes}
-        result = _decode(EXTENDER_FILTER_RESULT, self._send(self.filter_verb, self._args(pod, nodes)),
-                         "v1.ExtenderFilterResult")  # fmt: skip
+        result = _decode(
+            EXTENDER_FILTER_RESULT, self._send(self.filter_verb, self._args(pod, nodes)), "v1.ExtenderFilterResult"
+        )
         if result["Error"]:
             raise ExtenderError(result["Error"])
         if self.node_cache_capable and result["NodeNames"] is not None:
@@ -148,8 +151,9 @@ class Scheduler:
         """({host: score}, weight); raises ExtenderError."""
         raw = self._send(self.prioritize_verb, self._args(pod, nodes))
         if not isinstance(raw, list):
-            raise ExtenderError(f"json: cannot unmarshal {type(raw).__name__} into Go value of type "
-                                "v1.HostPriorityList")  # fmt: skip
+            raise ExtenderError(
+                f"json: cannot unmarshal {type(raw).__name__} into Go value of type v1.HostPriorityList"
+            )
         scores = {}
         for item in raw:
             hp = _decode(HOST_PRIORITY, item, "v1.HostPriority")

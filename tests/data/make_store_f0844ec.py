@@ -32,8 +32,9 @@ from gpuslice.allocator.store import SliceStore, Workload  # noqa: E402
 from gpuslice.inventory import Gpu, Inventory  # noqa: E402
 
 GiB = 1 << 30
-gpus = tuple(Gpu(i, f"GPU-{i:08d}-0000-0000-0000-000000000000", "sim", f"0000:0{i}:00.0", 16 * GiB, 0, 0)
-             for i in range(2))  # fmt: skip
+gpus = tuple(
+    Gpu(i, f"GPU-{i:08d}-0000-0000-0000-000000000000", "sim", f"0000:0{i}:00.0", 16 * GiB, 0, 0) for i in range(2)
+)
 work = Path(tempfile.mkdtemp())
 store = SliceStore(out)
 key = MembershipKey(b"\x01" * 32)

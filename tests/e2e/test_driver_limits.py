@@ -80,8 +80,9 @@ def test_status_resize_and_daemon_restart(make_node, root_fs, daemon, supported)
         assert s.enforcement == ("driver+interposer" if supported else "interposer")
         table = subprocess.run(
             [sys.executable, "-m", "gpuslice.cli", "status", "--socket", str(node.d.socket)],
-            capture_output=True, text=True,
-        ).stdout  # fmt: skip
+            capture_output=True,
+            text=True,
+        ).stdout
         assert table.rstrip().endswith("driver+interposer" if supported else "elastic  interposer")
         cid = s.container_id
         node.client.resize(cid, {"gpuslice.io/memory": "2Gi"})

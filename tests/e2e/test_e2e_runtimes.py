@@ -73,8 +73,9 @@ def test_podman_cdi_device_with_annotations(node, root_fs):
 def test_podman_runtime_shim_with_annotations_only(node, root_fs):
     r = podman(
         ["--runtime", str(node.shim), "--annotation", "gpuslice.io/memory=2Gi", "--annotation", "gpuslice.io/cores=30"],
-        root_fs, [rootfs.PROBE],
-    )  # fmt: skip
+        root_fs,
+        [rootfs.PROBE],
+    )
     out = probe_result(r)
     assert out["total"] == 2 * GiB and out["allocated"] == 2 * GiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
     assert node.wait_empty() == []
@@ -145,8 +146,9 @@ def test_shim_config_validates_against_the_oci_schema_and_untouched_bundles_stay
     env = {**os.environ, "GPUSLICE_RUNTIME": str(stand_in)}
 
     def create(cid: str) -> None:
-        r = subprocess.run([str(node.shim), "create", "--bundle", str(bundle), cid], capture_output=True, text=True,
-                           env=env)  # fmt: skip
+        r = subprocess.run(
+            [str(node.shim), "create", "--bundle", str(bundle), cid], capture_output=True, text=True, env=env
+        )
         assert r.returncode == 0, r.stderr
 
     create("untouched")
@@ -197,17 +199,20 @@ def test_podman_hooks_d_files_bind_and_release(node, root_fs, tmp_path):
 def test_loader_cache_finds_the_interposer_without_ld_library_path(node, root_fs):
     r = podman(
         ["--device", "gpuslice.io/gpu=0", "--annotation", "gpuslice.io/memory=512Mi"],
-        root_fs, ["/bin/sh", "-c", f"unset LD_LIBRARY_PATH; exec {rootfs.PROBE}"],
-    )  # fmt: skip
+        root_fs,
+        ["/bin/sh", "-c", f"unset LD_LIBRARY_PATH; exec {rootfs.PROBE}"],
+    )
     out = probe_result(r)
     assert out["total"] == 512 * MiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
 
 
 def test_the_demo_runs_three_containers_on_one_gpu():
     r = subprocess.run(
-        [sys.executable, "-m", "gpuslice.cli", "demo", "--mode", "containers"], capture_output=True, text=True,
+        [sys.executable, "-m", "gpuslice.cli", "demo", "--mode", "containers"],
+        capture_output=True,
+        text=True,
         timeout=300,
-    )  # fmt: skip
+    )
     assert r.returncode == 0, r.stderr
     for name, total in (("small", "2.0 GiB"), ("medium", "4.0 GiB"), ("quarter", "4.0 GiB")):
         assert f"{name:<8} sees total {total}, allocated {total}, then CUDA_ERROR_OUT_OF_MEMORY" in r.stdout

@@ -74,8 +74,9 @@ def test_containerd_reads_the_drop_in_and_keeps_runc_options(tmp_path):
     root = tmp_path / "root"
     (root / "etc/containerd").mkdir(parents=True)
     cfg = root / "etc/containerd/config.toml"
-    cfg.write_text('version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
-                   "  SystemdCgroup = true\n")  # fmt: skip
+    cfg.write_text(
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n  SystemdCgroup = true\n'
+    )
     assert cli("install", "containerd", "--root", str(root), "--shim", SHIM).returncode == 0
     # point the import at the scratch root, as / would be on a node
     cfg.write_text(cfg.read_text().replace('"/etc/containerd', f'"{root}/etc/containerd'))
@@ -94,8 +95,10 @@ def test_uninstall_keeps_an_admins_later_edits_and_takes_out_only_ours(tmp_path)
     assert cli("install", "containerd", *flags).returncode == 0
     cfg.write_text(cfg.read_text() + "# edited by the admin\n")
     assert cli("uninstall", "containerd", "--root", str(root)).returncode == 0
-    assert cfg.read_text() == 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause:1"\n' \
-        "# edited by the admin\n"  # fmt: skip
+    assert (
+        cfg.read_text() == 'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  sandbox_image = "pause:1"\n'
+        "# edited by the admin\n"
+    )
     assert not (root / "etc/containerd/conf.d/gpuslice.toml").exists()
 
 
@@ -123,8 +126,9 @@ def test_bad_input_is_one_line_and_changes_nothing(tmp_path, target, files, flag
     assert (snapshot(root) if root.exists() else {}) == before
 
 
-@pytest.mark.parametrize(("version", "marker"), [("1.6", "version = 2"), ("1.7", "enable_cdi = true"),
-                                                 ("2.1", "version = 3")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("version", "marker"), [("1.6", "version = 2"), ("1.7", "enable_cdi = true"), ("2.1", "version = 3")]
+)
 def test_the_drop_in_follows_the_containerd_version(tmp_path, version, marker):
     root = tmp_path / "root"
     assert (

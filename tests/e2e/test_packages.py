@@ -57,8 +57,9 @@ def test_packages_are_versioned_and_lint_clean(packages):
         tags = [line for line in lint.stdout.splitlines() if re.match(r"^[EW]: ", line)]
         assert not tags, tags  # what remains is justified in packaging/lintian-overrides
     for rpm, rc in ((packages["rpm"], "rpmlintrc"), (packages["sim-rpm"], "rpmlintrc-sim")):
-        rpmlint = subprocess.run(["rpmlint", "-r", str(ROOT / "packaging" / rc), str(rpm)],
-                                 capture_output=True, text=True)  # fmt: skip
+        rpmlint = subprocess.run(
+            ["rpmlint", "-r", str(ROOT / "packaging" / rc), str(rpm)], capture_output=True, text=True
+        )
         assert "0 errors, 0 warnings" in rpmlint.stdout, rpmlint.stdout  # justified in packaging/rpmlintrc*
 
 

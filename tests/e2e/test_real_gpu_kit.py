@@ -50,8 +50,9 @@ def test_prepare_then_run_installs_from_the_wheels_alone_and_passes_on_the_simul
            "GPUSLICE_KIT_DIR": str(work), "WHEELS": str(found)}  # fmt: skip
     env.pop("VIRTUAL_ENV", None)
     try:
-        r = subprocess.run(["sh", str(KIT / "run.sh"), "--sim"], env=env, capture_output=True, text=True,
-                           timeout=900, cwd=REPO)  # fmt: skip
+        r = subprocess.run(
+            ["sh", str(KIT / "run.sh"), "--sim"], env=env, capture_output=True, text=True, timeout=900, cwd=REPO
+        )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]

@@ -93,8 +93,9 @@ class Booted:
         self.name = name
 
     def sh(self, script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*PODMAN, "exec", self.name, "sh", "-c", script], capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        return subprocess.run(
+            [*PODMAN, "exec", self.name, "sh", "-c", script], capture_output=True, text=True, timeout=timeout
+        )
 
     def ok(self, script: str, timeout: float = 60) -> str:
         r = self.sh(script, timeout)
@@ -115,13 +116,16 @@ class Booted:
 
     def paths(self) -> set[str]:
         """Every path of the system outside the kernel's and the runtime's own."""
-        out = self.ok("find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /var/log/journal \\) -prune "
-                      "-o -print", timeout=120)  # fmt: skip
+        out = self.ok(
+            "find / -xdev \\( -path /proc -o -path /sys -o -path /dev -o -path /var/log/journal \\) -prune -o -print",
+            timeout=120,
+        )
         return set(out.splitlines())
 
 
-def wait_for(what: str, check: Callable[[], bool], seconds: float = 30,
-             explain: Callable[[], str] = lambda: "") -> None:  # fmt: skip
+def wait_for(
+    what: str, check: Callable[[], bool], seconds: float = 30, explain: Callable[[], str] = lambda: ""
+) -> None:
     deadline = time.monotonic() + seconds
     while not check():
         assert time.monotonic() < deadline, f"waited {seconds} s for {what}\n{explain()}"
@@ -189,8 +193,9 @@ def spec_devices(node: Booted) -> list[str]:
     return sorted(n for n in names if not n.startswith("GPU-"))
 
 
-def test_installed_before_the_driver_the_units_wait_for_it(node: Booted, debs: dict[str, Path],
-                                                           before_install: set[str]):  # fmt: skip
+def test_installed_before_the_driver_the_units_wait_for_it(
+    node: Booted, debs: dict[str, Path], before_install: set[str]
+):
     for name, deb in debs.items():
         node.cp(deb, f"/tmp/{name}.deb")
     out = node.ok("dpkg -i /tmp/gpuslice.deb /tmp/gpuslice-sim.deb 2>&1", timeout=180)
@@ -285,8 +290,10 @@ def test_remove_then_purge_leave_nothing(node: Booted, before_install: set[str])
     # gpuslice-sim first: its files go, the directories gpuslice shares with it stay
     sim_owned = set(node.ok("dpkg -L gpuslice-sim").splitlines())
     node.ok("dpkg --purge gpuslice-sim", timeout=120)
-    assert {p for p in sim_owned - before_install if p in node.paths()} <= {"/usr/lib/gpuslice",
-                                                                              "/usr/lib/gpuslice/python"}  # fmt: skip
+    assert {p for p in sim_owned - before_install if p in node.paths()} <= {
+        "/usr/lib/gpuslice",
+        "/usr/lib/gpuslice/python",
+    }
     owned = set(node.ok("dpkg -L gpuslice").splitlines())
     conffiles = {line.split()[0] for line in node.ok("dpkg-query -W -f='${Conffiles}' gpuslice").splitlines() if line}
     assert conffiles == {"/etc/gpuslice/daemon.yaml"}

@@ -35,7 +35,8 @@ def wait_until_ready(proc: subprocess.Popen, log: Path, ready, name: str, second
 
 def build_package(kind: str, out: Path) -> Path:
     """`packaging/build.py KIND OUT` (deb, rpm, image): the file it made."""
-    r = subprocess.run([sys.executable, str(REPO / "packaging/build.py"), kind, str(out)], capture_output=True,
-                       text=True, timeout=900)  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, str(REPO / "packaging/build.py"), kind, str(out)], capture_output=True, text=True, timeout=900
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     return Path(r.stdout.strip().splitlines()[-1])

@@ -117,8 +117,10 @@ class ContainerdNode:
     def uninstall(self) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "gpuslice.cli", "uninstall", "containerd", "--root", str(self.work)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
@@ -130,8 +132,10 @@ class ContainerdNode:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [self.binary("containerd"), "--config", str(self.config), "--log-level", "info"],
-            stdout=subprocess.DEVNULL, stderr=self.log.open("ab"), env=self.env(),
-        )  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("ab"),
+            env=self.env(),
+        )
         wait_until_ready(self.proc, self.log, lambda: self.socket.exists() and self.ctr("version").returncode == 0,
                          "containerd", STARTED_WITHIN_S)  # fmt: skip
 

@@ -85,8 +85,9 @@ def unpacked(packages: tuple[str, ...], suite: str) -> Path:
             found = sorted(debs.glob(f"{p}_*.deb"))
             if not found:
                 raise FetchError(f"cannot fetch {what}: apt-get downloaded no {p}_*.deb")
-            r = subprocess.run(["dpkg-deb", "-x", str(found[-1]), str(tree)], capture_output=True, text=True,
-                               timeout=300)  # fmt: skip
+            r = subprocess.run(
+                ["dpkg-deb", "-x", str(found[-1]), str(tree)], capture_output=True, text=True, timeout=300
+            )
             if r.returncode != 0:
                 raise FetchError(f"cannot unpack {found[-1].name} ({what}): {_one_line(r.stderr)}")
         done.touch()

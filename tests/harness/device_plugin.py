@@ -49,8 +49,9 @@ class DevicePluginNode:
         self.gpuslice = gpuslice or [sys.executable, "-m", "gpuslice.cli"]
         self.plugin_args: list[str] = []
         self.api = ApiServer()
-        self.api.put_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {
-            "gpuslice.io/node": "true"}}})  # fmt: skip
+        self.api.put_node(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"gpuslice.io/node": "true"}}}
+        )
         self.kubeconfig = self.api.kubeconfig(tmp / "kubeconfig")
         self.dir = tmp / "device-plugins"
         self.pod_resources = tmp / "pod-resources" / "kubelet.sock"

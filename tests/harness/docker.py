@@ -92,8 +92,9 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
                          "dockerd", STARTED_WITHIN_S)  # fmt: skip
 
     def docker(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([self.which("docker"), *args], capture_output=True, text=True, timeout=timeout,
-                              env=self.env())  # fmt: skip
+        return subprocess.run(
+            [self.which("docker"), *args], capture_output=True, text=True, timeout=timeout, env=self.env()
+        )
 
     def server_version(self) -> tuple[int, int]:
         out = self.docker("version", "--format", "{{.Server.Version}}").stdout.strip()

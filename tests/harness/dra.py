@@ -20,8 +20,9 @@ __all__ = ["NODE", "DraNode", "Result", "allocated", "listening"]
 class DraNode(PluginNode):
     """The plugin's node, and a kubelet that calls it."""
 
-    def __init__(self, d: RunningDaemon, spec: Path, tmp: Path, claim_specs: Path,
-                 gpuslice: list[str] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, d: RunningDaemon, spec: Path, tmp: Path, claim_specs: Path, gpuslice: list[str] | None = None
+    ) -> None:
         super().__init__(d, spec, tmp, claim_specs, gpuslice)
         self.protos = tmp / "kubelet-protos"
 

@@ -36,8 +36,9 @@ def gpu_node(work: Path, spec: Path, memory: str = "16Gi", gpus: int = 1) -> Ite
     try:
         made = sim_daemon.cdi_generate(daemon, spec)
         assert made.returncode == 0, made.stderr
-        yield GpuNode(daemon, sim_daemon.shim_for(daemon, spec, work / "gpuslice-runtime",
-                                                  built_executable("gpuslice-runtime")))  # fmt: skip
+        yield GpuNode(
+            daemon, sim_daemon.shim_for(daemon, spec, work / "gpuslice-runtime", built_executable("gpuslice-runtime"))
+        )
     finally:
         spec.unlink(missing_ok=True)
         daemon.kill(15)

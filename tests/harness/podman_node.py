@@ -54,8 +54,10 @@ class Node:
 def podman(args: list[str], root: Path, cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["podman", "run", "--rm", *PODMAN, *args, "--rootfs", str(root), *cmd],
-        capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def podman_detached(name: str, root: Path, seconds: int) -> None:

@@ -60,8 +60,10 @@ def test_without_a_driver_generate_daemon_and_gpus_say_so_in_one_line_and_exit_3
         pytest.skip("this machine has an NVIDIA driver")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUSLICE_SIM", "LD_"))}
     config = tmp_path / "daemon.yaml"
-    config.write_text(f"socket: {tmp_path}/g.sock\nslice_socket: {tmp_path}/s/s.sock\nstate_dir: {tmp_path}/st\n"
-                      f"slice_files_dir: {tmp_path}/sf\nmetrics: {{port: 0}}\n")  # fmt: skip
+    config.write_text(
+        f"socket: {tmp_path}/g.sock\nslice_socket: {tmp_path}/s/s.sock\nstate_dir: {tmp_path}/st\n"
+        f"slice_files_dir: {tmp_path}/sf\nmetrics: {{port: 0}}\n"
+    )
     line = (
         "cannot read the GPUs through NVML: NVML Shared Library Not Found (is the NVIDIA driver installed and loaded?)"
     )
@@ -94,8 +96,10 @@ def test_generate_waits_for_a_driver_arriving_in_either_order(make_machine, tmp_
     env = {**m.env, "LD_LIBRARY_PATH": str(libdir)}
     out = tmp_path / "gpuslice.json"
     nvml = (sim / "libnvidia-ml.so.1").read_bytes()
-    land = {"libnvidia-ml.so.1": lambda: (libdir / "libnvidia-ml.so.1").write_bytes(nvml),
-            "libcuda.so.1": lambda: (libdir / "libcuda.so.1").write_bytes(b"\x7fELF")}  # fmt: skip
+    land = {
+        "libnvidia-ml.so.1": lambda: (libdir / "libnvidia-ml.so.1").write_bytes(nvml),
+        "libcuda.so.1": lambda: (libdir / "libcuda.so.1").write_bytes(b"\x7fELF"),
+    }
     land[first]()
     proc = subprocess.Popen([sys.executable, "-m", "gpuslice.cli", "cdi", "generate", "--driver-root", str(root),
                              "--output", str(out), "--hook", "/usr/bin/gpuslice-hook"], env=env,

@@ -48,8 +48,9 @@ def test_every_object_is_valid_for_the_kubernetes_it_is_rendered_for(mode, versi
         assert r.returncode != 0 and "mode dra needs Kubernetes 1.34 or later" in r.stderr
         return
     extra = ("devicePlugin.schedulerExtender.enabled=true",) if mode == "devicePlugin" else ()
-    objects = template(f"{version}.0", f"mode={mode}", "nodeAgent.enabled=true", "metrics.serviceMonitor.enabled=true",
-                       *extra)  # fmt: skip
+    objects = template(
+        f"{version}.0", f"mode={mode}", "nodeAgent.enabled=true", "metrics.serviceMonitor.enabled=true", *extra
+    )
     kinds = {o["kind"] for o in objects}
     assert {"DaemonSet", "Service", "ConfigMap", "ServiceMonitor"} <= kinds
     for obj in objects:
@@ -58,9 +59,11 @@ def test_every_object_is_valid_for_the_kubernetes_it_is_rendered_for(mode, versi
 
 
 def test_each_mode_installs_its_own_components_and_the_node_agent():
-    for mode, ours in (("dra", {("DaemonSet", "gpuslice-kubelet-plugin"), ("DeviceClass", "gpuslice.io")}),
-                       ("devicePlugin", {("DaemonSet", "gpuslice-device-plugin")}),
-                       ("runtimeClass", {("RuntimeClass", "gpuslice")})):  # fmt: skip
+    for mode, ours in (
+        ("dra", {("DaemonSet", "gpuslice-kubelet-plugin"), ("DeviceClass", "gpuslice.io")}),
+        ("devicePlugin", {("DaemonSet", "gpuslice-device-plugin")}),
+        ("runtimeClass", {("RuntimeClass", "gpuslice")}),
+    ):
         objects = by_kind(template("1.35.0", f"mode={mode}", "nodeAgent.enabled=true"))
         assert ours <= set(objects), mode
         assert ("DaemonSet", "gpuslice-node-agent") in objects
@@ -95,9 +98,10 @@ def test_the_agents_command_is_the_node_agent_commands_own_options():
 
     k3s = "/var/lib/rancher/k3s/agent/etc/containerd/config.toml"
     sets = ("nodeAgent.driverRoot=/run/nvidia/driver", "nodeAgent.runtimeVersion=1.7", f"nodeAgent.runtimeConfig={k3s}")
-    for extra, want in (((), {"--host-root": "/host", "--driver-root": "/", "--runtime": "containerd"}),
-                        (sets, {"--driver-root": "/run/nvidia/driver", "--runtime-version": "1.7",
-                                "--runtime-config": k3s})):  # fmt: skip
+    for extra, want in (
+        ((), {"--host-root": "/host", "--driver-root": "/", "--runtime": "containerd"}),
+        (sets, {"--driver-root": "/run/nvidia/driver", "--runtime-version": "1.7", "--runtime-config": k3s}),
+    ):
         objects = by_kind(template("1.35.0", *extra))
         [container] = objects[("DaemonSet", "gpuslice-node-agent")]["spec"]["template"]["spec"]["containers"]
         assert container["command"][:2] == ["gpuslice", "node-agent"]

@@ -219,14 +219,18 @@ def test_a_claim_is_reserved_share_by_share_each_of_its_own_size(daemon):
     error kinds through the client."""
     d = daemon([gpu("16Gi"), gpu("16Gi")])
     c = d.client()
-    shares = [pb.Share(gpu_index=0, memory=8 * GiB, cores=60, policy="hard", share_id="a"),
-              pb.Share(gpu_index=1, memory=2 * GiB, cores=50, share_id="b"),
-              pb.Share(gpu_index=0, memory=1 * GiB, cores=10, priority="low", share_id="c")]  # fmt: skip
+    shares = [
+        pb.Share(gpu_index=0, memory=8 * GiB, cores=60, policy="hard", share_id="a"),
+        pb.Share(gpu_index=1, memory=2 * GiB, cores=50, share_id="b"),
+        pb.Share(gpu_index=0, memory=1 * GiB, cores=10, priority="low", share_id="c"),
+    ]
     s = c.reserve_claim("u1", shares, owner="dra ml/train")
     assert (s.container_id, s.kind, s.state) == ("claim-u1", "claim", "reserved")
     assert [(g.index, g.memory_limit, g.cores, g.share_id, g.policy, g.priority) for g in s.gpus] == [
-        (0, 8 * GiB, 60, "a", "hard", "normal"), (0, 1 * GiB, 10, "c", "elastic", "low"),
-        (1, 2 * GiB, 50, "b", "elastic", "normal")]  # fmt: skip
+        (0, 8 * GiB, 60, "a", "hard", "normal"),
+        (0, 1 * GiB, 10, "c", "elastic", "low"),
+        (1, 2 * GiB, 50, "b", "elastic", "normal"),
+    ]
     assert [(g.memory_reserved, g.cores_reserved) for g in c.inventory().gpus] == [(9 * GiB, 70), (2 * GiB, 50)]
     assert not list(d.slice_files_dir.glob(f"{s.id}.*"))  # no ledger until a container is given its shares
     assert c.reserve_claim("u1", shares).id == s.id  # the kubelet asks again: the same slice
@@ -243,4 +247,6 @@ def test_a_claim_is_reserved_share_by_share_each_of_its_own_size(daemon):
         c.resize("claim-u1", {MEM: "1Gi"})
     assert [x.container_id for x in c.list()] == ["claim-u1"]  # nothing half-reserved by the refusals
     assert c.release("claim-u1") and [(g.memory_reserved, g.cores_reserved) for g in c.inventory().gpus] == [
-        (0, 0), (0, 0)]  # fmt: skip
+        (0, 0),
+        (0, 0),
+    ]

@@ -405,8 +405,9 @@ def test_the_runtime_client_tries_again_when_the_daemon_closes_unanswered(tmp_pa
     bundle = oci_bundle(tmp_path / "bundle", {"gpuslice.io/memory": "1Gi"})
     env = {**os.environ, "GPUSLICE_SOCKET": str(tmp_path / "gpuslice.sock"),
            "GPUSLICE_RUNTIME": str(fake_runtime(tmp_path))}  # fmt: skip
-    r = subprocess.run([str(SHIM), "create", "--bundle", str(bundle), "c1"], env=env, capture_output=True,
-                       text=True, timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [str(SHIM), "create", "--bundle", str(bundle), "c1"], env=env, capture_output=True, text=True, timeout=60
+    )
     t.join(10)
     server.close()
     assert r.returncode == 7, r.stderr
@@ -582,8 +583,10 @@ def test_a_reused_pid_does_not_get_another_containers_slice(daemon, containers):
     for _attempt in range(5):  # another process on the host may take the pid first: try again
         attacker = subprocess.Popen(
             [sys.executable, "-c", REUSE_ATTACKER, str(d.slice_socket.parent), d.slice_socket.name, attach.hex()],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert attacker.stdin and attacker.stdout
         child = int(attacker.stdout.readline())
         impostor = take_pid(child, box)

@@ -86,8 +86,9 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(loaded):
     assert not missing, f"no data for {missing}"
     # by workload, as people look for it
     got = loaded.query(grafana(dict(panel_queries(DASHBOARD))["Memory limit"]))
-    assert {(s["metric"]["namespace"], s["metric"]["pod"], s["metric"]["container"], float(s["value"][1]))
-            for s in got} == {("team-a", "trainer-0", "main", 4 * GiB), ("team-b", "nb-0", "lab", GiB)}  # fmt: skip
+    assert {
+        (s["metric"]["namespace"], s["metric"]["pod"], s["metric"]["container"], float(s["value"][1])) for s in got
+    } == {("team-a", "trainer-0", "main", 4 * GiB), ("team-b", "nb-0", "lab", GiB)}
     refused = loaded.query('gpuslice_slice_oom_refusals_total{pod="nb-0"}')
     assert [float(s["value"][1]) for s in refused] == [1.0]
     throttled = loaded.query('gpuslice_slice_throttled_launches_total{pod="trainer-0"}')

@@ -61,8 +61,9 @@ def test_the_plugin_gets_the_paths_and_rights_it_uses():
     assert granted == {("resourceclaims", "get"), ("resourceslices", "get"), ("resourceslices", "create"),
                        ("resourceslices", "update")}  # fmt: skip
     binding = objects[("ClusterRoleBinding", "gpuslice-kubelet-plugin")]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": pod["serviceAccountName"],
-                                    "namespace": "gpuslice-system"}]  # fmt: skip
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": pod["serviceAccountName"], "namespace": "gpuslice-system"}
+    ]
 
 
 def test_the_device_classes_select_our_devices_and_the_whole_gpu_class_is_an_extended_resource():
@@ -143,8 +144,9 @@ def test_the_scheduler_profile_calls_the_extender_as_it_serves_and_only_for_our_
     [ext] = config["extenders"]
     assert set(ext) <= EXTENDER_FIELDS
     assert all(set(r) <= MANAGED_RESOURCE_FIELDS for r in ext["managedResources"])
-    leader = go_json_fields((reference("component-base-config") / "types.go").read_text(),
-                            "LeaderElectionConfiguration")  # fmt: skip
+    leader = go_json_fields(
+        (reference("component-base-config") / "types.go").read_text(), "LeaderElectionConfiguration"
+    )
     assert "resourceNamespace" in leader and set(config["leaderElection"]) <= leader
     # the extender's contract: full Node objects (it reads their annotation), its verbs, our resources, counted
     assert ext["nodeCacheCapable"] is False and ext["ignorable"] is False

@@ -178,16 +178,19 @@ def test_a_failing_claim_leaves_nothing_and_the_others_stand(node):
     elsewhere["status"]["allocation"]["devices"]["results"][0]["pool"] = "node-b"
     params = {"apiVersion": "gpuslice.io/v1", "computePolicy": "strict"}
     bad_config = allocated(
-        "typo", ("gpu-0", "1Gi", None), config=[{"source": "FromClass", "opaque": {"driver": "gpuslice.io",
-                                                                                   "parameters": params}}]
-    )  # fmt: skip
+        "typo",
+        ("gpu-0", "1Gi", None),
+        config=[{"source": "FromClass", "opaque": {"driver": "gpuslice.io", "parameters": params}}],
+    )
     good = allocated("fine", ("gpu-1", "1Gi", None))
     for c in (too_big, elsewhere, bad_config, good):
         node.api.put_claim(c)
     missing = {"metadata": {"uid": str(uuid.uuid4()), "namespace": "ml", "name": "never-created"}}
     answers = node.prepare(too_big, elsewhere, bad_config, good, missing)
-    errors = {c["metadata"]["name"]: answers[c["metadata"]["uid"]].get("error", "")
-              for c in (too_big, elsewhere, bad_config, good, missing)}  # fmt: skip
+    errors = {
+        c["metadata"]["name"]: answers[c["metadata"]["uid"]].get("error", "")
+        for c in (too_big, elsewhere, bad_config, good, missing)
+    }
     assert errors["lost"] == "claim ml/lost: device gpu-7 is not a GPU of this node (it has gpu-0, gpu-1)"
     assert errors["other-node"] == "claim ml/other-node: devices of pool node-b, not of this node (node-a)"
     assert errors["typo"] == "claim ml/typo: computePolicy 'strict': accepted hard, elastic"
@@ -294,8 +297,10 @@ def test_a_failing_gpu_is_tainted_and_a_daemon_restart_keeps_the_claims(daemon, 
         node.close()
 
 
-@pytest.mark.parametrize("toleration", [None, {"key": "gpuslice.io/unhealthy", "operator": "Exists",
-                                                "effect": "NoSchedule"}, {"operator": "Exists"}])  # fmt: skip
+@pytest.mark.parametrize(
+    "toleration",
+    [None, {"key": "gpuslice.io/unhealthy", "operator": "Exists", "effect": "NoSchedule"}, {"operator": "Exists"}],
+)
 def test_a_claim_placed_on_an_unwell_gpu_is_refused_unless_it_tolerates_the_taint(daemon, tmp_path, toleration):
     """Kubernetes 1.34/1.35 leave device taints off: their allocator placed a claim on a GPU
     with uncorrected ECC errors, published tainted, and the plugin prepared it. Now the prepare
@@ -341,8 +346,9 @@ def test_memory_only_claims_on_a_shared_gpu_are_said_to_get_best_effort_compute(
         assert node.prepare(c)[c["metadata"]["uid"]].get("error", "") == ""
     log = node.log()
     assert "claim ml/mem-a books" not in log  # alone on its GPU: nothing to say
-    assert ("claim ml/mem-b books 2048 MiB of gpu-0 and no cores, beside 1 other slice: its compute is best effort"
-            in log), log[-2000:]  # fmt: skip
+    assert (
+        "claim ml/mem-b books 2048 MiB of gpu-0 and no cores, beside 1 other slice: its compute is best effort" in log
+    ), log[-2000:]
     assert "ml/with-cores books" not in log
     for c in (first, second, share):
         node.unprepare(c)
@@ -355,8 +361,9 @@ def test_the_daemons_error_kind_reaches_the_plugin_and_nothing_stays(node, tmp_p
     claim = allocated("big", ("gpu-0", "12Gi", None))
     node.d.client().reserve("held", {"gpuslice.io/memory": "8Gi", "gpuslice.io/device": "0"})
     checkpoint = Checkpoint(tmp_path / "checkpoint.json")
-    preparer = Preparer(NODE, node.d.client(), lambda namespace, name: claim, base_spec(node.spec),
-                        tmp_path / "claim-specs", checkpoint)  # fmt: skip
+    preparer = Preparer(
+        NODE, node.d.client(), lambda namespace, name: claim, base_spec(node.spec), tmp_path / "claim-specs", checkpoint
+    )
     with pytest.raises(errors.ResourceExhausted, match=r"^claim ml/big: no room for 12\.0 GiB and 0 cores: GPU 0"):
         preparer.prepare(ClaimRef(claim["metadata"]["uid"], "ml", "big"))
     assert checkpoint.get(claim["metadata"]["uid"]) is None and not (tmp_path / "claim-specs").exists()
@@ -370,8 +377,9 @@ def test_a_prepare_with_the_daemon_away_is_unavailable_named_for_the_claim(node,
     claim = allocated("away", ("gpu-0", "1Gi", None))
     away = AllocatorClient(tmp_path / "no-daemon.sock", timeout=2)
     checkpoint = Checkpoint(tmp_path / "checkpoint.json")
-    preparer = Preparer(NODE, away, lambda namespace, name: claim, base_spec(node.spec),
-                        tmp_path / "claim-specs", checkpoint)  # fmt: skip
+    preparer = Preparer(
+        NODE, away, lambda namespace, name: claim, base_spec(node.spec), tmp_path / "claim-specs", checkpoint
+    )
     with pytest.raises(errors.Unavailable, match=r"^claim ml/away: ") as said:
         preparer.prepare(ClaimRef(claim["metadata"]["uid"], "ml", "away"))
     assert type(said.value) is errors.Unavailable, type(said.value)
@@ -406,8 +414,9 @@ def test_a_full_disk_fails_the_prepare_in_words_and_the_retry_prepares_for_real(
     claim = allocated("disk", ("gpu-0", "2Gi", "20"))
     uid = claim["metadata"]["uid"]
     checkpoint = Checkpoint(where / "checkpoint.json")
-    preparer = Preparer(NODE, node.d.client(), lambda namespace, name: claim, base_spec(node.spec),
-                        tmp_path / "claim-specs", checkpoint)  # fmt: skip
+    preparer = Preparer(
+        NODE, node.d.client(), lambda namespace, name: claim, base_spec(node.spec), tmp_path / "claim-specs", checkpoint
+    )
     fill(True)
     with pytest.raises(errors.Unavailable, match=rf"^checkpoint {where}/checkpoint.json: No space left on device"):
         preparer.prepare(ClaimRef(uid, "ml", "disk"))
@@ -423,9 +432,11 @@ def test_a_full_disk_fails_the_prepare_in_words_and_the_retry_prepares_for_real(
     with pytest.raises(errors.Unavailable) as said:
         preparer.unprepare(ClaimRef(uid, "ml", "disk"))
     # what happened, not "nothing was changed": the slice and the spec are gone, the entry stays
-    assert str(said.value) == (f"claim ml/disk: slice claim-{uid} released and its CDI specs removed; kept: its entry "
-                               f"in the checkpoint {where}/checkpoint.json (No space left on device), which a retry "
-                               "removes")  # fmt: skip
+    assert str(said.value) == (
+        f"claim ml/disk: slice claim-{uid} released and its CDI specs removed; kept: its entry "
+        f"in the checkpoint {where}/checkpoint.json (No space left on device), which a retry "
+        "removes"
+    )
     assert node.slices() == {} and not preparer.spec_path(uid).exists()
     assert checkpoint.get(uid) is not None
     fill(False)
@@ -499,10 +510,14 @@ def test_one_request_per_size_each_with_its_own_config(node):
     answer = node.prepare(claim)[uid]
     assert answer.get("error", "") == ""
     assert [(d["request_names"], d["cdi_device_ids"]) for d in answer["devices"]] == [
-        (["big"], [f"gpuslice.io/claim={uid}-0"]), (["small"], [f"gpuslice.io/claim={uid}-1"])]  # fmt: skip
+        (["big"], [f"gpuslice.io/claim={uid}-0"]),
+        (["small"], [f"gpuslice.io/claim={uid}-1"]),
+    ]
     s = node.slices()[f"claim-{uid}"]
     assert [(g.index, g.memory_limit, g.cores, g.policy, g.priority) for g in s.gpus] == [
-        (0, 8 * GiB, 60, "hard", "high"), (1, 2 * GiB, 50, "elastic", "low")]  # fmt: skip
+        (0, 8 * GiB, 60, "hard", "high"),
+        (1, 2 * GiB, 50, "elastic", "low"),
+    ]
     assert booked(node) == scheduler_books([claim])
     assert node.unprepare(claim)[uid].get("error", "") == "" and node.slices() == {}
 
@@ -527,7 +542,8 @@ def test_two_requests_of_one_claim_on_one_gpu_are_two_shares_and_two_devices(nod
         ]
     s = node.slices()[f"claim-{uid}"]
     assert sorted((g.memory_limit, g.cores, g.share_id) for g in s.gpus) == sorted(
-        [(4 * GiB, 30, results[0]["shareID"]), (2 * GiB, 20, results[1]["shareID"])])  # fmt: skip
+        [(4 * GiB, 30, results[0]["shareID"]), (2 * GiB, 20, results[1]["shareID"])]
+    )
     assert booked(node)[0] == (6 * GiB, 50)
     assert node.unprepare(claim)[uid].get("error", "") == "" and node.slices() == {}
 
@@ -561,8 +577,9 @@ def test_admin_access_books_nothing_and_gives_the_gpu_for_monitoring(node):
     admin = cdi_spec.load(node.claim_specs / f"gpuslice.io-claim_{uid}_admin.json")
     assert [d.name for d in admin.devices] == [f"{uid}-0"]
     assert not admin.edits.hooks and f"LD_LIBRARY_PATH={constants.CONTAINER_DRIVER_DIR}" in admin.edits.env
-    assert not any("/wrap/" in m.container_path or m.container_path == constants.SLICE_SOCKET_DIR
-                   for m in admin.edits.mounts)  # fmt: skip
+    assert not any(
+        "/wrap/" in m.container_path or m.container_path == constants.SLICE_SOCKET_DIR for m in admin.edits.mounts
+    )
     assert any(m.container_path.endswith("driver/libnvidia-ml.so.1") for m in admin.edits.mounts)
     assert "monitoring, nothing reserved" in node.log()
     assert node.unprepare(monitor, *fours) == {c["metadata"]["uid"]: {"error": ""} for c in (monitor, *fours)}

@@ -62,8 +62,10 @@ def differences(mine: descriptor_pb2.FileDescriptorProto, theirs: descriptor_pb2
 
     def methods(file: descriptor_pb2.FileDescriptorProto) -> dict[str, list[tuple[str, str, str]]]:
         strip = f".{file.package}."
-        return {s.name: [(m.name, m.input_type.removeprefix(strip), m.output_type.removeprefix(strip))
-                         for m in s.method] for s in file.service}  # fmt: skip
+        return {
+            s.name: [(m.name, m.input_type.removeprefix(strip), m.output_type.removeprefix(strip)) for m in s.method]
+            for s in file.service
+        }
 
     ours_methods, their_methods = methods(mine), methods(theirs)
     for service in ours_methods.keys() | their_methods.keys():

@@ -210,8 +210,9 @@ def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_pat
 
     d = daemon(reservation_timeout=0.5)
     client = d.client()
-    keys = client.reserve_claim("0f0e", [pb.Share(gpu_index=0, memory=2 << 30, share_id="s1")],
-                                owner="dra ml/train").share_keys  # fmt: skip
+    keys = client.reserve_claim(
+        "0f0e", [pb.Share(gpu_index=0, memory=2 << 30, share_id="s1")], owner="dra ml/train"
+    ).share_keys
     boxes = {name: containers() for name in ("c1", "c2")}
     b = bundle(tmp_path, {}, env=[f"GPUSLICE_SHARE_0f0e_0=0f0e/s1/{keys['s1']}"])
     for name, box in boxes.items():
@@ -307,8 +308,9 @@ def test_a_claim_that_is_not_prepared_fails_the_container_in_one_line(tmp_path, 
 
 
 @needs_root
-@pytest.mark.parametrize("entry", ["GPUSLICE_CLAIM={uid}", "GPUSLICE_SHARE_x_0={uid}/s1",
-                                   "GPUSLICE_SHARE_x_0={uid}/s1/{wrong}"])  # fmt: skip
+@pytest.mark.parametrize(
+    "entry", ["GPUSLICE_CLAIM={uid}", "GPUSLICE_SHARE_x_0={uid}/s1", "GPUSLICE_SHARE_x_0={uid}/s1/{wrong}"]
+)
 def test_a_container_cannot_join_a_claim_by_naming_it_in_its_env(tmp_path, daemon, containers, entry):
     """A container with a GPU through the hook-only path set GPUSLICE_CLAIM to
     another pod's claim UID and joined that claim's slice: saw its 4 GiB, took
@@ -370,7 +372,9 @@ def test_a_device_plugin_containers_slice_is_what_it_was_given_on_one_gpu(tmp_pa
     group = next(s for s in client.list() if s.owner_kind == pb.SHARE_GROUP)
     per = {g.share_id: g for g in group.gpus}
     assert {(g.uuid, g.owner_kind, g.owner_uid) for g in group.gpus} == {
-        (uuids[0], pb.DEVICES, key["mem0"]), (uuids[0], pb.DEVICES, key["cores0"])}  # fmt: skip
+        (uuids[0], pb.DEVICES, key["mem0"]),
+        (uuids[0], pb.DEVICES, key["cores0"]),
+    }
     assert (per["memory"].memory_limit, per["cores"].cores, per["cores"].policy) == (3 << 30, 40, "hard")
     out = run_client(box, d.slice_socket, 3 << 30)
     seen = json.loads(out.stdout.readline())

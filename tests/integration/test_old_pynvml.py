@@ -27,8 +27,9 @@ def test_the_daemon_and_the_selftest_run_on_the_oldest_admitted_pynvml(tmp_path)
         assert f"driver-enforced memory limits unavailable: nvidia-ml-py {version} has no" in rd.log()
         spec = tmp_path / "gpuslice.json"
         assert sim_daemon.cdi_generate(rd, spec).returncode == 0
-        status = subprocess.run([py, "-m", "gpuslice.cli", "status", "--socket", str(rd.socket)],
-                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        status = subprocess.run(
+            [py, "-m", "gpuslice.cli", "status", "--socket", str(rd.socket)], capture_output=True, text=True, timeout=60
+        )
         assert status.returncode == 0, status.stderr
         assert f"driver memory limits: unavailable: nvidia-ml-py {version}" in status.stdout
         r = subprocess.run([py, "-m", "gpuslice.cli", "selftest", "--config", str(rd.config), "--json", "--no-shares",

@@ -21,8 +21,9 @@ CU_INIT = "from cuda.bindings import driver as cu; print(int(cu.cuInit(0)[0]))"
 
 
 def cu_init(machine, prefix: list[str]) -> str:  # type: ignore[no-untyped-def]
-    r = subprocess.run([*prefix, sys.executable, "-c", CU_INIT], env=machine.env, capture_output=True, text=True,
-                       timeout=60)  # fmt: skip
+    r = subprocess.run(
+        [*prefix, sys.executable, "-c", CU_INIT], env=machine.env, capture_output=True, text=True, timeout=60
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout.strip()
 
@@ -39,8 +40,9 @@ def test_gpuslices_pid_namespace_has_its_own_proc_and_keeps_the_working_director
     box = containers()
     assert cu_init(m, box.command([])) == "0"
     code = "import os; print(os.getpid(), open('/proc/self/status').read().count('NSpid'), os.getcwd())"
-    r = subprocess.run(box.command([sys.executable, "-c", code], cwd=str(tmp_path)), capture_output=True, text=True,
-                       timeout=60)  # fmt: skip
+    r = subprocess.run(
+        box.command([sys.executable, "-c", code], cwd=str(tmp_path)), capture_output=True, text=True, timeout=60
+    )
     pid, _, cwd = r.stdout.split()
     assert int(pid) > 1 and cwd == str(tmp_path)  # a namespace's number, seen in its own /proc
     # its /proc shows only the namespace's processes: init (1) and whoever runs

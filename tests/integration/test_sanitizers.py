@@ -31,8 +31,7 @@ def test_hook_and_shim_are_clean_under_asan_and_ubsan(tmp_path, daemon):
     """The OCI hook's and the runtime shim's paths (success, each kind of error,
     the JSON log) with ASan/UBSan builds, leaks included."""
     build = tmp_path / "build"
-    r = subprocess.run(["make", "-C", ROOT, f"BUILD={build}", "asan-bin"], capture_output=True,
-                       text=True, timeout=300)  # fmt: skip
+    r = subprocess.run(["make", "-C", ROOT, f"BUILD={build}", "asan-bin"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     hook, shim = build / "asan/bin/gpuslice-hook", build / "asan/bin/gpuslice-runtime"
     d = daemon()

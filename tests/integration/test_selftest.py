@@ -192,8 +192,9 @@ def test_slices_see_the_driver_as_a_container_does(daemon, tmp_path):
     got = verdicts(report)
     assert rc == 0 and got["GPU 0 PTX JIT"] == "PASS", [c for c in report["checks"] if c["verdict"] == "FAIL"]
     data = json.loads(spec.read_text())
-    data["containerEdits"]["mounts"] = [m for m in data["containerEdits"]["mounts"]
-                                        if "ptxjitcompiler" not in m["containerPath"]]  # fmt: skip
+    data["containerEdits"]["mounts"] = [
+        m for m in data["containerEdits"]["mounts"] if "ptxjitcompiler" not in m["containerPath"]
+    ]
     spec.write_text(json.dumps(data))
     rc, report = selftest(d, "--no-shares", spec=spec)
     ptx = next(c for c in report["checks"] if c["name"] == "GPU 0 PTX JIT")

@@ -144,7 +144,9 @@ def test_every_pointer_attribute_answers_as_cuda_h_documents(make_machine, agent
         assert attrs["CU_POINTER_ATTRIBUTE_LOCALITY_DOMAIN_ORDINAL"] == -1
         # device memory has no host address; P2P tokens are deprecated: the only refusals
         assert {k for k, v in attrs.items() if isinstance(v, str)} == {
-            "CU_POINTER_ATTRIBUTE_HOST_POINTER", "CU_POINTER_ATTRIBUTE_P2P_TOKENS"}  # fmt: skip
+            "CU_POINTER_ATTRIBUTE_HOST_POINTER",
+            "CU_POINTER_ATTRIBUTE_P2P_TOKENS",
+        }
     assert (
         plain["CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE"] == 1
         and plain["CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE"] == 0

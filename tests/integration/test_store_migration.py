@@ -26,8 +26,9 @@ A = ShareOwner(OwnerKind.CLAIM, "0a000000-0000-4000-8000-00000000000a")
 B = ShareOwner(OwnerKind.CLAIM, "0b000000-0000-4000-8000-00000000000b")
 DP = ShareOwner(OwnerKind.DEVICES, "dp-" + "c" * 24)
 KEY = MembershipKey(b"\x01" * 32)  # the generator's
-GPUS = tuple(Gpu(i, f"GPU-{i:08d}-0000-0000-0000-000000000000", "sim", f"0000:0{i}:00.0", 16 * GiB, 0, 0)
-             for i in range(2))  # fmt: skip
+GPUS = tuple(
+    Gpu(i, f"GPU-{i:08d}-0000-0000-0000-000000000000", "sim", f"0000:0{i}:00.0", 16 * GiB, 0, 0) for i in range(2)
+)
 
 
 @pytest.fixture
@@ -53,11 +54,13 @@ def test_every_owner_is_typed_and_no_name_is_left_to_split(store):
     assert [(a.of, a.share) for a in recs["claim-" + A.uid].allocations] == [(A, "s1"), (A, "s2"), (A, "s3")]
     groups = {r.container_id: [(a.of, a.share, a.gpu_index) for a in r.allocations]
               for r in recs.values() if r.kind is OwnerKind.SHARE_GROUP}  # fmt: skip
-    assert sorted(groups.values()) == sorted([
-        [(A, "s1", 0), (A, "s2", 0)],
-        [(A, "s3", 1), (B, "s3", 1)],  # two claims' shares of one ID on one GPU: both kept
-        [(DP, "memory", 1)],
-    ])  # fmt: skip
+    assert sorted(groups.values()) == sorted(
+        [
+            [(A, "s1", 0), (A, "s2", 0)],
+            [(A, "s3", 1), (B, "s3", 1)],  # two claims' shares of one ID on one GPU: both kept
+            [(DP, "memory", 1)],
+        ]
+    )
     members = {r.container_id: recs_by_id(recs)[r.member_of].container_id for r in recs.values() if r.member_of}
     assert set(members) == {"pod-a-main", "pod-a-side", "pod-ab", "pod-dp"}
     assert members["pod-a-main"] == members["pod-a-side"]

@@ -206,8 +206,9 @@ def test_apply_replaces_what_is_at_the_same_path_and_honours_permissions():
     assert [e for e in config["process"]["env"] if e.startswith("CARD_VISIBLE=")] == ["CARD_VISIBLE=0"]
     assert [m["source"] for m in config["mounts"] if m["destination"] == "/opt/card"] == ["/usr/share/card"]
     zero = os.stat("/dev/zero").st_rdev
-    assert config["linux"]["devices"] == [{"path": "/dev/card0", "type": "c", "major": os.major(zero),
-                                           "minor": os.minor(zero), "fileMode": 0o666}]  # fmt: skip
+    assert config["linux"]["devices"] == [
+        {"path": "/dev/card0", "type": "c", "major": os.major(zero), "minor": os.minor(zero), "fileMode": 0o666}
+    ]
     assert config["linux"]["resources"]["devices"][-1] == {"allow": True, "type": "c", "major": os.major(zero),
                                                             "minor": os.minor(zero), "access": "r"}  # fmt: skip
 

@@ -50,7 +50,9 @@ def test_each_kind_is_one_line_and_its_status(error, code, line):
 
 def test_a_command_says_what_its_failure_left():
     assert run(errors.InvalidArgument("bad"), "; nothing left installed") == (
-        2, "gpuslice outer inner: bad; nothing left installed\n")  # fmt: skip
+        2,
+        "gpuslice outer inner: bad; nothing left installed\n",
+    )
 
 
 def test_a_bug_is_not_dressed_as_a_refusal():

@@ -95,8 +95,7 @@ def node(
         tenants.append(Tenant(f, 1000 + i))
     gpu = FakeGpu(sample_every, period)
     files = {t.files.slice_id: t.files for t in tenants}
-    controller = ComputeController(lambda: files, lambda sid: limits.get(sid, []), gpu.sample, period,
-                                   clock=gpu.clock)  # fmt: skip
+    controller = ComputeController(lambda: files, lambda sid: limits.get(sid, []), gpu.sample, period, clock=gpu.clock)
     return gpu, tenants, controller
 
 

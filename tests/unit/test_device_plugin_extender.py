@@ -30,8 +30,10 @@ def node(name: str, state: NodeGpus | None) -> dict[str, Any]:
 
 
 def pod(name: str, *containers: dict[str, int]) -> dict[str, Any]:
-    spec = [{"name": f"c{i}", "image": "busybox", "resources": {"limits": {k: str(v) for k, v in c.items()}}}
-            for i, c in enumerate(containers)]  # fmt: skip
+    spec = [
+        {"name": f"c{i}", "image": "busybox", "resources": {"limits": {k: str(v) for k, v in c.items()}}}
+        for i, c in enumerate(containers)
+    ]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ns"},
             "spec": {"containers": spec}}  # fmt: skip
 
@@ -54,8 +56,10 @@ def test_a_node_whose_totals_fit_but_no_gpu_is_filtered_out_naming_each_gpu():
     e = extender.Extender()
     out = e.filter(args(pod("p", {u.MEMORY: 8, u.CORES: 50}), node("split", SPLIT), node("roomy", ROOMY)))
     assert kept(out) == ["roomy"]
-    assert out["FailedNodes"]["split"] == ("gpuslice: container 0 asks 8 memory and 50 cores on one GPU; free: "
-                                           f"{A} has 10 memory and 5 cores; {B} has 6 memory and 95 cores")  # fmt: skip
+    assert out["FailedNodes"]["split"] == (
+        "gpuslice: container 0 asks 8 memory and 50 cores on one GPU; free: "
+        f"{A} has 10 memory and 5 cores; {B} has 6 memory and 95 cores"
+    )
     out = e.filter(args(pod("q", {u.MEMORY: 8, u.CORES: 50}), node("split", SPLIT)))
     assert kept(out) == [] and "split" in out["FailedNodes"]
 
@@ -144,10 +148,12 @@ def test_the_state_a_node_publishes_counts_what_the_kubelet_gave_and_what_is_who
         pb.Gpu(uuid="GPU-cccc", memory_total=16 * GiB, slices=1, exclusive=True),
         pb.Gpu(uuid="GPU-dddd", memory_total=16 * GiB, health="uncorrectable ECC errors"),
     ]
-    held = Held(by_container={
-        ("ns/p", "c0"): {u.MEMORY: [f"{A}_m{i}" for i in range(6)], u.CORES: [f"{A}_c{i}" for i in range(30)]},
-        ("ns/w", "c0"): {u.GPU: ["GPU-cccc_g0"]},
-    })  # fmt: skip
+    held = Held(
+        by_container={
+            ("ns/p", "c0"): {u.MEMORY: [f"{A}_m{i}" for i in range(6)], u.CORES: [f"{A}_c{i}" for i in range(30)]},
+            ("ns/w", "c0"): {u.GPU: ["GPU-cccc_g0"]},
+        }
+    )
     state = node_gpus.of_node(gpus, held)
     assert state.gpus == {
         A: GpuFree(10, 70, False, 16),

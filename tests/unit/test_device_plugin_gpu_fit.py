@@ -18,8 +18,10 @@ A, B = "GPU-a", "GPU-b"
 def test_totals_that_fit_but_no_single_gpu_is_refused_naming_each_gpu():
     free = {A: GpuFree(10, 5, False, 16), B: GpuFree(6, 90, False, 16)}
     why = gpu_fit.place([{u.MEMORY: 8, u.CORES: 50}], free)
-    assert why == ("container 0 asks 8 memory and 50 cores on one GPU; free: GPU-a has 10 memory and 5 cores; "
-                   "GPU-b has 6 memory and 90 cores")  # fmt: skip
+    assert why == (
+        "container 0 asks 8 memory and 50 cores on one GPU; free: GPU-a has 10 memory and 5 cores; "
+        "GPU-b has 6 memory and 90 cores"
+    )
 
 
 def test_containers_are_placed_one_after_another_fullest_first():

@@ -48,8 +48,10 @@ def _result(request: str = "r", device: str = "gpu-0", **extra: object) -> dict:
 
 
 def _claim(config: list, results: list[dict] | None = None) -> dict:
-    return {"metadata": {"uid": "u", "namespace": "ns", "name": "c"},
-            "status": {"allocation": {"devices": {"results": results or [_result()], "config": config}}}}  # fmt: skip
+    return {
+        "metadata": {"uid": "u", "namespace": "ns", "name": "c"},
+        "status": {"allocation": {"devices": {"results": results or [_result()], "config": config}}},
+    }
 
 
 def _opaque(source: str, requests: list[str] | None = None, **params: object) -> dict:
@@ -69,10 +71,12 @@ def test_each_config_entry_applies_to_the_requests_it_names():
     """kube-scheduler's one claim, two requests: each result gets the entries
     that name its request (or none), never another request's."""
     results = [_result("big", "gpu-0"), _result("small", "gpu-1"), _result("mon/any", "gpu-1")]
-    config = [_opaque("FromClass", priority="low"),
-              _opaque("FromClaim", ["big"], computePolicy="hard", priority="high"),
-              _opaque("FromClaim", ["small"], wholeGPU=True),
-              _opaque("FromClaim", ["mon"], computePolicy="hard")]  # fmt: skip
+    config = [
+        _opaque("FromClass", priority="low"),
+        _opaque("FromClaim", ["big"], computePolicy="hard", priority="high"),
+        _opaque("FromClaim", ["small"], wholeGPU=True),
+        _opaque("FromClaim", ["mon"], computePolicy="hard"),
+    ]
     big, small, mon = claims.parse(_claim(config, results), "n").results
     assert big.config == claims.Config("hard", "high", False)
     assert small.config == claims.Config(None, "low", True)
@@ -108,8 +112,9 @@ def test_unknown_configuration_is_refused_with_what_is_accepted():
 
 
 def test_the_defaults_let_memory_only_claims_share_and_book_a_whole_gpu_otherwise():
-    inv = pb.InventoryReply(gpus=[pb.Gpu(index=0, uuid="GPU-0", memory_total=(16 << 30) + (100 << 20))],
-                            driver_version="580.95.05")  # fmt: skip
+    inv = pb.InventoryReply(
+        gpus=[pb.Gpu(index=0, uuid="GPU-0", memory_total=(16 << 30) + (100 << 20))], driver_version="580.95.05"
+    )
     (device,) = resource_slice.build("n", inv, 1)["spec"]["devices"]
     memory, cores = device["capacity"]["memory"], device["capacity"]["cores"]
     assert memory["value"] == memory["requestPolicy"]["default"] == str(16 << 30)  # rounded down to 256 MiB

@@ -110,8 +110,10 @@ def test_every_component_reaches_host_paths_one_way_and_a_dotdot_never_leaves_th
         "CDI generate": gen.Options(host_root=Path("/host"), driver_root=Path(escape)).driver_here,
     }
     assert set(ways.values()) == {Path("/host/etc/shadow")}, ways
-    for bad in (lambda: Options(host_root=Path("/host")).here("etc/x", "runtime config"),
-                lambda: Host(Path("/host")).here(Path("etc/x"), "runtime config")):  # fmt: skip
+    for bad in (
+        lambda: Options(host_root=Path("/host")).here("etc/x", "runtime config"),
+        lambda: Host(Path("/host")).here(Path("etc/x"), "runtime config"),
+    ):
         with pytest.raises(HostPathError, match=r"^runtime config etc/x: not an absolute path; accepted: a path on"):
             bad()
 

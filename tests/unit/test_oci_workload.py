@@ -32,8 +32,10 @@ def test_a_container_no_cri_made_serves_no_workload():
 
 
 def test_a_claims_workload_is_its_namespace_and_the_pod_it_is_reserved_for():
-    claim = {"metadata": {"namespace": "ns", "name": "c"},
-             "status": {"reservedFor": [{"resource": "pods", "name": "p-1", "uid": "u"}]}}  # fmt: skip
+    claim = {
+        "metadata": {"namespace": "ns", "name": "c"},
+        "status": {"reservedFor": [{"resource": "pods", "name": "p-1", "uid": "u"}]},
+    }
     got = claim_workload(claim)
     assert (got.namespace, got.pod, got.container) == ("ns", "p-1", "")
     assert claim_workload({"metadata": {"namespace": "ns"}}).pod == ""

@@ -51,11 +51,14 @@ class _Kubelet(pr_grpc.PodResourcesListerServicer):
 
     def GetAllocatableResources(self, request, context):
         return pr.AllocatableResourcesResponse(
-            devices=[pr.ContainerDevices(resource_name=n, device_ids=["x"]) for n in self.names])  # fmt: skip
+            devices=[pr.ContainerDevices(resource_name=n, device_ids=["x"]) for n in self.names]
+        )
 
 
-@pytest.mark.parametrize(("names", "verdict"), [(["gpuslice.io/memory", "nvidia.com/gpu"], "FAIL"),
-                                                 (["gpuslice.io/memory", "gpuslice.io/cores"], "PASS")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("names", "verdict"),
+    [(["gpuslice.io/memory", "nvidia.com/gpu"], "FAIL"), (["gpuslice.io/memory", "gpuslice.io/cores"], "PASS")],
+)
 def test_the_selftest_fails_a_node_whose_kubelet_also_advertises_nvidias_gpus(tmp_path, names, verdict):
     from gpuslice.cli.selftest_node import kubelet_resources
 
@@ -87,8 +90,9 @@ def test_the_container_view_mounts_the_spec_then_hides_the_hosts_driver(tmp_path
     hide, dirs = container_view.host_driver(files, simulated=False, root=tmp_path)
     assert [Path(p).name for p in hide] == ["libEGL_nvidia.so.580.1", "libcuda.so.580.1", "libnvidia-ml.so.580.1",
                                             "libnvidia-ptxjitcompiler.so.580.1"] and dirs == []  # fmt: skip
-    view = container_view.View(tmp_path / "view", ((str(libdir / "libcuda.so.580.1"), "/usr/lib/gpuslice/driver/"
-                                                    "libcuda.so.1"),), tuple(hide))  # fmt: skip
+    view = container_view.View(
+        tmp_path / "view", ((str(libdir / "libcuda.so.580.1"), "/usr/lib/gpuslice/driver/libcuda.so.1"),), tuple(hide)
+    )
     lines = container_view.script(view).splitlines()
     binds = [i for i, ln in enumerate(lines) if ln.startswith("mount --bind ") and "/dev/null" not in ln]
     masks = [i for i, ln in enumerate(lines) if ln.startswith("mount --bind /dev/null ")]

@@ -33,8 +33,10 @@ def test_a_store_from_before_versions_were_kept_is_migrated_with_its_rows(tmp_pa
     path = tmp_path / "state.db"
     with sqlite3.connect(path) as db:  # what the daemon wrote before schema versions: version 1's tables, version 0
         db.executescript(MIGRATIONS[0])
-        db.execute("INSERT INTO slices (id, container_id, state, request, policy, priority, whole, created_ms) "
-                   "VALUES ('s1', 'c1', 'reserved', '{}', 'elastic', 'normal', 0, 1)")  # fmt: skip
+        db.execute(
+            "INSERT INTO slices (id, container_id, state, request, policy, priority, whole, created_ms) "
+            "VALUES ('s1', 'c1', 'reserved', '{}', 'elastic', 'normal', 0, 1)"
+        )
     assert version(path) == 0
     store = SliceStore(path)
     assert [r.container_id for r in store.all()] == ["c1"]

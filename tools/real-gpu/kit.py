@@ -96,8 +96,9 @@ def report(out: Path, state: Path, facts: dict, pending: list[str]) -> list[Step
 @click.option("--only", multiple=True, type=click.Choice([s.name for s in STEPS]), help="these steps only")
 @click.option("--again", is_flag=True, help="run steps again that an earlier call did")
 @click.option("--gpu", "gpu_index", type=int, default=0, show_default=True)
-def main(sim: bool, state: Path, out: Path, work: Path, budget: float, only: tuple[str, ...], again: bool,
-         gpu_index: int) -> None:  # fmt: skip
+def main(
+    sim: bool, state: Path, out: Path, work: Path, budget: float, only: tuple[str, ...], again: bool, gpu_index: int
+) -> None:
     """Run the kit's steps on this node's GPU (root)."""
     start = time.monotonic()
     logging.basicConfig(level=logging.INFO, format="real-gpu: %(message)s", stream=sys.stdout)
@@ -119,8 +120,9 @@ def main(sim: bool, state: Path, out: Path, work: Path, budget: float, only: tup
     sys.exit(3 if pending else 1 if failed else 0)
 
 
-def _run(paths: NodePaths, state: Path, out: Path, deadline: float, only: tuple[str, ...], again: bool,
-         gpu_index: int) -> tuple[dict, list[StepResult], list[str]]:  # fmt: skip
+def _run(
+    paths: NodePaths, state: Path, out: Path, deadline: float, only: tuple[str, ...], again: bool, gpu_index: int
+) -> tuple[dict, list[StepResult], list[str]]:
     if paths.sim:
         import gpuslice_sim as simulator
 
@@ -162,8 +164,9 @@ def _steps(paths: NodePaths, state: Path, out: Path, deadline: float, only: tupl
         if layout is None:
             raise NodeError(f"the CDI spec: {spec_checks[-1].observed}")
         pending: list[str] = []
-        call = begin_call(state, {"date": facts["date"], "gpuslice": facts["gpuslice"],
-                                  "options": " ".join(sys.argv[1:])})  # fmt: skip
+        call = begin_call(
+            state, {"date": facts["date"], "gpuslice": facts["gpuslice"], "options": " ".join(sys.argv[1:])}
+        )
         with AllocatorClient(str(paths.socket), timeout=30) as client:
             kit = Kit(client, gpu, layout, paths.sim, reserve, deadline, paths.config, paths.spec, gpuslice, out,
                       paths.work / "slices")  # fmt: skip

@@ -72,8 +72,9 @@ def _as_data(result: StepResult) -> dict:
 
 
 def _from(data: dict) -> StepResult:
-    return StepResult(data["step"], [Row(**r) for r in data["rows"]], data["seconds"], data.get("facts", {}),
-                      data.get("call", 0))  # fmt: skip
+    return StepResult(
+        data["step"], [Row(**r) for r in data["rows"]], data["seconds"], data.get("facts", {}), data.get("call", 0)
+    )
 
 
 def save(result: StepResult, state: Path) -> None:
@@ -124,10 +125,9 @@ def as_json(machine: dict, results: list[StepResult], pending: list[str], histor
         "calls": history or [],
         "summary": summary(results, pending),
         "pending": pending,
-        "steps": [{"step": r.step, "call": r.call, "seconds": round(r.seconds, 1), "facts": r.facts}
-                  for r in results],
+        "steps": [{"step": r.step, "call": r.call, "seconds": round(r.seconds, 1), "facts": r.facts} for r in results],
         "rows": [{**asdict(row), "call": r.call} for r in results for row in r.rows],
-    }  # fmt: skip
+    }
 
 
 def _cell(text: str) -> str:
@@ -143,8 +143,7 @@ def _overruns(facts: object) -> dict[str, str]:
     return found
 
 
-def as_markdown(machine: dict, results: list[StepResult], pending: list[str],
-                history: list[dict] | None = None) -> str:  # fmt: skip
+def as_markdown(machine: dict, results: list[StepResult], pending: list[str], history: list[dict] | None = None) -> str:
     counts = summary(results, pending)
     lines = ["# gpuslice real-GPU kit", ""]
     lines += [f"- {k}: {v}" for k, v in machine.items()]

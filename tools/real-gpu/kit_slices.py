@@ -72,16 +72,16 @@ def without_interposer(env: dict[str, str]) -> dict[str, str]:
     """The layout's environment with the interposer's directory left off the
     library path: the loader then finds the driver's libcuda (the cost runs)."""
     wrap = (native_dir() / "wrap" / "libcuda.so.1").resolve()
-    keep = [d for d in env.get("LD_LIBRARY_PATH", "").split(":")
-            if d and (Path(d) / "libcuda.so.1").resolve() != wrap]  # fmt: skip
+    keep = [d for d in env.get("LD_LIBRARY_PATH", "").split(":") if d and (Path(d) / "libcuda.so.1").resolve() != wrap]
     return {**env, "LD_LIBRARY_PATH": ":".join(keep)}
 
 
 class Probe:
     """One probe process in a box; its JSON lines read by a thread, so every wait is bounded."""
 
-    def __init__(self, box: Box, script: str, args: list[str], env: dict[str, str], timeout: float,
-                 gate: Gate | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, box: Box, script: str, args: list[str], env: dict[str, str], timeout: float, gate: Gate | None = None
+    ) -> None:
         self.box = box
         self.timeout = timeout
         self.gate = gate
@@ -144,8 +144,9 @@ class Probe:
         spy = shutil.which("py-spy", path=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
         if spy:
             try:
-                r = subprocess.run([spy, "dump", "--native", "--pid", str(self.pid)], capture_output=True, text=True,
-                                   timeout=60)  # fmt: skip
+                r = subprocess.run(
+                    [spy, "dump", "--native", "--pid", str(self.pid)], capture_output=True, text=True, timeout=60
+                )
                 parts.append("py-spy dump --native:\n" + (r.stdout + r.stderr).strip())
             except subprocess.TimeoutExpired:
                 parts.append("py-spy dump --native: no answer within 60 s")

@@ -108,8 +108,9 @@ def jax_rows(step: str, label: str, limit: int, reserve: int, out: Outcome, prea
     return rows
 
 
-def share_rows(step: str, label: str, target: float, windows: list[float], rates: list[float],
-               alone: float) -> list[Row]:  # fmt: skip
+def share_rows(
+    step: str, label: str, target: float, windows: list[float], rates: list[float], alone: float
+) -> list[Row]:
     """A tenant's share from NVML (per 1 s window and over them all), and from
     its own throughput against its rate alone."""
     over = statistics.fmean(windows) if windows else 0.0
@@ -234,8 +235,9 @@ def nvml_view(kit: Kit) -> StepResult:
             try:
                 said = holder.message(time.monotonic() + holder.timeout)
                 charge = kit.client.get(box.name).memory_used
-                view = run_probe(kit.client, box, kit.gpu.uuid, "nvml_view.py", [], box.env, kit.timeout(60),
-                                 reclaim=False).result  # fmt: skip
+                view = run_probe(
+                    kit.client, box, kit.gpu.uuid, "nvml_view.py", [], box.env, kit.timeout(60), reclaim=False
+                ).result
                 os.kill(holder.pid, signal.SIGKILL)
                 took, left = wait_released(kit.client, box.name)
             finally:
@@ -362,8 +364,9 @@ def transformers(kit: Kit) -> StepResult:
         with slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(kit.limit)}) as box:
             argv = [str(kit.limit), str(new)]
             env = without_interposer(box.env)
-            out = run_probe(kit.client, box, kit.gpu.uuid, "transformers_generate.py", argv, env, kit.timeout(300),
-                            reclaim=False)  # fmt: skip
+            out = run_probe(
+                kit.client, box, kit.gpu.uuid, "transformers_generate.py", argv, env, kit.timeout(300), reclaim=False
+            )
             direct = out.result["seconds"]
     except FAILURES as e:
         failed, more = _failed(step, f"{label}: without gpuslice", "runs", e)
@@ -408,8 +411,10 @@ def cuda_graph(kit: Kit) -> StepResult:
 
 
 def _tenants(kit: Kit, boxes: list, seconds: float, idle_after: list[float]) -> tuple[list[Probe], list[int]]:
-    probes = [Probe(b, "matmul_loop.py", [str(seconds), str(i)], b.env, kit.timeout(180), kit.gate(b))
-              for b, i in zip(boxes, idle_after, strict=True)]  # fmt: skip
+    probes = [
+        Probe(b, "matmul_loop.py", [str(seconds), str(i)], b.env, kit.timeout(180), kit.gate(b))
+        for b, i in zip(boxes, idle_after, strict=True)
+    ]
     for p in probes:
         p.message(time.monotonic() + p.timeout)
     for p in probes:
@@ -448,8 +453,7 @@ def shares(kit: Kit) -> StepResult:
             facts[policy] = {"busy": busy, "after_idle": after, "per_second": results}
             span = slice(3, 12 if policy == "elastic" else 23)
             for i, target in enumerate((30, 70)):
-                rows += share_rows(step, f"{policy} {target} %", target, [w[i] for w in busy],
-                                   results[i][span], alone)  # fmt: skip
+                rows += share_rows(step, f"{policy} {target} %", target, [w[i] for w in busy], results[i][span], alone)
             if after:
                 got = [w[1] for w in after]
                 rows.append(check(step, "elastic 70 % once the 30 % tenant idles", "≥ 90 % (NVML), from 2 s after",

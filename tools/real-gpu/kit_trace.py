@@ -140,14 +140,16 @@ def summary(record: dict) -> list[dict]:
         mine = sorted((ts, sm) for (p, ts), sm in seen.items() if p == pid)
         stamps = [ts for ts, _ in mine]
         gaps = [(b - a) / 1000 for a, b in itertools.pairwise(stamps)]
-        out.append({
-            "pid": pid,
-            "busy_percent": round(100 * result["busy_fraction"], 1),
-            "samples": len(mine),
-            "sample_gap_ms": round(statistics.median(gaps), 1) if gaps else None,
-            "sm_mean": round(statistics.fmean(sm for _, sm in mine), 1) if mine else None,
-            "sm_zero": sum(sm == 0 for _, sm in mine),
-        })  # fmt: skip
+        out.append(
+            {
+                "pid": pid,
+                "busy_percent": round(100 * result["busy_fraction"], 1),
+                "samples": len(mine),
+                "sample_gap_ms": round(statistics.median(gaps), 1) if gaps else None,
+                "sm_mean": round(statistics.fmean(sm for _, sm in mine), 1) if mine else None,
+                "sm_zero": sum(sm == 0 for _, sm in mine),
+            }
+        )
     not_found = sum(p.get("error") == "NVMLError_NotFound" for p in record["polls"])
     return [{**t, "polls": len(record["polls"]), "not_found": not_found} for t in out]
 

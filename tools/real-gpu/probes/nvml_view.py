@@ -87,8 +87,10 @@ def smi() -> dict | None:
         total, used, driver = (x.strip() for x in gpu["out"].splitlines()[0].split(","))
         out.update(total_mib=int(total), used_mib=int(used), driver=driver)
     if apps["rc"] == 0:
-        out["processes"] = [{"pid": int(p), "used_mib": int(u)} for p, u in
-                            (line.split(",") for line in apps["out"].splitlines() if line.strip())]  # fmt: skip
+        out["processes"] = [
+            {"pid": int(p), "used_mib": int(u)}
+            for p, u in (line.split(",") for line in apps["out"].splitlines() if line.strip())
+        ]
     m = re.search(r"FB Memory Usage\s+Total\s+:\s+(\d+) MiB", runs["memory"]["out"])
     if m:
         out["q_total_mib"] = int(m.group(1))
