@@ -52,3 +52,29 @@ def test_a_pidfds_pid_and_its_end(tmp_path):
 def test_the_real_proc_reads_this_process_as_os_stat_does():
     me = identity.of_pid(os.getpid())
     assert me.pid_ns == os.stat("/proc/self/ns/pid").st_ino and me.start_time > 0
+
+
+def test_the_slice_manager_knows_processes_through_the_proc_it_is_given(tmp_path):
+    """SliceManager reads who a process is through its ProcFs: bound to a pid
+    that exists only in the fake tree, found by its namespace, swept when the
+    fake says the pid was reused."""
+    from gpuslice.allocator.records import Workload
+    from gpuslice.allocator.slices import SliceManager
+    from gpuslice.allocator.store import SliceStore
+    from gpuslice.inventory import Gpu, Inventory
+    from gpuslice.request import Parsed, parse
+
+    proc = tmp_path / "proc"
+    fake_proc(proc, os.getpid(), "0::/system.slice/gpuslice.service\n", 1, 4026531836)  # the daemon
+    fake_proc(proc, 777777, "0::/kubepods/pod1/ctr\n", 5000, 4026532999)  # a container's init
+    gpus = (Gpu(0, "GPU-0", "sim", "0000:01:00.0", 16 << 30, 0, 0),)
+    m = SliceManager(SliceStore(tmp_path / "state.db"), Inventory("580", 13000, gpus, {}), tmp_path / "files",
+                     proc=identity.ProcFs(proc))  # fmt: skip
+    asked = {"gpuslice.io/memory": "1Gi"}
+    m.reserve("c1", Parsed(parse(asked), asked), "test", Workload())  # type: ignore[arg-type]
+    m.bind("c1", 777777)
+    found = m.slice_of(identity.of_pid(777777, identity.ProcFs(proc)))
+    assert found is not None and found.container_id == "c1"
+    assert m.sweep(60) == []
+    (proc / "777777" / "stat").write_text(STAT.format(pid=777777, start=5001))  # the pid reused
+    assert m.sweep(60) == ["c1"]
