@@ -15,8 +15,10 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from gpuslice.cdi.registry import DYNAMIC_DIR
 from gpuslice.cli.install import RUNTIME_NAME
-from gpuslice.dra import claims, plugin, resource_slice
+from gpuslice.dra import claims, resource_slice
+from gpuslice.dra import options as dra_options
 from tests.harness import REPO
 from tests.harness.references import reference
 
@@ -51,7 +53,7 @@ def test_the_plugin_gets_the_paths_and_rights_it_uses():
     [container] = pod["containers"]
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     host = {v["hostPath"]["path"] for v in pod["volumes"]}
-    for path in (plugin.PLUGIN_DIR, plugin.REGISTRY_DIR, Path("/var/run/cdi"), Path("/run/gpuslice")):
+    for path in (dra_options.PLUGIN_DIR, dra_options.REGISTRY_DIR, DYNAMIC_DIR, Path("/run/gpuslice")):
         assert str(path) in mounts and str(path) in host, path
     assert container["command"] == ["gpuslice", "kubelet-plugin"]
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container["env"]
