@@ -176,6 +176,13 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
         } else if (strcmp(k, "context_memory") == 0) {
             if (parse_size(v, &g->context_memory))
                 return fail(c, "gpus[%d].context_memory: must be a size such as 300Mi or 0, got \"%s\"", idx, v);
+        } else if (strcmp(k, "module_memory") == 0) {
+            if (parse_size(v, &g->module_memory))
+                return fail(c, "gpus[%d].module_memory: must be a size such as 2Mi or 0, got \"%s\"", idx, v);
+        } else if (strcmp(k, "local_memory") == 0) {
+            if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
+                return fail(c, "gpus[%d].local_memory: must be true or false, got \"%s\"", idx, v);
+            g->local_memory = strcmp(v, "true") == 0;
         } else if (strcmp(k, "sms") == 0) {
             if (parse_int(v, 1, 1024, &iv))
                 return fail(c, "gpus[%d].sms: must be an integer from 1 to 1024, got \"%s\"", idx, v);
@@ -220,7 +227,7 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
                 return fail(c, "gpus[%d].ecc_uncorrected: must be an integer from 0 to 1000000000, got \"%s\"", idx, v);
             g->ecc_uncorrected = (unsigned long long)iv;
         } else {
-            return fail(c, "gpus[%d]: unknown key \"%s\" (accepted: name, uuid, pci_bus_id, memory, context_memory, sms, compute_capability, wave_time, util_sample_time, util_zero_samples, timeslice, clock_mhz, memory_limits, power_limit_w, ecc_uncorrected)", idx, k);
+            return fail(c, "gpus[%d]: unknown key \"%s\" (accepted: name, uuid, pci_bus_id, memory, context_memory, module_memory, local_memory, sms, compute_capability, wave_time, util_sample_time, util_zero_samples, timeslice, clock_mhz, memory_limits, power_limit_w, ecc_uncorrected)", idx, k);
         }
     }
     if (!have_memory)

@@ -52,6 +52,9 @@ struct sim_ctx {
     int dev;
     unsigned flags;
     int primary;
+    uint64_t generation;      /* tells a context apart from a later one in the same (primary) shell */
+    size_t lmem_per_thread;   /* the local memory the driver reserved per resident thread */
+    uint64_t driver_bytes;    /* memory the driver allocated itself in it: modules, local memory */
     struct sim_stream legacy;
     struct sim_stream *streams; /* created streams, for legacy-stream sync */
     struct sim_ctx *next;
@@ -111,6 +114,9 @@ struct sim_module {
     char *ptx;        /* PTX: the text, read again for each function's attributes */
     size_t const_bytes; /* PTX: its .const variables */
     int target;       /* PTX: .target sm_NN as NN; 0 if none */
+    uint64_t charged; /* its code and constants, charged to charged_ctx (0: not loaded yet) */
+    struct sim_ctx *charged_ctx;
+    uint64_t charged_gen;
     struct sim_func *funcs;
     int n_globals;
     struct sim_global globals[SIM_MAX_GLOBALS];
@@ -170,6 +176,16 @@ struct sim_func *sim_func_of(CUfunction h);
 int sim_module_dev(const struct sim_module *m);
 int sim_func_dev(const struct sim_func *f);
 size_t sim_func_max_dynamic_shared(const struct sim_func *f);
+/* memory the driver allocates itself (sim_cuda_driver_memory.c): a module
+ * loaded (eager: at load; lazy, the default: at its first launch), local
+ * memory grown for a launch or a stack limit and kept, a context's share
+ * given back when it goes */
+CUresult sim_driver_module_load(struct sim_module *m, struct sim_ctx *c);
+CUresult sim_driver_before_launch(struct sim_ctx *c, struct sim_func *f);
+void sim_driver_module_unload(struct sim_module *m);
+CUresult sim_driver_stack_limit(struct sim_ctx *c, size_t per_thread);
+void sim_driver_ctx_gone(struct sim_ctx *c);
+int sim_driver_eager(void);
 /* a module image from a file, NUL-terminated (sim_cuda_link.c) */
 CUresult sim_read_image(const char *path, char **out, size_t *len);
 #define SIM_SHARED_PER_SM 167936u     /* CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */

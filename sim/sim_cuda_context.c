@@ -104,7 +104,9 @@ static CUresult ctx_new(CUdevice dev, unsigned flags, int is_primary, struct sim
     memset(c, 0, sizeof *c);
     if (is_primary)
         primary_shell[dev] = c;
+    static uint64_t generations;
     c->magic = MAGIC_CTX;
+    c->generation = __atomic_add_fetch(&generations, 1, __ATOMIC_RELAXED);
     c->dev = dev;
     c->flags = flags;
     c->primary = is_primary;
@@ -138,6 +140,7 @@ static void ctx_destroy(struct sim_ctx *c)
     uint64_t cmem = sim_machine()->gpu[c->dev].context_memory;
     if (cmem)
         sim_mem_uncharge(c->dev, cmem);
+    sim_driver_ctx_gone(c);
     sim_context_count(c->dev, -1);
     if (c->primary)
         return; /* the handle stays, inactive: a current slot may still name it */
@@ -384,6 +387,8 @@ CUAPI cuCtxSetLimit(int limit, size_t value)
         return r;
     if (limit < 0 || limit >= 8)
         return CUDA_ERROR_INVALID_VALUE;
+    if (limit == 0 /* CU_LIMIT_STACK_SIZE */ && (r = sim_driver_stack_limit(c, value)))
+        return r; /* the local memory for every resident thread did not fit */
     limits[limit] = value;
     return CUDA_SUCCESS;
 }

@@ -98,6 +98,8 @@ static CUresult launch(const struct sim_kernel_launch *k, CUstream hs, int coope
         return r;
     if (s->capture)
         return sim_graph_add(s->capture, k, NULL);
+    if ((r = sim_driver_before_launch(s->ctx, k->func)))
+        return r; /* its module or its local memory did not fit */
     sim_run_on_stream(s, sim_kernel_ns(k, s->ctx->dev));
     return CUDA_SUCCESS;
 }

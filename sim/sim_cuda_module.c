@@ -56,6 +56,12 @@ static CUresult module_new(const void *image, struct sim_module **out, int need_
     } else {
         m->opaque = 1; /* cubin, fatbin or anything else: names are not checked */
     }
+    if (c && sim_driver_eager() && (r = sim_driver_module_load(m, c))) {
+        free(m->entries);
+        free(m->ptx);
+        free(m);
+        return r;
+    }
     *out = m;
     return CUDA_SUCCESS;
 }
@@ -116,6 +122,7 @@ CUAPI cuModuleUnload(CUmodule h)
     for (int i = 0; i < m->n_globals; i++)
         if (m->globals[i].ptr)
             sim_global_free(m->globals[i].ptr);
+    sim_driver_module_unload(m);
     free(m->entries);
     free(m->ptx);
     m->magic = MAGIC_DEAD;

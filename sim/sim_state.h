@@ -46,6 +46,8 @@ struct sim_gpu_info { /* static, from the config */
     unsigned pci_device_id; /* vendor | device << 16, as NVML reports */
     uint64_t memory;         /* bytes */
     uint64_t context_memory; /* bytes charged per CUDA context */
+    uint64_t module_memory;  /* a module's code and constants, charged when loaded (lazy: at its first launch) */
+    int local_memory;        /* the driver reserves local memory (stack) for every resident thread */
     uint64_t wave_ns;        /* modelled time of one wave of blocks */
     uint64_t util_sample_ns; /* per-process utilization sample period (a multiple of SIM_BUCKET_NS) */
     int util_zero_samples;   /* a period whose use rounds to 0 % still gets a sample (default; 0: none) */
