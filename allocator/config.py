@@ -32,6 +32,7 @@ SCHEMA = {
         },
         "sweep_interval": {"type": "number", "exclusiveMinimum": 0},
         "compute_period": {"type": "number", "minimum": 0.01, "maximum": 5},
+        "driver_memory_period": {"type": "number", "minimum": 0.05, "maximum": 60},
         "reservation_timeout": {"type": "number", "exclusiveMinimum": 0},
         "memory_oversubscription": {"type": "number", "minimum": 1, "maximum": 16},
         "context_reserve": {"type": ["string", "integer"]},
@@ -62,6 +63,7 @@ class Config:
     metrics_port: int = 9445
     sweep_interval: float = 5.0
     compute_period: float = 0.05  # seconds between launch-budget refills (docs/compute.md)
+    driver_memory_period: float = 1.0  # seconds between reads of the driver's per-process memory
     reservation_timeout: float = 300.0
     memory_oversubscription: float = 1.0
     context_reserve: int = 0  # bytes the interposer charges per CUDA context
@@ -114,6 +116,7 @@ def load(path: str | Path | None) -> Config:
         metrics_port=metrics.get("port", d.metrics_port),
         sweep_interval=float(data.get("sweep_interval", d.sweep_interval)),
         compute_period=float(data.get("compute_period", d.compute_period)),
+        driver_memory_period=float(data.get("driver_memory_period", d.driver_memory_period)),
         reservation_timeout=float(data.get("reservation_timeout", d.reservation_timeout)),
         memory_oversubscription=float(data.get("memory_oversubscription", d.memory_oversubscription)),
         context_reserve=reserve,

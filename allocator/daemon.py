@@ -18,6 +18,7 @@ from gpuslice.allocator import container_start, metrics, slice_files
 from gpuslice.allocator.compute import ComputeController
 from gpuslice.allocator.config import Config
 from gpuslice.allocator.driver_limits import DriverLimits
+from gpuslice.allocator.driver_memory import NvmlProcessMemory, Reconciler
 from gpuslice.allocator.membership import MembershipKey
 from gpuslice.allocator.runtime_socket import RuntimeSocketServer
 from gpuslice.allocator.service import AllocatorService
@@ -74,6 +75,10 @@ class Daemon:
         # only slices with processes can launch: the controller looks at those alone
         self.compute = ComputeController(
             self.watcher.files_in_use, self.manager.limits_of, NvmlUtilization(), cfg.compute_period
+        )
+        # the driver's per-process counts against the slices' charges (allocator/driver_memory.py)
+        self.reconciler = Reconciler(
+            lambda: list(self.watcher.files_in_use().values()), NvmlProcessMemory(), cfg.driver_memory_period
         )
         self._stop = threading.Event()
         self._server: grpc.Server | None = None
@@ -134,6 +139,7 @@ class Daemon:
         self._sockets = sockets = [slice_server, runtime_server]
         threading.Thread(target=self._sweeper, args=(sockets, health_servicer), name="sweeper", daemon=True).start()
         self.compute.start()
+        threading.Thread(target=self.reconciler.run, args=(self._stop,), name="driver-memory", daemon=True).start()
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         health_servicer.set("gpuslice.v1.Allocator", health_pb2.HealthCheckResponse.SERVING)
         log.info(

@@ -114,6 +114,14 @@ class SliceCollector(Collector):
         refused = CounterMetricFamily(
             "gpuslice_slice_oom_refusals", "allocations refused at the slice's memory limit", labels=per_gpu
         )
+        driver_side = GaugeMetricFamily(
+            "gpuslice_slice_driver_side_memory_bytes",
+            "memory the driver holds for the slice's processes beyond what they charged (part of what it uses)",
+            labels=per_gpu,
+        )
+        over = GaugeMetricFamily(
+            "gpuslice_slice_memory_over_limit_bytes", "how far past its memory limit the slice is", labels=per_gpu
+        )
         target = GaugeMetricFamily(
             "gpuslice_slice_compute_target_ratio", "share of the GPU the controller aims at", labels=per_gpu
         )
@@ -135,12 +143,16 @@ class SliceCollector(Collector):
             for gpu, (waits, refusals) in zip(in_files, self.m.counters(r), strict=False):
                 throttled.add_metric([*who, gpu], waits)
                 refused.add_metric([*who, gpu], refusals)
+            for gpu, extra in zip(in_files, v.driver_side, strict=False):
+                driver_side.add_metric([*who, gpu], extra)
+            for gpu, past in zip(in_files, v.over_limit, strict=False):
+                over.add_metric([*who, gpu], past)
             for g, gpu in enumerate(in_files):
                 t, u = self.compute.view(r.id, g) if self.compute is not None else (0.0, 0.0)
                 if t or u:
                     target.add_metric([*who, gpu], t)
                     got.add_metric([*who, gpu], u)
-        yield from (limit, cores, used, procs, driver, throttled, refused, target, got)
+        yield from (limit, cores, used, procs, driver, throttled, refused, driver_side, over, target, got)
 
 
 def register(manager: SliceManager, compute: ComputeController | None = None, node: str = "") -> None:

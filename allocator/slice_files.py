@@ -208,6 +208,24 @@ class SliceFiles:
     def uncharge(self, slot: int, gpu: int, nbytes: int) -> None:
         self.lib.gpuslice_usage_uncharge(self.usage, slot, gpu, nbytes)
 
+    # -- what the driver holds beyond the charges (allocator/driver_memory.py) --------
+    def gpu_uuid(self, gpu: int) -> str:
+        return self.ffi.string(self.limits.gpu[gpu].uuid).decode()
+
+    def memory_limit(self, gpu: int) -> int:
+        return int(self.limits.gpu[gpu].memory_limit)
+
+    def proc_used(self, slot: int, gpu: int) -> int:
+        """What the process of `slot` charged on `gpu` (its context reserve included)."""
+        return int(self.usage.proc[slot].used[gpu])
+
+    def driver_side(self, gpu: int) -> int:
+        return int(self.usage.gate[gpu].driver_side)
+
+    def set_driver_side(self, gpu: int, nbytes: int) -> int:
+        """The driver's excess on `gpu` becomes `nbytes`, in the slice's total too; returns what it was."""
+        return int(self.lib.gpuslice_usage_driver_set(self.usage, gpu, nbytes))
+
     # -- launch gates (docs/compute.md) -------------------------------------------
     def refill_gate(self, gpu: int, add: int, cap: int, next_refill_ns: int) -> tuple[int, int]:
         """Add a period's budget (capped); returns (tokens before, tokens after)."""

@@ -64,6 +64,8 @@ class SliceView:
     memory_used: int
     processes: int
     enforcement: str  # "driver+interposer" where the driver enforces the memory limit too
+    driver_side: tuple[int, ...] = ()  # per GPU of its files: what the driver holds beyond the charges
+    over_limit: tuple[int, ...] = ()  # per GPU of its files: bytes past its memory limit (the driver's doing)
 
 
 class SliceManager:
@@ -414,7 +416,11 @@ class SliceManager:
         how = "driver+interposer" if rec.id in self.driver else "interposer"
         if f is None:
             return SliceView(rec, 0, 0, how)
-        return SliceView(rec, sum(f.used()), len(f.slot_pids()), how)
+        gpus = range(f.gpu_count())
+        used = f.used()
+        extra = tuple(f.driver_side(g) for g in gpus)
+        over = tuple(max(0, used[g] - f.memory_limit(g)) for g in gpus)
+        return SliceView(rec, sum(used), len(f.slot_pids()), how, extra, over)
 
     # -- containers' processes ------------------------------------------------------------
     def slice_of(self, who: identity.Identity) -> SliceRecord | None:

@@ -39,4 +39,15 @@ def render_status(inv: pb.InventoryReply, slices: list[pb.Slice]) -> str:
                 f"{s.container_id[:24]:<24} {s.id:<16} {s.state:<8} {sg.index:>4} {format_bytes(sg.memory_limit):>10} "
                 f"{used:>10} {sg.cores:>5} {use:>7}  {s.policy:<8} {s.enforcement}"
             )
+            if sg.driver_side and (i == 0 or sg.index != s.gpus[i - 1].index):
+                lines.append(_driver_side(s, sg))
     return "\n".join(lines)
+
+
+def _driver_side(s: pb.Slice, sg: pb.SliceGpu) -> str:
+    """What the driver holds for the slice's processes on a GPU beyond their charges (part of used)."""
+    line = f"{'':<24} {'':<16} {'':<8} {sg.index:>4} driver-side {format_bytes(sg.driver_side)} (in used)"
+    limit = sum(x.memory_limit for x in s.gpus if x.index == sg.index)
+    if len({x.index for x in s.gpus}) == 1 and s.memory_used > limit:
+        line += f"; {format_bytes(s.memory_used - limit)} past the limit: its allocations are refused"
+    return line

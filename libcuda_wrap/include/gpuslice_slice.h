@@ -91,7 +91,11 @@ struct gpuslice_gate {
     uint64_t next_refill_ns; /* CLOCK_MONOTONIC of the daemon's next refill */
     uint64_t waits;          /* launches that found the budget spent: the slice wants more */
     uint64_t refused;        /* allocations refused at the memory limit (this GPU's out-of-memory answers) */
-    uint64_t pad[4];
+    /* what the driver holds for the slice's processes beyond what they charged
+     * (module code, local memory, its own allocations), set by the daemon
+     * from the driver's per-process counts and part of used[g] */
+    uint64_t driver_side;
+    uint64_t pad[3];
 };
 
 /* Shared read-write by every process of the slice; updated with atomics:
@@ -111,6 +115,7 @@ int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpuslice_limits
                           uint64_t bytes);
 void gpuslice_usage_uncharge(struct gpuslice_usage *u, uint32_t slot, uint32_t gpu, uint64_t bytes);
 uint64_t gpuslice_usage_release_proc(struct gpuslice_usage *u, uint32_t slot);
+uint64_t gpuslice_usage_driver_set(struct gpuslice_usage *u, uint32_t gpu, uint64_t bytes);
 int64_t gpuslice_gate_refill(struct gpuslice_gate *g, int64_t add, int64_t cap, uint64_t next_refill_ns,
                              int64_t *before);
 void gpuslice_gate_open(struct gpuslice_gate *g, uint64_t next_refill_ns, int64_t *before);

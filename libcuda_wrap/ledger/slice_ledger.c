@@ -57,6 +57,22 @@ LEDGER_API uint64_t gpuslice_usage_release_proc(struct gpuslice_usage *u, uint32
     return freed;
 }
 
+/* The daemon's reconciliation with the driver: what the driver holds beyond
+ * the processes' charges becomes `bytes`, and the slice's total moves with
+ * it (past the limit if the driver alone put it there: the next allocations
+ * are refused until it is back under). Returns what it was. */
+LEDGER_API uint64_t gpuslice_usage_driver_set(struct gpuslice_usage *u, uint32_t gpu, uint64_t bytes)
+{
+    if (gpu >= GPUSLICE_SLICE_MAX_GPUS)
+        return 0;
+    uint64_t was = __atomic_exchange_n(&u->gate[gpu].driver_side, bytes, __ATOMIC_ACQ_REL);
+    if (bytes >= was)
+        __atomic_add_fetch(&u->used[gpu], bytes - was, __ATOMIC_ACQ_REL);
+    else
+        __atomic_sub_fetch(&u->used[gpu], was - bytes, __ATOMIC_ACQ_REL);
+    return was;
+}
+
 /* The daemon's side of a launch gate (the processes only take from it).
  * Adds `add` tokens, but never past `cap`, keeping what launches took beyond
  * the budget as debt; *before is what was left of the last period.  Returns

@@ -542,6 +542,20 @@ class Agent:
         }
         return {name: name_of(call()) for name, call in calls.items()}
 
+    def module_launch(self, ptx: str, kernel: str) -> dict:
+        """A module loaded from PTX and one of its kernels launched once (the
+        driver loads a module's code lazily, at its first launch); kept loaded."""
+        err, mod = cu.cuModuleLoadData(ptx.encode() + b"\0")
+        if err:
+            return {"error": name_of(err)}
+        self.keep("module", mod)
+        err, fn = cu.cuModuleGetFunction(mod, kernel.encode())
+        if not err:
+            (err,) = cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, 0, 0, 0)
+        if not err:
+            (err,) = cu.cuCtxSynchronize()
+        return {"error": name_of(err)}
+
     def kernel_model(self, ptx: str, path: str) -> dict:
         """What a program learns of its kernels before launching them: names,
         parameters, attributes and occupancy, through a library loaded from a file."""

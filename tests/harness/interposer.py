@@ -13,8 +13,9 @@ class Slice:
     """A daemon on the simulator, one container holding a slice, and the
     environment that puts the interposer in front of the simulator."""
 
-    def __init__(self, daemon, containers, memory: str, gpu_memory: str = "16Gi", **config) -> None:
-        self.d = daemon([gpu(gpu_memory)], **config)
+    def __init__(self, daemon, containers, memory: str, gpu_memory: str = "16Gi", sim: dict | None = None,
+                 **config) -> None:  # fmt: skip
+        self.d = daemon([gpu(gpu_memory, **(sim or {}))], **config)
         self.client = self.d.client()
         self.box: Container = containers()
         self.slice = self.client.reserve("box", {"gpuslice.io/memory": memory, "gpuslice.io/cores": "50"})
