@@ -186,6 +186,8 @@ void sim_driver_module_unload(struct sim_module *m);
 CUresult sim_driver_stack_limit(struct sim_ctx *c, size_t per_thread);
 void sim_driver_ctx_gone(struct sim_ctx *c);
 int sim_driver_eager(void);
+/* cuGetExportTable's id of the simulator's private allocation table (sim_cuda_device.c) */
+#define SIM_INTERNAL_TABLE_ID "gpuslice-sim-int"
 /* a module image from a file, NUL-terminated (sim_cuda_link.c) */
 CUresult sim_read_image(const char *path, char **out, size_t *len);
 #define SIM_SHARED_PER_SM 167936u     /* CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR */

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "sim_cuda.h"
+#include "sim_memory.h"
 
 pthread_mutex_t sim_mu = PTHREAD_MUTEX_INITIALIZER;
 int sim_initialized;
@@ -225,12 +226,39 @@ CUAPI cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
     return CUDA_SUCCESS;
 }
 
+/* The one private table the simulator has: device memory allocated through
+ * the driver's own path, as a library does that reaches the driver past the
+ * exported API (NCCL's buffers escaped a slice's books on the H200: shared/
+ * research/real-gpu-h200-2026-11-26.md). An interposer forwards
+ * cuGetExportTable, so nothing it charges sees these. */
+static CUresult internal_alloc(CUdeviceptr *dptr, size_t size)
+{
+    struct sim_ctx *c;
+    CUresult r = sim_ctx_or_error(&c);
+    return r ? r : sim_device_alloc(dptr, size, K_DEVICE, c->dev, NULL, 0);
+}
+
+static CUresult internal_free(CUdeviceptr dptr)
+{
+    return sim_free_kind(dptr, 0);
+}
+
+static const struct {
+    size_t size;
+    CUresult (*alloc)(CUdeviceptr *, size_t);
+    CUresult (*free)(CUdeviceptr);
+} internal_table = {sizeof internal_table, internal_alloc, internal_free};
+
 CUAPI cuGetExportTable(const void **table, const void *id)
 {
-    (void)id;
-    if (table)
-        *table = NULL;
-    return CUDA_ERROR_NOT_SUPPORTED; /* private runtime tables are not simulated */
+    if (!table || !id)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (memcmp(id, SIM_INTERNAL_TABLE_ID, 16) == 0) {
+        *table = &internal_table;
+        return CUDA_SUCCESS;
+    }
+    *table = NULL;
+    return CUDA_ERROR_NOT_SUPPORTED; /* the real runtime's private tables are not simulated */
 }
 
 /* ---- the profiler (cudaProfiler.h): no profiler attaches to the simulator,

@@ -542,6 +542,27 @@ class Agent:
         }
         return {name: name_of(call()) for name, call in calls.items()}
 
+    def set_stack(self, size: int) -> dict:
+        """cuCtxSetLimit(CU_LIMIT_STACK_SIZE): the driver grows local memory for every resident thread."""
+        (err,) = cu.cuCtxSetLimit(cu.CUlimit.CU_LIMIT_STACK_SIZE, size)
+        return {"error": name_of(err)}
+
+    def internal_alloc(self, size: int) -> dict:
+        """Device memory through the simulated driver's private table (cuGetExportTable), as a library
+        that reaches the driver past its exported API: nothing an interposer charges sees it."""
+        import ctypes
+
+        lib = ctypes.CDLL("libcuda.so.1")
+        table = ctypes.c_void_p()
+        err = lib.cuGetExportTable(ctypes.byref(table), ctypes.c_char_p(b"gpuslice-sim-int"))
+        if err:
+            return {"error": f"cuGetExportTable {err}"}
+        fns = ctypes.cast(table, ctypes.POINTER(ctypes.c_void_p * 3)).contents
+        alloc = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t)(fns[1])
+        ptr = ctypes.c_uint64()
+        err = alloc(ctypes.byref(ptr), size)
+        return {"error": "CUDA_SUCCESS" if err == 0 else f"error {err}"}
+
     def module_launch(self, ptx: str, kernel: str) -> dict:
         """A module loaded from PTX and one of its kernels launched once (the
         driver loads a module's code lazily, at its first launch); kept loaded."""

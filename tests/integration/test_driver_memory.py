@@ -86,3 +86,23 @@ def test_a_slice_the_driver_alone_pushes_over_its_limit_is_refused_until_back_un
     assert s.used() == 300 * MiB and a.call("alloc", path="mem", size=1)["error"] == "CUDA_SUCCESS"
     said = until(lambda: "back under its limit" in s.d.log(), True)
     assert said and "past its limit" in s.d.log(), s.d.log()[-2000:]
+
+
+def test_local_memory_and_a_librarys_own_allocations_are_charged_once_across_processes(daemon, containers, started):
+    """Two processes of one slice: one grows its local memory (a stack limit:
+    sms x 2048 threads x 3 KiB more), the other allocates through the
+    driver's private path; each process's excess is its own, summed once."""
+    s = Slice(daemon, containers, "1Gi", sim={"context_memory": "100Mi", "local_memory": "true", "sms": 4},
+              context_reserve="100Mi", driver_memory_period=PERIOD)  # fmt: skip
+    a, b = s.agent(started), s.agent(started)
+    assert s.used() == 200 * MiB  # two contexts' reserves, covering the driver's contexts
+    assert a.call("set_stack", size=4096)["error"] == "CUDA_SUCCESS"
+    grown = (4096 - 1024) * 4 * 2048  # 24 MiB
+    assert b.call("internal_alloc", size=64 * MiB)["error"] == "CUDA_SUCCESS"
+    want = grown + 64 * MiB
+    assert until(lambda: s.files.driver_side(0), want) == want
+    assert s.used() == 200 * MiB + want
+    assert b.call("nvml")["used"] == 200 * MiB + want  # NVML in the slice shows it too
+    b.kill()
+    assert until(lambda: s.files.driver_side(0), grown) == grown  # b's part went with b
+    assert s.used() == 100 * MiB + grown
