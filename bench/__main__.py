@@ -11,6 +11,7 @@ from bench import (
     daemon_rpc,
     device_plugin,
     dra_prepare,
+    driver_memory,
     interposer_calls,
     scale,
     sim_calls,
@@ -25,6 +26,7 @@ BENCHMARKS = {
     "scale": scale.main,
     "dra-prepare": dra_prepare.main,
     "device-plugin": device_plugin.main,
+    "driver-memory": driver_memory.main,
 }
 
 
