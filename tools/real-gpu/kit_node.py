@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from kit_slices import PROBES, process_used
+from kit_slices import DRIVER_MEMORY_PERIOD_S, PROBES, process_used
 
 from gpuslice.cli import sim_daemon
 
@@ -94,6 +94,7 @@ def write_config(paths: NodePaths, context_reserve: int) -> None:
         f"slice_files_dir: {paths.work}/slices",
         "metrics: {port: 0}",
         f"context_reserve: {context_reserve}",
+        f"driver_memory_period: {DRIVER_MEMORY_PERIOD_S}",  # what the driver holds itself, charged this often
     ]
     if paths.sim:
         lines += ["nvml: sim", f"sim: {{config: {paths.sim_config}, state_dir: {paths.sim_state}}}"]

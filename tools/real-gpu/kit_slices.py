@@ -24,6 +24,8 @@ from gpuslice.cli.selftest_slices import Box, WorkerError, worker_pid
 from gpuslice.client import AllocatorClient
 from gpuslice.paths import native_dir
 
+DRIVER_MEMORY_PERIOD_S = 0.2  # the kit's daemon charges what the driver holds itself this often
+
 PROBES = Path(__file__).resolve().parent / "probes"
 RECLAIM_S = 1.0  # the selftest's figure: a dead process's memory is back within a second
 STDERR_LINES = 400  # kept of a probe's stderr: frameworks log much; the tail and the stacks say why
@@ -203,6 +205,7 @@ def run_probe(
             msg = probe.message(deadline)
             if "hold" in msg:
                 tag = msg.pop("hold")
+                time.sleep(2 * DRIVER_MEMORY_PERIOD_S)  # the daemon charges what the driver holds itself, each period
                 s = Sample(tag, msg, client.get(box.name).memory_used, process_used(gpu_uuid, probe.pid))
                 samples[tag] = s
                 if on_hold:

@@ -68,15 +68,19 @@ def given_back_row(step: str, label: str, out: Outcome, freed: str | None = "fre
                  observed, ok)  # fmt: skip
 
 
+ACCOUNTING_SLACK = 16 * MiB  # the driver's count may lead the slice's charge by this much after warm-up
+
+
 def accounting_row(step: str, label: str, sample: Sample, reserve: int) -> Row:
     """The driver's own count for the process against the slice's charge: the
-    charge must not be less (the context is charged as `context_reserve`)."""
-    expected = f"the driver's count ≤ the slice's charge + 64 MiB ({mib(reserve)} charged per context)"
+    charge includes what the driver allocates itself (the daemon reads its
+    count every period: allocator/driver_memory.py), so it is not less."""
+    expected = f"the driver's count ≤ the slice's charge + 16 MiB ({mib(reserve)} charged per context, the rest read)"
     if sample.nvml_used is None:
         return check(step, f"{label}: accounting", expected, "NVML gives no per-process figure here", None)
     gap = sample.nvml_used - sample.charge
     observed = f"driver {mib(sample.nvml_used)}, slice {mib(sample.charge)}, driver - slice {gap / MiB:+.0f} MiB"
-    return check(step, f"{label}: accounting", expected, observed, gap <= CHUNK)
+    return check(step, f"{label}: accounting", expected, observed, gap <= ACCOUNTING_SLACK)
 
 
 def memory_rows(step: str, label: str, limit: int, reserve: int, out: Outcome) -> list[Row]:
