@@ -11,9 +11,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from gpuslice.cli import sim_daemon
 from tests.harness.interposer import Slice
 from tests.harness.machine import Agent, GiB, MiB, needs_root
 
@@ -40,7 +43,14 @@ def started():
 def slice_(daemon, containers) -> Slice:  # type: ignore[no-untyped-def]
     # the driver's context costs what the daemon reserves per context; each module 200 MiB, loaded lazily
     return Slice(daemon, containers, "1Gi", sim={"context_memory": "100Mi", "module_memory": "200Mi"},
-                 context_reserve="100Mi", driver_memory_period=PERIOD)  # fmt: skip
+                 context_reserve="100Mi", driver_memory_period=PERIOD,
+                 metrics={"port": sim_daemon.free_port()})  # fmt: skip
+
+
+def metric(s: Slice, name: str) -> float:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{s.d.metrics_port}/metrics", timeout=10).read().decode()
+    [value] = [m.samples[0].value for m in text_string_to_metric_families(body) if m.name == name]
+    return value
 
 
 def until(what, want, seconds: float = 10):  # type: ignore[no-untyped-def]
@@ -65,6 +75,7 @@ def test_a_modules_memory_is_charged_to_the_slice_refused_against_and_gone_with_
     shown = subprocess.run([sys.executable, "-m", "gpuslice.cli", "status", "--socket", str(s.d.socket)],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert shown.returncode == 0 and "driver-side 200" in shown.stdout, shown.stdout + shown.stderr
+    assert metric(s, "gpuslice_slice_driver_side_memory_bytes") == 200 * MiB
     # fits the interposer's own charges (924 MiB left of them), not the driver's count
     assert a.call("alloc", path="mem", size=800 * MiB)["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
     assert a.call("alloc", path="mem", size=700 * MiB)["error"] == "CUDA_SUCCESS"
@@ -81,6 +92,7 @@ def test_a_slice_the_driver_alone_pushes_over_its_limit_is_refused_until_back_un
     # a lazy module load cannot be refused: the driver puts the slice 76 MiB past its 1 GiB
     assert a.call("module_launch", ptx=PTX, kernel="k")["error"] == "CUDA_SUCCESS"
     assert until(s.used, 1100 * MiB) == 1100 * MiB
+    assert metric(s, "gpuslice_slice_memory_over_limit_bytes") == 1100 * MiB - GiB
     assert a.call("alloc", path="mem", size=1)["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
     assert a.call("free", id=held["id"])["error"] == "CUDA_SUCCESS"
     assert s.used() == 300 * MiB and a.call("alloc", path="mem", size=1)["error"] == "CUDA_SUCCESS"
