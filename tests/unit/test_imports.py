@@ -16,7 +16,7 @@ from tools.package_layout import package_dirs
 
 # each import name's layer: a module may import only from its own layer or lower ones
 LAYERS = {"gpuslice": 0, "gpuslice.cdi": 1, "gpuslice.allocator": 2, "gpuslice.dra": 3, "gpuslice.device_plugin": 3,
-          "gpuslice.cli": 4}  # fmt: skip
+          "gpuslice.admission": 3, "gpuslice.cli": 4}  # fmt: skip
 # each component's directory (pyproject's package-dir, the one source), its import name and layer
 COMPONENTS = {directory: (name, LAYERS[name]) for name, directory in package_dirs().items()}
 

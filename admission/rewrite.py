@@ -1,0 +1,173 @@
+"""A pod written for HAMi or Volcano's vGPU, rewritten as a JSONPatch into
+the chart's mode, asking gpuslice for the same (admission/hami.py reads
+what it asks). What was rewritten from what is recorded on the pod in one
+annotation, so `kubectl describe` shows it.
+
+- devicePlugin: each container's gpuslice.io/* extended resources: whole
+  GPUs as gpuslice.io/gpu; a vGPU's memory as gpuslice.io/memory in the
+  plugin's units (GiB, rounded up: never less than asked) and its cores as
+  gpuslice.io/cores. A container's slice lies on one GPU, so more than one
+  shared vGPU per container, or memory as a percentage (the units are
+  bytes), is refused in one line.
+- runtimeClass: the pod runs under the gpuslice RuntimeClass and each
+  container asks in its own environment (GPUSLICE_GPUS, GPUSLICE_MEMORY in
+  MiB or as a percentage, GPUSLICE_CORES), which the hook reads.
+
+In both, HAMi's resources leave the container (nothing would serve them),
+HAMi-core's utilization policy becomes the compute policy (default: the
+share may be exceeded while the GPU is idle, elastic; force: hard; disable:
+no share), its priority gpuslice's, and devices pinned by UUID
+(nvidia.com/use-gpuuuid) gpuslice.io/device."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuslice import errors
+from gpuslice.admission import hami
+
+RECORD = "gpuslice.io/rewritten-from"  # what the webhook rewrote, from what (JSON)
+RUNTIME_CLASS = "gpuslice"
+MODES = ("devicePlugin", "runtimeClass")
+HAMI_POLICY_ENV = "GPU_CORE_UTILIZATION_POLICY"  # HAMi-core: default, force, disable
+
+
+def _escape(key: str) -> str:
+    """A JSON Pointer token (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+@dataclass
+class Rewrite:
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def _policy(container: dict[str, Any]) -> str | None:
+    env = {e.get("name"): e.get("value") for e in container.get("env") or [] if isinstance(e, dict)}
+    said = str(env.get(HAMI_POLICY_ENV) or "default").strip().lower()
+    return {"default": "elastic", "force": "hard", "disable": None}.get(said, "elastic")
+
+
+def _asks(pod: dict[str, Any], names: tuple[hami.Names, ...]) -> list[tuple[int, dict, hami.Ask]]:
+    found = []
+    for i, c in enumerate((pod.get("spec") or {}).get("containers") or []):
+        limits = (c.get("resources") or {}).get("limits") or {}
+        for n in names:
+            ask = hami.read(limits, n)
+            if ask is not None:
+                found.append((i, c, ask))
+                break
+    return found
+
+
+def _remove_theirs(i: int, container: dict[str, Any], ask: hami.Ask) -> list[dict[str, Any]]:
+    n = ask.names
+    ops = []
+    for part in ("limits", "requests"):
+        have = (container.get("resources") or {}).get(part) or {}
+        for key in (n.count, n.memory, n.memory_percentage, n.cores, n.priority):
+            if key and key in have:
+                ops.append({"op": "remove", "path": f"/spec/containers/{i}/resources/{part}/{_escape(key)}"})
+    return ops
+
+
+def _env_ops(i: int, container: dict[str, Any], env: dict[str, str]) -> list[dict[str, Any]]:
+    if not env:
+        return []
+    entries = [{"name": k, "value": v} for k, v in env.items()]
+    if not container.get("env"):
+        return [{"op": "add", "path": f"/spec/containers/{i}/env", "value": entries}]
+    return [{"op": "add", "path": f"/spec/containers/{i}/env/-", "value": e} for e in entries]
+
+
+def _device_plugin(i: int, ask: hami.Ask, said: str) -> tuple[list[dict], dict[str, str]]:
+    limits: dict[str, str] = {}
+    if ask.whole:
+        limits["gpuslice.io/gpu"] = str(ask.gpus)
+    else:
+        if ask.gpus != 1:
+            raise errors.InvalidArgument(f"{said}: {ask.gpus} shared vGPUs; in devicePlugin mode a container's slice "
+                                         "lies on one GPU: ask 1, or whole GPUs (the count alone)")  # fmt: skip
+        if ask.memory_percent is not None:
+            raise errors.InvalidArgument(f"{said}: {ask.names.memory_percentage} in devicePlugin mode, whose memory "
+                                         "is counted in GiB; ask MiB, or use runtimeClass mode")  # fmt: skip
+        units = hami.memory_units(ask)
+        if units is None:
+            raise errors.InvalidArgument(f"{said}: cores without memory; a slice holds memory: ask {ask.names.memory}")
+        limits["gpuslice.io/memory"] = str(units)
+        if ask.cores:
+            limits["gpuslice.io/cores"] = str(ask.cores)
+    # the container's limits hold HAMi's (how it was found): they stay, less those, plus ours
+    ops: list[dict[str, Any]] = [
+        {"op": "add", "path": f"/spec/containers/{i}/resources/limits/{_escape(k)}", "value": v}
+        for k, v in limits.items()
+    ]
+    return ops, limits
+
+
+def _runtime_class(ask: hami.Ask, said: str) -> dict[str, str]:
+    env = {"GPUSLICE_GPUS": str(ask.gpus)}
+    if ask.memory_mib is not None:
+        env["GPUSLICE_MEMORY"] = f"{ask.memory_mib}Mi"
+    elif ask.memory_percent is not None:
+        env["GPUSLICE_MEMORY"] = f"{ask.memory_percent}%"
+    if ask.cores:
+        env["GPUSLICE_CORES"] = str(ask.cores)
+    return env
+
+
+def rewrite(pod: dict[str, Any], mode: str, names: tuple[hami.Names, ...] = (hami.HAMI, hami.VOLCANO)) -> Rewrite:
+    """The JSONPatch that makes `pod` ask gpuslice, in `mode`; empty when it asks neither layer for GPUs."""
+    if mode not in MODES:
+        raise errors.InvalidArgument(f"mode {mode!r}; accepted: {', '.join(MODES)}")
+    out = Rewrite()
+    asks = _asks(pod, names)
+    if not asks:
+        return out
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    for i, c, ask in asks:
+        said = f"container {c.get('name', i)}"
+        out.patch += _remove_theirs(i, c, ask)
+        env: dict[str, str] = {}
+        if mode == "devicePlugin":
+            ops, asked = _device_plugin(i, ask, said)
+            out.patch += ops
+        else:
+            env = _runtime_class(ask, said)
+            asked = dict(env)
+        if not ask.whole:
+            policy = _policy(c)
+            if policy is None:
+                env.pop("GPUSLICE_CORES", None)
+                asked.pop("gpuslice.io/cores", None)
+                out.patch = [op for op in out.patch if not op["path"].endswith(_escape("gpuslice.io/cores"))]
+            elif ask.cores:
+                env["GPUSLICE_COMPUTE_POLICY"] = policy
+            if (word := hami.priority_word(ask)) is not None:
+                env["GPUSLICE_PRIORITY"] = word
+        if mode == "devicePlugin":
+            env.pop("GPUSLICE_GPUS", None)
+        out.patch += _env_ops(i, c, env)
+        out.record[c.get("name", str(i))] = {"from": _theirs(c, ask), "to": {**asked, **env}}
+    extra: dict[str, str] = {}
+    if annotations.get(hami.USE_UUID):
+        extra["gpuslice.io/device"] = ",".join(u.strip() for u in str(annotations[hami.USE_UUID]).split(","))
+    if mode == "runtimeClass":
+        out.patch.append({"op": "add", "path": "/spec/runtimeClassName", "value": RUNTIME_CLASS})
+    extra[RECORD] = json.dumps(out.record, sort_keys=True, separators=(",", ":"))
+    if not (pod.get("metadata") or {}).get("annotations"):
+        out.patch.append({"op": "add", "path": "/metadata/annotations", "value": extra})
+    else:
+        out.patch += [
+            {"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v} for k, v in extra.items()
+        ]
+    return out
+
+
+def _theirs(c: dict[str, Any], ask: hami.Ask) -> dict[str, str]:
+    limits = (c.get("resources") or {}).get("limits") or {}
+    n = ask.names
+    return {k: str(limits[k]) for k in (n.count, n.memory, n.memory_percentage, n.cores, n.priority) if k in limits}

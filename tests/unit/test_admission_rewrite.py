@@ -1,0 +1,115 @@
+"""Pods written for HAMi or Volcano's vGPU, rewritten into gpuslice's words
+(admission/): the pods are rebuilt from the projects' own examples (HAMi's
+README: `nvidia.com/gpu: 1` with `nvidia.com/gpumem: 3000`, "each vGPU
+contains 3000m device memory"; its webhook adds one vGPU where only memory
+or cores are asked; HAMi-core's GPU_CORE_UTILIZATION_POLICY default/force/
+disable; Volcano's vgpu-number/-memory/-cores), and each JSONPatch applied
+to the pod is checked field by field."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import jsonpatch
+import pytest
+
+from gpuslice import errors
+from gpuslice.admission import hami
+from gpuslice.admission.rewrite import RECORD, rewrite
+
+
+def pod(*containers: dict, annotations: dict | None = None) -> dict:
+    meta: dict = {"name": "p", "namespace": "ml"}
+    if annotations:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": list(containers)}}
+
+
+def ctr(name: str, limits: dict, env: list | None = None) -> dict:
+    c: dict = {"name": name, "image": "cuda:12", "resources": {"limits": limits}}
+    if env is not None:
+        c["env"] = env
+    return c
+
+
+def applied(p: dict, mode: str) -> tuple[dict, dict]:
+    r = rewrite(p, mode)
+    out = jsonpatch.apply_patch(copy.deepcopy(p), r.patch)
+    return out, r.record
+
+
+HAMI_README = pod(ctr("cuda", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}))
+
+
+def test_hamis_example_becomes_the_device_plugins_resources_rounded_up_never_less():
+    out, record = applied(HAMI_README, "devicePlugin")
+    [c] = out["spec"]["containers"]
+    assert c["resources"]["limits"] == {"gpuslice.io/memory": "3", "gpuslice.io/cores": "30"}  # 3000 MiB -> 3 GiB
+    assert {"name": "GPUSLICE_COMPUTE_POLICY", "value": "elastic"} in c["env"]  # HAMi-core's default may exceed
+    said = json.loads(out["metadata"]["annotations"][RECORD])
+    assert said == record and said["cuda"]["from"] == {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000",
+                                                        "nvidia.com/gpucores": "30"}  # fmt: skip
+    assert "runtimeClassName" not in out["spec"]
+
+
+def test_in_runtime_class_mode_each_container_asks_in_its_own_environment():
+    p = pod(ctr("a", {"nvidia.com/gpumem": "3000"}, env=[{"name": "X", "value": "1"}]),
+            ctr("b", {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "50", "nvidia.com/gpucores": "40"},
+                env=[{"name": hami_policy(), "value": "force"}]),
+            ctr("sidecar", {"cpu": "1"}))  # fmt: skip
+    out, _ = applied(p, "runtimeClass")
+    a, b, side = out["spec"]["containers"]
+    assert out["spec"]["runtimeClassName"] == "gpuslice"
+    env_a = {e["name"]: e["value"] for e in a["env"]}
+    assert env_a == {"X": "1", "GPUSLICE_GPUS": "1", "GPUSLICE_MEMORY": "3000Mi"}  # one vGPU added, as HAMi does
+    env_b = {e["name"]: e["value"] for e in b["env"]}
+    assert env_b["GPUSLICE_MEMORY"] == "50%" and env_b["GPUSLICE_CORES"] == "40"
+    assert env_b["GPUSLICE_COMPUTE_POLICY"] == "hard"  # force: a hard share
+    assert a["resources"]["limits"] == {} and b["resources"]["limits"] == {} and side == p["spec"]["containers"][2]
+
+
+def hami_policy() -> str:
+    from gpuslice.admission.rewrite import HAMI_POLICY_ENV
+
+    return HAMI_POLICY_ENV
+
+
+def test_a_count_alone_is_whole_gpus_and_volcanos_words_are_read_too():
+    out, _ = applied(pod(ctr("w", {"nvidia.com/gpu": "2"})), "devicePlugin")
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {"gpuslice.io/gpu": "2"}
+    volcano = pod(ctr("v", {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "1025"}))
+    out, record = applied(volcano, "devicePlugin")
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {"gpuslice.io/memory": "2"}  # 1025 MiB: 2 GiB
+    assert record["v"]["from"] == {"volcano.sh/vgpu-number": "1", "volcano.sh/vgpu-memory": "1025"}
+
+
+def test_priority_disable_and_pinned_devices():
+    p = pod(ctr("c", {"nvidia.com/gpumem": "2048", "nvidia.com/gpucores": "20", "nvidia.com/priority": "0"},
+                env=[{"name": hami_policy(), "value": "disable"}]),
+            annotations={hami.USE_UUID: "GPU-aaaaaaaa-0000-0000-0000-000000000000"})  # fmt: skip
+    out, _ = applied(p, "devicePlugin")
+    [c] = out["spec"]["containers"]
+    assert c["resources"]["limits"] == {"gpuslice.io/memory": "2"}  # disable: no share of compute
+    assert {"name": "GPUSLICE_PRIORITY", "value": "high"} in c["env"]  # HAMi: 0 high, 1 low
+    assert out["metadata"]["annotations"]["gpuslice.io/device"] == "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+
+
+def test_a_pod_that_asks_no_gpu_is_left_as_it_is():
+    assert rewrite(pod(ctr("c", {"cpu": "1"})), "devicePlugin").patch == []
+
+
+@pytest.mark.parametrize(("limits", "mode", "said"), [
+    ({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "1000"}, "devicePlugin", "container c: 2 shared vGPUs"),
+    ({"nvidia.com/gpumem-percentage": "50"}, "devicePlugin", "container c: nvidia.com/gpumem-percentage in "
+                                                             "devicePlugin mode"),
+    ({"nvidia.com/gpucores": "30"}, "devicePlugin", "container c: cores without memory"),
+    ({"nvidia.com/gpumem": "lots"}, "devicePlugin", "nvidia.com/gpumem: 'lots' is not MiB of GPU memory"),
+    ({"nvidia.com/gpumem": "1", "nvidia.com/gpumem-percentage": "5"}, "runtimeClass", "together"),
+    ({"nvidia.com/gpucores": "101", "nvidia.com/gpumem": "1"}, "runtimeClass", "accepted: an integer from 0 to 100"),
+    ({"nvidia.com/gpumem": "1"}, "dra", "mode 'dra'; accepted: devicePlugin, runtimeClass"),
+])  # fmt: skip
+def test_what_cannot_be_asked_of_gpuslice_is_refused_in_one_line(limits, mode, said):
+    with pytest.raises(errors.InvalidArgument) as e:
+        rewrite(pod(ctr("c", limits)), mode)
+    assert said in str(e.value) and "\n" not in str(e.value)
