@@ -27,10 +27,10 @@ from typing import Any
 
 from gpuslice import errors
 from gpuslice.admission import hami
+from gpuslice.admission.options import MODES
 
 RECORD = "gpuslice.io/rewritten-from"  # what the webhook rewrote, from what (JSON)
 RUNTIME_CLASS = "gpuslice"
-MODES = ("devicePlugin", "runtimeClass")
 HAMI_POLICY_ENV = "GPU_CORE_UTILIZATION_POLICY"  # HAMi-core: default, force, disable
 
 

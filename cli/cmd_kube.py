@@ -9,6 +9,8 @@ from pathlib import Path
 import click
 
 from gpuslice import errors
+from gpuslice.admission.options import MODES as ADMISSION_MODES
+from gpuslice.admission.options import WebhookOptions
 from gpuslice.cli import app
 from gpuslice.cli.node_agent_options import RESTARTS, RUNTIMES
 from gpuslice.cli.node_agent_options import Options as AgentOptions
@@ -17,6 +19,7 @@ from gpuslice.device_plugin.options import Options as DevicePluginOptions
 from gpuslice.dra.options import Options as DraOptions
 
 _DRA, _DP, _EXT, _AGENT = DraOptions(""), DevicePluginOptions(""), ExtenderOptions(), AgentOptions()
+_HOOK = WebhookOptions()
 NODE_NAME = click.option(
     "--node-name", "node", envvar="NODE_NAME", required=True, help="this node's name (env NODE_NAME)"
 )
@@ -243,3 +246,44 @@ def node_agent_cmd(runtime_version: str | None, verbose: bool, **options: object
         node_agent.NodeAgent(opts).serve()
     except inventory.NoDriver as e:
         raise inventory.NoDriver(f"{e} (driver root {opts.driver_root})") from e
+
+
+def _host_port(listen: str) -> tuple[str, int]:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise click.BadParameter(f"{listen!r} (accepted: HOST:PORT, the port from 1 to 65535)", param_hint="--listen")
+    return host or "0.0.0.0", int(port)
+
+
+@app.command("admission-webhook")
+@click.option("--listen", default=_HOOK.listen, show_default=True, help="HOST:PORT the API server calls")
+@click.option(
+    "--mode",
+    type=click.Choice(ADMISSION_MODES),
+    default=_HOOK.mode,
+    show_default=True,
+    help="how a rewritten pod asks gpuslice: the chart's mode",
+)
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=str(_HOOK.tls_cert), show_default=True)
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=str(_HOOK.tls_key), show_default=True)
+@click.option("--resource-name", default=_HOOK.resource_name, show_default=True, help="HAMi's vGPU count")
+@click.option("--resource-mem", default=_HOOK.resource_mem, show_default=True, help="HAMi's memory per vGPU (MiB)")
+@click.option(
+    "--resource-mem-percentage",
+    default=_HOOK.resource_mem_percentage,
+    show_default=True,
+    help="HAMi's memory per vGPU as a percentage",
+)
+@click.option("--resource-cores", default=_HOOK.resource_cores, show_default=True, help="HAMi's cores (percent)")
+@click.option("--resource-priority", default=_HOOK.resource_priority, show_default=True, help="HAMi's priority")
+@VERBOSE
+def admission_webhook(verbose: bool, **options: str) -> None:
+    """A mutating admission webhook: pods written for HAMi or Volcano's vGPU
+    are rewritten to ask gpuslice for the same (docs/migrate-from-hami.md)."""
+    from gpuslice.admission.review import Settings
+    from gpuslice.admission.server import Server
+
+    opts = WebhookOptions(**{**options, "tls_cert": Path(options["tls_cert"]), "tls_key": Path(options["tls_key"])})  # type: ignore[arg-type]
+    host, port = _host_port(opts.listen)
+    app.log_as("admission-webhook", verbose)
+    app.serve(lambda: Server(Settings(opts.mode, opts.names()), host, port, opts.tls_cert, opts.tls_key))

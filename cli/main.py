@@ -27,6 +27,7 @@ for command in (
     cmd_kube.device_plugin_cmd,
     cmd_kube.scheduler_extender,
     cmd_kube.node_agent_cmd,
+    cmd_kube.admission_webhook,
     cmd_install.install_cmd,
     cmd_install.uninstall_cmd,
     cmd_sim.sim_group,

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import pytest
 
+from gpuslice.admission.options import WebhookOptions
 from gpuslice.allocator.config import Config
 from gpuslice.cdi import generate as gen
 from gpuslice.cli import cmd_cdi, cmd_kube
@@ -25,6 +26,7 @@ CASES = {
     "scheduler-extender": (cmd_kube.scheduler_extender, ExtenderOptions(), 2),
     "node-agent": (cmd_kube.node_agent_cmd, AgentOptions(), 13),
     "cdi generate": (cmd_cdi.cdi_generate, gen.Options(), 5),
+    "admission-webhook": (cmd_kube.admission_webhook, WebhookOptions(), 9),
 }
 
 
