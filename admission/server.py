@@ -16,7 +16,7 @@ from typing import Any
 
 from gpuslice import errors
 from gpuslice.admission.review import Settings, answer
-from gpuslice.http_json import send_json
+from gpuslice.http_json import read_bounded, send_json
 
 log = logging.getLogger(__name__)
 
@@ -71,17 +71,11 @@ class Server:
             def do_POST(self) -> None:
                 if self.path.split("?", 1)[0] != "/mutate":
                     return self._send(404, {"error": f"no {self.path} (accepted: POST /mutate)"})
+                raw = read_bounded(self, MAX_BODY, server.slots)
+                if raw is None:
+                    return None
                 try:
-                    length = int(self.headers.get("Content-Length", ""))
-                except ValueError:
-                    return self._send(411, {"error": "a Content-Length is required"})
-                if not 0 <= length <= MAX_BODY:
-                    return self._send(413, {"error": f"a body of {length} bytes (accepted: up to {MAX_BODY})"})
-                if not server.slots.acquire(blocking=False):
-                    return self._send(503, {"error": f"{MAX_IN_FLIGHT} reviews are running; try again"})
-                try:
-                    body = json.loads(self.rfile.read(length))
-                    self._send(200, answer(body, server.settings))
+                    self._send(200, answer(json.loads(raw), server.settings))
                 except (ValueError, errors.InvalidArgument) as e:
                     self._send(400, {"error": str(e)})
                 finally:

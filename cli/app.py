@@ -40,7 +40,7 @@ def exit_status(e: BaseException) -> int | None:
         return EXIT_NO_DRIVER
     if isinstance(e, errors.Unavailable):
         return EXIT_ERROR
-    if isinstance(e, errors.GpusliceError | simulator.SimulatorMissing | pynvml.NVMLError | OSError):
+    if isinstance(e, errors.GpusliceError | pynvml.NVMLError | OSError):
         return EXIT_BAD_INPUT
     return None
 

@@ -142,13 +142,11 @@ def scheduler_extender(listen: str, policy: str, verbose: bool) -> None:
     them (docs/device-plugin.md)."""
     from gpuslice.device_plugin import extender
 
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise click.BadParameter(f"{listen!r} (accepted: HOST:PORT, the port from 1 to 65535)", param_hint="--listen")
+    host, port = _host_port(listen)
 
     def make() -> extender.Server:
         try:
-            return extender.Server(extender.Extender(spread=policy == "spread"), host or "0.0.0.0", int(port))
+            return extender.Server(extender.Extender(spread=policy == "spread"), host, port)
         except OSError as e:
             raise errors.Unavailable(f"cannot listen on {listen}: {e.strerror}") from e
 

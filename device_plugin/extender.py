@@ -35,7 +35,7 @@ from gpuslice import errors
 from gpuslice.device_plugin import gpu_fit, node_gpus
 from gpuslice.device_plugin.admission import asks_of
 from gpuslice.device_plugin.gpu_fit import Take
-from gpuslice.http_json import send_json
+from gpuslice.http_json import read_bounded, send_json
 
 log = logging.getLogger(__name__)
 
@@ -238,16 +238,11 @@ class Server:
                 verb = self.path.strip("/")
                 if verb not in ("filter", "prioritize"):
                     return self._send(404, {"error": f"no verb {verb!r} (accepted: filter, prioritize)"})
+                body = read_bounded(self, MAX_BODY, server.slots)
+                if body is None:
+                    return None
                 try:
-                    length = int(self.headers.get("Content-Length", ""))
-                except ValueError:
-                    return self._send(411, {"error": "a Content-Length is required"})
-                if not 0 <= length <= MAX_BODY:
-                    return self._send(413, {"error": f"a body of {length} bytes (accepted: up to {MAX_BODY})"})
-                if not server.slots.acquire(blocking=False):
-                    return self._send(503, {"error": f"{MAX_IN_FLIGHT} calls are running; try again"})
-                try:
-                    self._answer(verb, self.rfile.read(length))
+                    self._answer(verb, body)
                 finally:
                     server.slots.release()
 

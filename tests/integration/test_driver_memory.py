@@ -13,12 +13,11 @@ import sys
 import time
 import urllib.request
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuslice.cli import sim_daemon
 from tests.harness.interposer import Slice
-from tests.harness.machine import Agent, GiB, MiB, needs_root
+from tests.harness.machine import GiB, MiB, needs_root
 
 pytestmark = needs_root
 PTX = """.version 8.0
@@ -30,14 +29,6 @@ PTX = """.version 8.0
 }
 """
 PERIOD = 0.1
-
-
-@pytest.fixture
-def started():
-    agents: list[Agent] = []
-    yield agents
-    for a in agents:
-        a.close()
 
 
 def slice_(daemon, containers) -> Slice:  # type: ignore[no-untyped-def]

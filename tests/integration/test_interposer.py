@@ -23,14 +23,6 @@ ROOT = REPO
 
 
 @pytest.fixture
-def started():
-    agents: list[Agent] = []
-    yield agents
-    for a in agents:
-        a.close()
-
-
-@pytest.fixture
 def one_gib(daemon, containers):
     return Slice(daemon, containers, "1Gi")
 
