@@ -189,3 +189,19 @@ def test_nvidia_smi_in_a_slice_is_judged_on_every_form_and_keeps_what_failed():
     assert rows[-1].observed == "nvmlInternalGetExportTable"
     whole = ks.smi_rows("nvml-view", 4096 * MiB, 1030 * MiB, {42}, {**smi, "total_mib": 143771}, "580.159.04")
     assert whole[1].verdict == "FAIL"  # the whole GPU's memory, not the slice's
+
+
+def test_a_probe_whose_worker_is_gone_before_its_wrapper_is_killed_without_error():
+    """CI's failure of stop 52: the trace step's cleanup signalled a worker that had
+    already exited (its namespace's wrapper still alive) and lost the whole phase."""
+    import subprocess
+
+    from kit_slices import Probe
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    probe = Probe.__new__(Probe)
+    probe.proc = subprocess.Popen(["sleep", "30"])
+    probe.pid = gone.pid  # reaped: signalling it raises ProcessLookupError
+    probe.kill()
+    assert probe.proc.returncode is not None

@@ -180,7 +180,7 @@ def _steps(paths: NodePaths, state: Path, out: Path, deadline: float, only: tupl
                 result = run_step(step, kit)
                 result.call = call
                 save(result, state)
-                bad = [r.name for r in result.rows if r.verdict == FAIL]
+                bad = [f"{r.name} ({r.observed})" for r in result.rows if r.verdict == FAIL]
                 log.info("%s: %d rows in %.0f s%s", step.name, len(result.rows), result.seconds,
                          f"; FAILED: {'; '.join(bad)}" if bad else "")  # fmt: skip
                 report(out, state, facts, pending)

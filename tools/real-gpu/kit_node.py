@@ -157,7 +157,10 @@ def _stop_earlier(pidfile: Path) -> None:
         return
     if b"daemon" not in cmdline:
         return  # the pid is another process's now
-    os.kill(pid, signal.SIGTERM)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return  # it stopped meanwhile
     deadline = time.monotonic() + 15
     while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -170,7 +170,7 @@ class Probe:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            os.kill(self.pid, signal.SIGKILL)
+            _signal(self.pid, signal.SIGKILL)  # the worker may be gone before its namespace's wrapper
             self.proc.kill()
         self.proc.wait(10)
 
