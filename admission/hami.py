@@ -45,6 +45,7 @@ VOLCANO = Names("Volcano", "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "
 USE_UUID, NOUSE_UUID = "nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid"
 USE_TYPE, NOUSE_TYPE = "nvidia.com/use-gputype", "nvidia.com/nouse-gputype"
 POLICY = "hami.io/gpu-scheduler-policy"
+NOT_SERVED = (NOUSE_UUID, USE_TYPE, NOUSE_TYPE)  # constraints gpuslice has no way to honour yet
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,15 @@ resourcePriority), configurable there and so here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuslice import errors
 from gpuslice.admission import hami
 
 MODES = ("devicePlugin", "runtimeClass")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z", re.ASCII)
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,21 @@ class WebhookOptions:
     resource_mem_percentage: str = hami.HAMI.memory_percentage
     resource_cores: str = hami.HAMI.cores
     resource_priority: str = hami.HAMI.priority
+    largest_gpu_memory: int = 0  # MiB: the cluster's largest GPU; 0: not checked here
+    scheduler_names: tuple[str, ...] = field(default=())  # FROM=TO: a pod's schedulerName and the one it gets
+
+    def schedulers(self) -> dict[str, str]:
+        """--scheduler-name FROM=TO, each checked: both names a DNS subdomain, as schedulerName is."""
+        out = {}
+        for pair in self.scheduler_names:
+            old, sep, new = pair.partition("=")
+            if not sep or not _DNS_SUBDOMAIN.match(old) or not _DNS_SUBDOMAIN.match(new):
+                raise errors.InvalidArgument(
+                    f"--scheduler-name {pair!r}: accepted FROM=TO, each a scheduler's name (a DNS subdomain), "
+                    "such as hami-scheduler=default-scheduler"
+                )
+            out[old] = new
+        return out
 
     def names(self) -> tuple[hami.Names, ...]:
         """HAMi's names as configured, then Volcano's."""

@@ -17,11 +17,19 @@ In both, HAMi's resources leave the container (nothing would serve them),
 HAMi-core's utilization policy becomes the compute policy (default: the
 share may be exceeded while the GPU is idle, elastic; force: hard; disable:
 no share), its priority gpuslice's, and devices pinned by UUID
-(nvidia.com/use-gpuuuid) gpuslice.io/device."""
+(nvidia.com/use-gpuuuid) gpuslice.io/device. A pod's schedulerName that
+names HAMi's scheduler becomes the one the chart maps it to.
+
+What gpuslice cannot honour is refused, not dropped: nouse-gpuuuid and
+use-gputype/nouse-gputype constrain where a pod may run, and no gpuslice
+path serves them yet. HAMi's per-pod gpu-scheduler-policy is a preference
+(gpuslice's placement policy is the extender's, chart-wide): it is left on
+the pod and the record says it was not translated."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,8 +127,27 @@ def _runtime_class(ask: hami.Ask, said: str) -> dict[str, str]:
     return env
 
 
-def rewrite(pod: dict[str, Any], mode: str, names: tuple[hami.Names, ...] = (hami.HAMI, hami.VOLCANO)) -> Rewrite:
-    """The JSONPatch that makes `pod` ask gpuslice, in `mode`; empty when it asks neither layer for GPUs."""
+def _refuse_constraints(annotations: Mapping[str, Any]) -> None:
+    for key in hami.NOT_SERVED:
+        if annotations.get(key):
+            raise errors.InvalidArgument(
+                f"annotation {key}: {annotations[key]!r} is not served by gpuslice yet (a constraint on where the "
+                f"pod runs: dropping it could place the pod where it must not run); accepted: {hami.USE_UUID} "
+                "(pins the GPUs by UUID), or no such annotation"
+            )
+
+
+def rewrite(
+    pod: dict[str, Any],
+    mode: str,
+    names: tuple[hami.Names, ...] = (hami.HAMI, hami.VOLCANO),
+    schedulers: Mapping[str, str] | None = None,
+    largest_gpu_mib: int = 0,
+) -> Rewrite:
+    """The JSONPatch that makes `pod` ask gpuslice, in `mode`; empty when it
+    asks neither layer for GPUs. `schedulers` maps a schedulerName the pod
+    gives (HAMi's) to the one it gets; `largest_gpu_mib`, where given, is the
+    most memory a vGPU may ask (the cluster's largest GPU)."""
     if mode not in MODES:
         raise errors.InvalidArgument(f"mode {mode!r}; accepted: {', '.join(MODES)}")
     out = Rewrite()
@@ -128,8 +155,12 @@ def rewrite(pod: dict[str, Any], mode: str, names: tuple[hami.Names, ...] = (ham
     if not asks:
         return out
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    _refuse_constraints(annotations)
     for i, c, ask in asks:
         said = f"container {c.get('name', i)}"
+        if largest_gpu_mib and ask.memory_mib is not None and ask.memory_mib > largest_gpu_mib:
+            raise errors.InvalidArgument(f"{said}: {ask.names.memory} {ask.memory_mib} MiB is more than this "
+                                         f"cluster's largest GPU has; accepted: up to {largest_gpu_mib}")  # fmt: skip
         out.patch += _remove_theirs(i, c, ask)
         env: dict[str, str] = {}
         if mode == "devicePlugin":
@@ -157,6 +188,12 @@ def rewrite(pod: dict[str, Any], mode: str, names: tuple[hami.Names, ...] = (ham
         extra["gpuslice.io/device"] = ",".join(u.strip() for u in str(annotations[hami.USE_UUID]).split(","))
     if mode == "runtimeClass":
         out.patch.append({"op": "add", "path": "/spec/runtimeClassName", "value": RUNTIME_CLASS})
+    scheduler = (pod.get("spec") or {}).get("schedulerName")
+    if scheduler and schedulers and scheduler in schedulers:
+        out.patch.append({"op": "replace", "path": "/spec/schedulerName", "value": schedulers[scheduler]})
+        out.record["schedulerName"] = {"from": scheduler, "to": schedulers[scheduler]}
+    if annotations.get(hami.POLICY):
+        out.record[hami.POLICY] = {"from": str(annotations[hami.POLICY]), "to": None}  # not translated: a preference
     extra[RECORD] = json.dumps(out.record, sort_keys=True, separators=(",", ":"))
     if not (pod.get("metadata") or {}).get("annotations"):
         out.patch.append({"op": "add", "path": "/metadata/annotations", "value": extra})

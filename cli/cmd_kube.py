@@ -4,6 +4,7 @@ default is its component's (the Options types)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -274,14 +275,31 @@ def _host_port(listen: str) -> tuple[str, int]:
 )
 @click.option("--resource-cores", default=_HOOK.resource_cores, show_default=True, help="HAMi's cores (percent)")
 @click.option("--resource-priority", default=_HOOK.resource_priority, show_default=True, help="HAMi's priority")
+@click.option(
+    "--largest-gpu-memory",
+    type=click.IntRange(0, 1 << 24),
+    default=_HOOK.largest_gpu_memory,
+    show_default=True,
+    help="MiB: a vGPU asking more is refused at admission (0: not checked here)",
+)
+@click.option(
+    "--scheduler-name",
+    "scheduler_names",
+    multiple=True,
+    default=_HOOK.scheduler_names,
+    help="FROM=TO: a rewritten pod's schedulerName FROM (HAMi's) becomes TO (repeatable)",
+)
 @VERBOSE
-def admission_webhook(verbose: bool, **options: str) -> None:
+def admission_webhook(verbose: bool, scheduler_names: tuple[str, ...], largest_gpu_memory: int, **options: str) -> None:
     """A mutating admission webhook: pods written for HAMi or Volcano's vGPU
     are rewritten to ask gpuslice for the same (docs/migrate-from-hami.md)."""
     from gpuslice.admission.review import Settings
     from gpuslice.admission.server import Server
 
-    opts = WebhookOptions(**{**options, "tls_cert": Path(options["tls_cert"]), "tls_key": Path(options["tls_key"])})  # type: ignore[arg-type]
+    given = WebhookOptions(**options)  # type: ignore[arg-type]
+    opts = dataclasses.replace(given, tls_cert=Path(given.tls_cert), tls_key=Path(given.tls_key),
+                               scheduler_names=scheduler_names, largest_gpu_memory=largest_gpu_memory)  # fmt: skip
     host, port = _host_port(opts.listen)
+    settings = Settings(opts.mode, opts.names(), opts.schedulers(), opts.largest_gpu_memory)
     app.log_as("admission-webhook", verbose)
-    app.serve(lambda: Server(Settings(opts.mode, opts.names()), host, port, opts.tls_cert, opts.tls_key))
+    app.serve(lambda: Server(settings, host, port, opts.tls_cert, opts.tls_key))

@@ -113,3 +113,49 @@ def test_what_cannot_be_asked_of_gpuslice_is_refused_in_one_line(limits, mode, s
     with pytest.raises(errors.InvalidArgument) as e:
         rewrite(pod(ctr("c", limits)), mode)
     assert said in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("key", [hami.NOUSE_UUID, hami.USE_TYPE, hami.NOUSE_TYPE])
+def test_a_constraint_gpuslice_cannot_honour_is_refused_not_dropped(key):
+    with pytest.raises(errors.InvalidArgument) as e:
+        rewrite(pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={key: "A100"}), "devicePlugin")
+    assert str(e.value).startswith(f"annotation {key}: 'A100' is not served by gpuslice yet")
+    assert f"accepted: {hami.USE_UUID}" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_hamis_scheduler_is_mapped_and_its_policy_preference_recorded_untranslated():
+    p = pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={hami.POLICY: "spread"})
+    p["spec"]["schedulerName"] = "hami-scheduler"
+    r = rewrite(p, "devicePlugin", schedulers={"hami-scheduler": "gpuslice-scheduler"})
+    out = jsonpatch.apply_patch(copy.deepcopy(p), r.patch)
+    assert out["spec"]["schedulerName"] == "gpuslice-scheduler"
+    said = json.loads(out["metadata"]["annotations"][RECORD])
+    assert said["schedulerName"] == {"from": "hami-scheduler", "to": "gpuslice-scheduler"}
+    assert said[hami.POLICY] == {"from": "spread", "to": None} and out["metadata"]["annotations"][hami.POLICY]
+    other = dict(p, spec={**p["spec"], "schedulerName": "volcano"})
+    assert not any(op["path"] == "/spec/schedulerName" for op in rewrite(other, "devicePlugin", schedulers={
+        "hami-scheduler": "default-scheduler"}).patch)  # fmt: skip
+
+
+def test_more_memory_than_the_largest_gpu_is_refused_where_the_largest_is_known():
+    p = pod(ctr("c", {"nvidia.com/gpumem": "90000"}))
+    assert rewrite(p, "runtimeClass").patch  # not known: placement refuses it
+    with pytest.raises(errors.InvalidArgument) as e:
+        rewrite(p, "runtimeClass", largest_gpu_mib=81920)
+    assert str(e.value) == ("container c: nvidia.com/gpumem 90000 MiB is more than this cluster's largest GPU has; "
+                            "accepted: up to 81920")  # fmt: skip
+
+
+def test_a_second_pass_changes_nothing():
+    for mode in ("devicePlugin", "runtimeClass"):
+        once, _ = applied(HAMI_README, mode)
+        assert rewrite(once, mode).patch == []
+
+
+@pytest.mark.parametrize("pair", ["hami-scheduler", "=default-scheduler", "Hami=x", "a=b c"])
+def test_a_bad_scheduler_mapping_is_one_line(pair):
+    from gpuslice.admission.options import WebhookOptions
+
+    with pytest.raises(errors.InvalidArgument) as e:
+        WebhookOptions(scheduler_names=(pair,)).schedulers()
+    assert str(e.value).startswith(f"--scheduler-name {pair!r}: accepted FROM=TO")
