@@ -8,19 +8,21 @@ from __future__ import annotations
 
 import base64
 import copy
+import http.client
 import json
+import socket
 import ssl
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+from dataclasses import dataclass
 
 import jsonpatch
 import kubernetes_validate
 import pytest
 
 from gpuslice.cli import sim_daemon
+from tests.harness.helm import template
 
 HAMI_README = {
     "apiVersion": "v1",
@@ -54,69 +56,19 @@ VOLCANO = {
 }
 
 
+SERVICE = "gpuslice-admission.gpuslice-system.svc"  # the name the API server calls, as the chart's Service
+
+
 @pytest.fixture(scope="module")
 def tls(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The certificate, key and CA the chart makes (helm's genCA and genSignedCert)."""
     d = tmp_path_factory.mktemp("tls")
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=webhook-ca",
-            "-keyout",
-            str(d / "ca.key"),
-            "-out",
-            str(d / "ca.crt"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    subprocess.run(
-        [
-            "openssl",
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=gpuslice-webhook.gpuslice.svc",
-            "-keyout",
-            str(d / "tls.key"),
-            "-out",
-            str(d / "tls.csr"),
-        ],
-        check=True,
-        capture_output=True,
-    )
-    (d / "ext").write_text("subjectAltName=DNS:gpuslice-webhook.gpuslice.svc,IP:127.0.0.1\n")
-    subprocess.run(
-        [
-            "openssl",
-            "x509",
-            "-req",
-            "-in",
-            str(d / "tls.csr"),
-            "-CA",
-            str(d / "ca.crt"),
-            "-CAkey",
-            str(d / "ca.key"),
-            "-CAcreateserial",
-            "-days",
-            "1",
-            "-extfile",
-            str(d / "ext"),
-            "-out",
-            str(d / "tls.crt"),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    objects = template("1.35.0", "mode=devicePlugin", "admissionWebhook.enabled=true")
+    [secret] = [o for o in objects if o["kind"] == "Secret" and o["metadata"]["name"] == "gpuslice-admission-tls"]
+    [config] = [o for o in objects if o["kind"] == "MutatingWebhookConfiguration"]
+    for name in ("tls.crt", "tls.key"):
+        (d / name).write_bytes(base64.b64decode(secret["data"][name]))
+    (d / "ca.crt").write_bytes(base64.b64decode(config["webhooks"][0]["clientConfig"]["caBundle"]))
     return d
 
 
@@ -126,14 +78,14 @@ def webhook(request, tls):  # type: ignore[no-untyped-def]
     proc = subprocess.Popen([sys.executable, "-m", "gpuslice.cli", "admission-webhook", "--listen", f"127.0.0.1:{port}",
                              "--mode", request.param, "--tls-cert", str(tls / "tls.crt"), "--tls-key",
                              str(tls / "tls.key")], stderr=subprocess.PIPE, text=True)  # fmt: skip
-    ctx = ssl.create_default_context(cafile=str(tls / "ca.crt"))
-    url = f"https://127.0.0.1:{port}"
+    ctx = ssl.create_default_context(cafile=str(tls / "ca.crt"))  # the caBundle alone, as the API server trusts
+    url = Url(port)
     deadline = time.monotonic() + 30
     while True:  # until it answers its health check over TLS
         try:
-            urllib.request.urlopen(f"{url}/healthz", context=ctx, timeout=2).read()
+            call(url, ctx, "GET", "/healthz")
             break
-        except (urllib.error.URLError, ConnectionError):
+        except ConnectionError:
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
             time.sleep(0.05)
     yield request.param, url, ctx
@@ -141,7 +93,29 @@ def webhook(request, tls):  # type: ignore[no-untyped-def]
     proc.wait(10)
 
 
-def review(url: str, ctx: ssl.SSLContext, pod: dict, operation: str = "CREATE") -> dict:
+@dataclass(frozen=True)
+class Url:
+    port: int
+
+
+def call(url: Url, ctx: ssl.SSLContext, method: str, path: str, body: bytes | None = None) -> bytes:
+    """One HTTPS request to the webhook on the loopback, its certificate checked for the
+    Service's name (the API server's check) against the chart's CA."""
+    raw = socket.create_connection(("127.0.0.1", url.port), timeout=10)
+    conn = http.client.HTTPSConnection(SERVICE, url.port, context=ctx, timeout=10)
+    conn.sock = ctx.wrap_socket(raw, server_hostname=SERVICE)
+    try:
+        conn.request(method, path, body, {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        data = r.read()
+        if r.status != 200:
+            raise AssertionError(f"{method} {path}: {r.status} {data[:300]!r}")
+        return data
+    finally:
+        conn.close()
+
+
+def review(url: Url, ctx: ssl.SSLContext, pod: dict, operation: str = "CREATE") -> dict:
     body = {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -154,8 +128,7 @@ def review(url: str, ctx: ssl.SSLContext, pod: dict, operation: str = "CREATE") 
             "object": pod,
         },
     }
-    req = urllib.request.Request(f"{url}/mutate", json.dumps(body).encode(), {"Content-Type": "application/json"})
-    return json.loads(urllib.request.urlopen(req, context=ctx, timeout=10).read())
+    return json.loads(call(url, ctx, "POST", "/mutate", json.dumps(body).encode()))
 
 
 @pytest.mark.parametrize("pod", [HAMI_README, VOLCANO], ids=["hami-readme", "volcano"])

@@ -19,7 +19,7 @@ from tools import render_deploy
 VERSIONS = ("1.30", "1.33", "1.35", "1.37")
 MODES = ("dra", "devicePlugin", "runtimeClass")
 # the objects of kinds Kubernetes itself does not serve (the Prometheus Operator's CRDs)
-CUSTOM = {"ServiceMonitor"}
+CUSTOM = {"ServiceMonitor", "Certificate", "Issuer"}
 
 
 def meant_for(mode: str, version: str) -> bool:
@@ -47,7 +47,9 @@ def test_every_object_is_valid_for_the_kubernetes_it_is_rendered_for(mode, versi
         r = helm(*template_args(f"{version}.0", f"mode={mode}"), check=False)
         assert r.returncode != 0 and "mode dra needs Kubernetes 1.34 or later" in r.stderr
         return
-    extra = ("devicePlugin.schedulerExtender.enabled=true",) if mode == "devicePlugin" else ()
+    extra: tuple[str, ...] = ("devicePlugin.schedulerExtender.enabled=true",) if mode == "devicePlugin" else ()
+    if mode != "dra":
+        extra += ("admissionWebhook.enabled=true",)
     objects = template(
         f"{version}.0", f"mode={mode}", "nodeAgent.enabled=true", "metrics.serviceMonitor.enabled=true", *extra
     )
@@ -143,6 +145,14 @@ def test_the_agent_and_the_metrics_service_agree_on_the_port_and_it_is_not_dcgm_
         (("mode=dra", "devicePlugin.schedulerExtender.enabled=true"), "schedulerExtender.enabled needs mode"),
         (("metrics.port=9400",), "metrics.port 9400 is dcgm-exporter's"),
         (("nodeAgent.enabled=false", "metrics.serviceMonitor.enabled=true"), "needs nodeAgent.enabled"),
+        (
+            (
+                "mode=devicePlugin",
+                "admissionWebhook.enabled=true",
+                "admissionWebhook.schedulerNames.hami-scheduler=gpuslice-scheduler",
+            ),
+            "maps pods to gpuslice-scheduler, which devicePlugin.schedulerExtender.enabled installs",
+        ),
     ],
 )
 def test_the_chart_refuses_combinations_that_double_book_or_cannot_work(sets, says):
@@ -162,6 +172,17 @@ def test_the_chart_refuses_combinations_that_double_book_or_cannot_work(sets, sa
         ({"nodeAgent": {"runtimeVersion": "2"}}, "at '/nodeAgent/runtimeVersion'"),
         ({"devicePlugin": {"schedulerExtender": {"policy": "random"}}}, "at '/devicePlugin/schedulerExtender/policy'"),
         ({"nodeAgnet": {"enabled": False}}, "additional properties 'nodeAgnet' not allowed"),
+        # the mode the webhook cannot serve: a DRA pod asks through a ResourceClaimTemplate it cannot create
+        (
+            {"mode": "dra", "admissionWebhook": {"enabled": True}},
+            "at '/mode': value must be one of 'devicePlugin', 'runtimeClass'",
+        ),
+        ({"admissionWebhook": {"failurePolicy": "Open"}}, "at '/admissionWebhook/failurePolicy'"),
+        (
+            {"admissionWebhook": {"schedulerNames": {"hami-scheduler": "volcano"}}},
+            "at '/admissionWebhook/schedulerNames/hami-scheduler'",
+        ),
+        ({"admissionWebhook": {"tls": {"source": "vault"}}}, "at '/admissionWebhook/tls/source'"),
     ],
 )
 def test_a_bad_values_file_is_refused_by_the_schema_with_helms_message(tmp_path, values, says):
@@ -189,3 +210,81 @@ def test_the_kustomize_overlays_are_the_chart_rendered():
         for name, text in render_deploy.rendered(o).items():
             path = render_deploy.OVERLAYS / o.name / name
             assert path.is_file() and path.read_text() == text, f"{path}: run python -m tools.render_deploy"
+
+
+WEBHOOK = ("Deployment", "gpuslice-admission")
+
+
+def test_the_admission_webhook_is_installed_only_when_enabled_with_its_service_budget_and_configuration():
+    assert not {k for k in by_kind(template("1.35.0", "mode=devicePlugin")) if "admission" in k[1]}
+    objects = by_kind(template("1.35.0", "mode=devicePlugin", "admissionWebhook.enabled=true"))
+    deployment = objects[WEBHOOK]["spec"]
+    assert deployment["replicas"] == 2
+    budget = objects[("PodDisruptionBudget", "gpuslice-admission")]["spec"]
+    assert budget["maxUnavailable"] == 1 and budget["selector"] == deployment["selector"]
+    service = objects[("Service", "gpuslice-admission")]["spec"]
+    assert service["selector"] == deployment["selector"]["matchLabels"] and service["ports"][0]["port"] == 443
+    [hook] = objects[("MutatingWebhookConfiguration", "gpuslice-admission")]["webhooks"]
+    assert hook["clientConfig"]["service"] == {"name": "gpuslice-admission", "namespace": "gpuslice-system",
+                                               "path": "/mutate", "port": 443}  # fmt: skip
+    assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
+    assert hook["namespaceSelector"] == {"matchLabels": {"gpuslice.io/hami-pods": "rewrite"}}  # opt-in only
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                              "resources": ["pods"], "scope": "Namespaced"}]  # fmt: skip
+
+
+def test_the_webhooks_arguments_are_the_commands_own_options_and_follow_the_values():
+    import click
+
+    from gpuslice.cli.cmd_kube import admission_webhook
+
+    hook = "admissionWebhook"
+    sets = ("mode=runtimeClass", f"{hook}.enabled=true", f"{hook}.hami.resourceMem=example.com/vmem",
+            f"{hook}.largestGpuMemory=81920", f"{hook}.schedulerNames.volcano=default-scheduler")  # fmt: skip
+    [container] = by_kind(template("1.35.0", *sets))[WEBHOOK]["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["gpuslice", "admission-webhook"]
+    ctx = admission_webhook.make_context("admission-webhook", container["command"][2:])
+    assert isinstance(ctx, click.Context)
+    assert ctx.params["mode"] == "runtimeClass" and ctx.params["resource_mem"] == "example.com/vmem"
+    assert ctx.params["largest_gpu_memory"] == 81920
+    assert set(ctx.params["scheduler_names"]) == {"hami-scheduler=default-scheduler", "volcano=default-scheduler"}
+
+
+def test_the_charts_certificate_is_for_the_service_signed_by_the_ca_the_api_server_is_given(tmp_path):
+    import base64
+    import subprocess
+
+    objects = by_kind(template("1.35.0", "mode=devicePlugin", "admissionWebhook.enabled=true"))
+    secret = objects[("Secret", "gpuslice-admission-tls")]["data"]
+    [hook] = objects[("MutatingWebhookConfiguration", "gpuslice-admission")]["webhooks"]
+    (tmp_path / "ca.pem").write_bytes(base64.b64decode(hook["clientConfig"]["caBundle"]))
+    (tmp_path / "leaf.pem").write_bytes(base64.b64decode(secret["tls.crt"]))
+    # openssl's own check: the leaf verifies against the caBundle alone, for the Service's DNS name
+    r = subprocess.run(["openssl", "verify", "-CAfile", str(tmp_path / "ca.pem"), "-verify_hostname",
+                        "gpuslice-admission.gpuslice-system.svc", str(tmp_path / "leaf.pem")],
+                       capture_output=True, text=True)  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip().endswith(": OK"), r.stdout + r.stderr
+    assert base64.b64decode(secret["ca.crt"]) == base64.b64decode(hook["clientConfig"]["caBundle"])
+    pod = objects[WEBHOOK]["spec"]["template"]
+    assert pod["metadata"]["annotations"]["gpuslice.io/tls-checksum"]  # a new certificate rolls the replicas
+    assert {i["key"] for i in pod["spec"]["volumes"][0]["secret"]["items"]} == {"tls.crt", "tls.key"}  # not ca.key
+
+
+def test_with_cert_manager_the_certificate_is_its_and_the_ca_is_injected():
+    objects = by_kind(template("1.35.0", "mode=devicePlugin", "admissionWebhook.enabled=true",
+                               "admissionWebhook.tls.source=certManager"))  # fmt: skip
+    assert ("Secret", "gpuslice-admission-tls") not in objects
+    cert = objects[("Certificate", "gpuslice-admission")]["spec"]
+    assert (
+        cert["secretName"] == "gpuslice-admission-tls" and "gpuslice-admission.gpuslice-system.svc" in cert["dnsNames"]
+    )
+    assert cert["issuerRef"] == {"name": "gpuslice-admission-selfsigned", "kind": "Issuer"}
+    assert objects[("Issuer", "gpuslice-admission-selfsigned")]["spec"] == {"selfSigned": {}}
+    config = objects[("MutatingWebhookConfiguration", "gpuslice-admission")]
+    assert config["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": "gpuslice-system/gpuslice-admission"}
+    assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+    theirs = by_kind(template("1.35.0", "mode=devicePlugin", "admissionWebhook.enabled=true",
+                              "admissionWebhook.tls.source=certManager", "admissionWebhook.tls.certManager.issuer=ca",
+                              "admissionWebhook.tls.certManager.issuerKind=ClusterIssuer"))  # fmt: skip
+    assert not [k for k in theirs if k[0] == "Issuer"]
+    assert theirs[("Certificate", "gpuslice-admission")]["spec"]["issuerRef"] == {"name": "ca", "kind": "ClusterIssuer"}
