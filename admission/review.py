@@ -46,7 +46,7 @@ def answer(body: Any, settings: Settings) -> dict[str, Any]:
     try:
         done = rewrite(pod, settings.mode, settings.names, settings.schedulers, settings.largest_gpu_mib)
     except errors.InvalidArgument as e:
-        return _review(uid, {"allowed": False, "status": {"code": 400, "reason": "BadRequest",
+        return _review(uid, {"allowed": False, "status": {"status": "Failure", "code": 400, "reason": "BadRequest",
                                                           "message": f"gpuslice: {e}"}})  # fmt: skip
     if not done.patch:
         return _review(uid, {"allowed": True})

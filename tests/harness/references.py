@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -53,10 +54,27 @@ REFERENCES = {
     "component-base-config": Reference("golang-k8s-component-base-dev", "sid",
                                        f"{GOCODE}/k8s.io/component-base/config/v1alpha1",
                                        "component-base config/v1alpha1 types.go", "kubernetes/component-base-config"),
+    # AdmissionReview, AdmissionRequest, AdmissionResponse
+    "admission": Reference("golang-k8s-api-dev", "sid", f"{GOCODE}/k8s.io/api/admission/v1",
+                           "admission.k8s.io/v1 types.go (Kubernetes 1.36)", "kubernetes/api-admission-v1"),
+    # Status, which an AdmissionResponse carries
+    "meta": Reference("golang-k8s-apimachinery-dev", "sid", f"{GOCODE}/k8s.io/apimachinery/pkg/apis/meta/v1",
+                      "meta/v1 types.go (apimachinery)", "kubernetes/apimachinery-meta-v1"),
     # the kubelet's protos import gogo.proto (Go code generation options only)
     "gogo": Reference("golang-github-gogo-protobuf-dev", "sid", GOCODE,
                       "gogo.proto, imported by the kubelet's protos", "gogo"),
 }  # fmt: skip
+
+
+def go_json_fields(types_go: str, struct: str) -> dict[str, bool]:
+    """A Go struct's fields by their json names, read from its source: True
+    where the field is always sent (no omitempty). An inlined TypeMeta gives
+    apiVersion and kind, both omitempty."""
+    body = types_go.split(f"type {struct} struct {{", 1)[1].split("\n}", 1)[0]
+    fields = {m.group(1): "omitempty" not in m.group(2) for m in re.finditer(r'json:"([A-Za-z]+)([^"]*)"', body)}
+    if re.search(r'TypeMeta `json:",inline"', body):
+        fields.update({"apiVersion": False, "kind": False})
+    return fields
 
 
 def reference(name: str) -> Path:

@@ -10,6 +10,7 @@ import base64
 import copy
 import http.client
 import json
+import re
 import socket
 import ssl
 import subprocess
@@ -21,8 +22,10 @@ import jsonpatch
 import kubernetes_validate
 import pytest
 
+from gpuslice.admission.review import Settings, answer
 from gpuslice.cli import sim_daemon
 from tests.harness.helm import template
+from tests.harness.references import go_json_fields, reference
 
 HAMI_README = {
     "apiVersion": "v1",
@@ -125,6 +128,7 @@ def review(url: Url, ctx: ssl.SSLContext, pod: dict, operation: str = "CREATE") 
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "namespace": "ml",
             "operation": operation,
+            "userInfo": {"username": "system:serviceaccount:ml:trainer", "groups": ["system:authenticated"]},
             "object": pod,
         },
     }
@@ -162,3 +166,40 @@ def test_what_cannot_be_served_is_refused_with_one_line_and_other_objects_pass(w
         assert r["allowed"] is True  # the hook serves several GPUs of one container
     assert review(url, ctx, HAMI_README, operation="UPDATE")["response"] == {
         "uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}  # fmt: skip
+
+
+def test_the_review_and_its_answers_are_the_official_admission_v1_types():
+    """Every field of what the API server sends and the webhook answers is one of
+    admission/v1's types.go (k8s.io/api 0.36, Debian's golang-k8s-api-dev), those
+    always sent are there, and the enums and the Status are meta/v1's."""
+    types_go = (reference("admission") / "types.go").read_text()
+    meta_go = (reference("meta") / "types.go").read_text()
+    fields = {s: go_json_fields(types_go, s) for s in ("AdmissionReview", "AdmissionRequest", "AdmissionResponse")}
+    status = go_json_fields(meta_go, "Status")
+    reasons = set(re.findall(r'StatusReason\w* StatusReason = "(\w+)"', meta_go))
+    patch_types = set(re.findall(r'PatchType\w* PatchType = "(\w+)"', types_go))
+    operations = set(re.findall(r'\w+ +Operation = "(\w+)"', types_go))
+    sent = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"}, "operation": "CREATE",
+        "userInfo": {"username": "u"}, "namespace": "ml", "object": HAMI_README}}  # fmt: skip
+    assert set(sent) <= set(fields["AdmissionReview"]) and sent["request"]["operation"] in operations
+    assert {k for k, always in fields["AdmissionRequest"].items() if always} <= set(sent["request"]) <= set(
+        fields["AdmissionRequest"])  # fmt: skip
+    two = copy.deepcopy(HAMI_README)
+    two["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = 2
+    plain = {"apiVersion": "v1", "kind": "Pod", "spec": {"containers": []}}
+    answers = [answer(dict(sent, request={**sent["request"], "object": p}), Settings("devicePlugin"))
+               for p in (HAMI_README, two, plain)]  # fmt: skip
+    assert {"patchType", "status"} <= {k for a in answers for k in a["response"]}  # each kind of answer is here
+    for got in answers:
+        assert set(got) <= set(fields["AdmissionReview"]) and got["kind"] == "AdmissionReview"
+        r = got["response"]
+        assert {k for k, always in fields["AdmissionResponse"].items() if always} <= set(r) <= set(
+            fields["AdmissionResponse"])  # fmt: skip
+        assert r["uid"] == "1" and isinstance(r["allowed"], bool)
+        if "patchType" in r:
+            assert r["patchType"] in patch_types and json.loads(base64.b64decode(r["patch"], validate=True))
+        if "status" in r:
+            assert set(r["status"]) <= set(status) and r["status"]["reason"] in reasons
+            assert isinstance(r["status"]["code"], int) and r["status"]["status"] == "Failure"

@@ -5,7 +5,6 @@ the device classes' driver and configuration, the RuntimeClass's handler."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from gpuslice.cli.install import RUNTIME_NAME
 from gpuslice.dra import claims, resource_slice
 from gpuslice.dra import options as dra_options
 from tests.harness import REPO
-from tests.harness.references import reference
+from tests.harness.references import go_json_fields, reference
 
 OVERLAYS = REPO / "deploy" / "overlays"
 KUBECTL = shutil.which("kubectl", path=str(Path(sys.executable).parent)) or shutil.which("kubectl")
@@ -128,12 +127,6 @@ EXTENDER_FIELDS = {"urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "
 MANAGED_RESOURCE_FIELDS = {"name", "ignoredByScheduler"}
 
 
-def go_json_fields(types_go: str, struct: str) -> set[str]:
-    """The json names of a Go struct's fields, read from its source."""
-    body = types_go.split(f"type {struct} struct {{", 1)[1].split("\n}", 1)[0]
-    return {m.group(1) for m in re.finditer(r'json:"([A-Za-z]+)[,"]', body)}
-
-
 def test_the_scheduler_profile_calls_the_extender_as_it_serves_and_only_for_our_resources():
     from gpuslice.device_plugin import extender, units
 
@@ -149,7 +142,7 @@ def test_the_scheduler_profile_calls_the_extender_as_it_serves_and_only_for_our_
     leader = go_json_fields(
         (reference("component-base-config") / "types.go").read_text(), "LeaderElectionConfiguration"
     )
-    assert "resourceNamespace" in leader and set(config["leaderElection"]) <= leader
+    assert "resourceNamespace" in leader and set(config["leaderElection"]) <= set(leader)
     # the extender's contract: full Node objects (it reads their annotation), its verbs, our resources, counted
     assert ext["nodeCacheCapable"] is False and ext["ignorable"] is False
     assert (ext["filterVerb"], ext["prioritizeVerb"]) == ("filter", "prioritize") and "bindVerb" not in ext
