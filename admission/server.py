@@ -55,7 +55,11 @@ class Server:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            timeout = 10  # a slow sender cannot hold a thread
+            timeout = 10  # a slow sender, or a kept connection left idle, cannot hold a thread
+            protocol_version = "HTTP/1.1"  # kept alive: the API server's webhook client pools its connections
+            # the headers and the body go out as two writes: with Nagle on, the second waits for the
+            # caller's delayed ACK (40 ms on Linux)
+            disable_nagle_algorithm = True
 
             def log_message(self, fmt: str, *args: object) -> None:
                 log.debug(fmt, *args)

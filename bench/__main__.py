@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from bench import (
+    admission_webhook,
     compute_shares,
     container_start,
     daemon_rpc,
@@ -27,6 +28,7 @@ BENCHMARKS = {
     "dra-prepare": dra_prepare.main,
     "device-plugin": device_plugin.main,
     "driver-memory": driver_memory.main,
+    "admission-webhook": admission_webhook.main,
 }
 
 

@@ -222,6 +222,9 @@ class Server:
 
         class Handler(BaseHTTPRequestHandler):
             timeout = 10  # a slow sender cannot hold a thread
+            # the headers and the body go out as two writes: with Nagle on, the second waits for the
+            # caller's delayed ACK (40 ms on Linux)
+            disable_nagle_algorithm = True
 
             def log_message(self, fmt: str, *args: object) -> None:
                 log.debug(fmt, *args)

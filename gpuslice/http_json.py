@@ -23,6 +23,7 @@ def read_bounded(handler: BaseHTTPRequestHandler, max_body: int, slots: threadin
     """The request's body, with one of the slots taken (the caller releases it);
     None once an error was answered: no length (411), more than `max_body`
     bytes (413), or every slot busy (503, at once: the caller's retry decides)."""
+    handler.close_connection = True  # until the body is read: an unread one would be taken for the next request
     try:
         length = int(handler.headers.get("Content-Length", ""))
     except ValueError:
@@ -34,4 +35,6 @@ def read_bounded(handler: BaseHTTPRequestHandler, max_body: int, slots: threadin
     if not slots.acquire(blocking=False):
         send_json(handler, 503, {"error": "every slot is busy; try again"})
         return None
-    return handler.rfile.read(length)
+    data = handler.rfile.read(length)
+    handler.close_connection = handler.request_version != "HTTP/1.1" or handler.headers.get("Connection") == "close"
+    return data

@@ -19,7 +19,7 @@ from gpuslice.proto import gpuslice_pb2 as pb
 from tests.clients.cri import Kubelet
 from tests.e2e.test_dra_containerd import share_of
 from tests.harness.containerd import NEEDS_CRI, Pod, cdi_kubelet
-from tests.harness.device_plugin import DevicePluginNode, pod
+from tests.harness.device_plugin import NODE, DevicePluginNode, pod
 from tests.harness.gpu_node import GpuNode
 from tests.harness.gpu_node import gpu_node as sim_gpu_node
 
@@ -113,3 +113,66 @@ def test_two_pods_get_exactly_their_memory_and_hard_shares_and_deletion_frees_th
         assert time.monotonic() < deadline, node.log()
         time.sleep(0.1)
     assert [s.owner_kind for s in gpu_node.slices()] == [pb.DEVICES]  # members and groups went with their containers
+
+
+def as_the_api_server_stores_it(p: dict) -> dict:
+    """A pod as kube-apiserver stores it once created and bound: an extended
+    resource's request defaulted to its limit (SetDefaults for a container's
+    ResourceRequirements), a uid, its node, Pending."""
+    for c in p["spec"]["containers"]:
+        limits = c.get("resources", {}).get("limits", {})
+        c["resources"]["requests"] = {**limits, **c["resources"].get("requests", {})}
+    p["metadata"]["uid"] = "7d3e2c1a-0000-4000-8000-00000000e2e0"
+    p["spec"]["nodeName"] = NODE
+    p["status"] = {"phase": "Pending"}
+    return p
+
+
+def test_a_hami_pod_rewritten_by_the_webhook_gets_exactly_its_memory_and_its_hard_share(cri, node, gpu_node, tmp_path):
+    """Issue 49 end to end: a pod written for HAMi (its README's shape: one vGPU,
+    gpumem in MiB, gpucores, HAMi-core's `force` policy), answered by the
+    webhook's review, admitted by the stand-in kubelet through the device
+    plugin and run by containerd 1.7: the CUDA probe sees the MiB asked and
+    OOMs there; the load generator holds the hard 30 %."""
+    import base64
+    import copy
+    import json
+
+    import jsonpatch
+
+    from gpuslice.admission.review import Settings, answer
+
+    fill_gpu_1(node)
+    hami_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hami-train", "namespace": "default"},
+                "spec": {"schedulerName": "hami-scheduler", "containers": [{
+                    "name": "cuda", "image": "busybox", "env": [{"name": "GPU_CORE_UTILIZATION_POLICY",
+                                                                  "value": "force"}],
+                    "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4096,
+                                             "nvidia.com/gpucores": 30}}}]}}  # fmt: skip
+    got = answer({"request": {"uid": "r1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                              "operation": "CREATE", "object": hami_pod}},
+                 Settings("devicePlugin", schedulers={"hami-scheduler": "default-scheduler"}))["response"]  # fmt: skip
+    assert got["allowed"] and got["patchType"] == "JSONPatch"
+    p = as_the_api_server_stores_it(
+        jsonpatch.apply_patch(copy.deepcopy(hami_pod), json.loads(base64.b64decode(got["patch"])))
+    )
+    assert p["spec"]["schedulerName"] == "default-scheduler"
+    assert p["spec"]["containers"][0]["resources"]["limits"] == {"gpuslice.io/memory": "4", "gpuslice.io/cores": "30"}
+    assert node.admit(p)["admitted"], node.log()
+    sandbox = Pod(cri, tmp_path / "logs", "hami-train", {}, handler="")
+    opts = node.options(p, container="cuda")
+    env = {e["name"]: e["value"] for e in p["spec"]["containers"][0]["env"]}  # the rewritten container's own
+    assert env["GPUSLICE_COMPUTE_POLICY"] == "hard"  # HAMi-core's force
+    kw = {"cdi_devices": opts["cdi_devices"], "env": {**opts["envs"], **env}}
+    try:
+        sandbox.run("probe", **kw)
+        out = sandbox.probe("probe")
+        assert out["total"] == 4096 << 20 and out["allocated"] == 4096 << 20, out  # the MiB HAMi's pod asked
+        assert out["then"] == "CUDA_ERROR_OUT_OF_MEMORY", out
+        sandbox.run("load", [rootfs.LOAD, "8", "100"], **kw)
+        used = share_of(sandbox, "load", 8)
+        print(f"a HAMi pod rewritten, gpucores 30 with force, alone on its GPU: {used:.1f} %")
+        assert abs(used - 30) <= 1.0
+    finally:
+        sandbox.close()
+    node.delete(p)
