@@ -11,8 +11,10 @@ A container with memory or cores but no count gets one vGPU (HAMi's webhook
 adds its DefaultGPUNum, 1). Volcano's vGPU (volcano.sh/vgpu-number,
 volcano.sh/vgpu-memory in MiB, volcano.sh/vgpu-cores) runs the same
 HAMi-core. Annotations: nvidia.com/use-gpuuuid and nouse-gpuuuid (devices
-by UUID, comma-separated), nvidia.com/use-gputype and nouse-gputype, and
-hami.io/gpu-scheduler-policy (binpack or spread)."""
+by UUID, comma-separated), use-gpuindexes and nouse-gpuindexes (by index),
+nvidia.com/use-gputype and nouse-gputype, and hami.io/gpu-scheduler-policy
+(binpack or spread). A vGPU of 100 % of the memory is a whole GPU (HAMi's
+use_exclusive_card example: gpumem-percentage 100, gpucores 100)."""
 
 from __future__ import annotations
 
@@ -43,9 +45,11 @@ VOLCANO = Names("Volcano", "volcano.sh/vgpu-number", "volcano.sh/vgpu-memory", "
                 "volcano.sh/vgpu-cores")  # fmt: skip
 
 USE_UUID, NOUSE_UUID = "nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid"
+USE_INDEX, NOUSE_INDEX = "nvidia.com/use-gpuindexes", "nvidia.com/nouse-gpuindexes"
 USE_TYPE, NOUSE_TYPE = "nvidia.com/use-gputype", "nvidia.com/nouse-gputype"
 POLICY = "hami.io/gpu-scheduler-policy"
-NOT_SERVED = (NOUSE_UUID, USE_TYPE, NOUSE_TYPE)  # constraints gpuslice has no way to honour yet
+NOT_SERVED = (NOUSE_UUID, NOUSE_INDEX, USE_TYPE, NOUSE_TYPE)  # constraints gpuslice has no way to honour yet
+PINS = (USE_UUID, USE_INDEX)  # the GPUs a pod may run on, one of them per vGPU: gpuslice.io/device's meaning
 
 
 @dataclass(frozen=True)
@@ -63,8 +67,10 @@ class Ask:
 
     @property
     def whole(self) -> bool:
-        """Only a count: whole GPUs, as the NVIDIA device plugin gives them."""
-        return self.memory_mib is None and self.memory_percent is None and self.cores is None
+        """Only a count: whole GPUs, as the NVIDIA device plugin gives them; or
+        all of each GPU's memory, which leaves no room for another tenant."""
+        alone = self.memory_mib is None and self.memory_percent is None and self.cores is None
+        return alone or self.memory_percent == 100
 
 
 def _integer(names: Names, key: str, value: object, low: int, high: int, what: str) -> int:

@@ -17,11 +17,13 @@ In both, HAMi's resources leave the container (nothing would serve them),
 HAMi-core's utilization policy becomes the compute policy (default: the
 share may be exceeded while the GPU is idle, elastic; force: hard; disable:
 no share), its priority gpuslice's, and devices pinned by UUID
-(nvidia.com/use-gpuuuid) gpuslice.io/device. A pod's schedulerName that
+(nvidia.com/use-gpuuuid, use-gpuindexes) the container's GPUSLICE_DEVICE
+in runtimeClass mode (in devicePlugin mode the kubelet chooses the GPU, so a
+pin is refused there). A pod's schedulerName that
 names HAMi's scheduler becomes the one the chart maps it to.
 
-What gpuslice cannot honour is refused, not dropped: nouse-gpuuuid and
-use-gputype/nouse-gputype constrain where a pod may run, and no gpuslice
+What gpuslice cannot honour is refused, not dropped: nouse-gpuuuid,
+nouse-gpuindexes and use-gputype/nouse-gputype constrain where a pod may run, and no gpuslice
 path serves them yet. HAMi's per-pod gpu-scheduler-policy is a preference
 (gpuslice's placement policy is the extender's, chart-wide): it is left on
 the pod and the record says it was not translated."""
@@ -93,7 +95,7 @@ def _env_ops(i: int, container: dict[str, Any], env: dict[str, str]) -> list[dic
 
 def _device_plugin(i: int, ask: hami.Ask, said: str) -> tuple[list[dict], dict[str, str]]:
     limits: dict[str, str] = {}
-    if ask.whole:
+    if ask.whole:  # a count alone, or all of each GPU's memory
         limits["gpuslice.io/gpu"] = str(ask.gpus)
     else:
         if ask.gpus != 1:
@@ -118,6 +120,8 @@ def _device_plugin(i: int, ask: hami.Ask, said: str) -> tuple[list[dict], dict[s
 
 def _runtime_class(ask: hami.Ask, said: str) -> dict[str, str]:
     env = {"GPUSLICE_GPUS": str(ask.gpus)}
+    if ask.whole:
+        return env  # whole GPUs: the count alone
     if ask.memory_mib is not None:
         env["GPUSLICE_MEMORY"] = f"{ask.memory_mib}Mi"
     elif ask.memory_percent is not None:
@@ -127,14 +131,26 @@ def _runtime_class(ask: hami.Ask, said: str) -> dict[str, str]:
     return env
 
 
-def _refuse_constraints(annotations: Mapping[str, Any]) -> None:
+def _refuse_constraints(annotations: Mapping[str, Any], mode: str) -> None:
     for key in hami.NOT_SERVED:
         if annotations.get(key):
             raise errors.InvalidArgument(
                 f"annotation {key}: {annotations[key]!r} is not served by gpuslice yet (a constraint on where the "
-                f"pod runs: dropping it could place the pod where it must not run); accepted: {hami.USE_UUID} "
-                "(pins the GPUs by UUID), or no such annotation"
+                f"pod runs: dropping it could place the pod where it must not run); accepted: {hami.USE_UUID} or "
+                f"{hami.USE_INDEX} in runtimeClass mode, or no such annotation"
             )
+    for key in hami.PINS:
+        if annotations.get(key) and mode == "devicePlugin":
+            raise errors.InvalidArgument(
+                f"annotation {key}: {annotations[key]!r} in devicePlugin mode, where the kubelet chooses the GPU "
+                "and cannot be told which; accepted: runtimeClass mode, or no such annotation"
+            )
+
+
+def _pinned(annotations: Mapping[str, Any]) -> str | None:
+    """The GPUs HAMi's annotations let the pod run on, as gpuslice.io/device says them."""
+    said = [u.strip() for key in hami.PINS for u in str(annotations.get(key) or "").split(",") if u.strip()]
+    return ",".join(said) or None
 
 
 def rewrite(
@@ -155,7 +171,8 @@ def rewrite(
     if not asks:
         return out
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    _refuse_constraints(annotations)
+    _refuse_constraints(annotations, mode)
+    pinned = _pinned(annotations)
     for i, c, ask in asks:
         said = f"container {c.get('name', i)}"
         if largest_gpu_mib and ask.memory_mib is not None and ask.memory_mib > largest_gpu_mib:
@@ -181,11 +198,11 @@ def rewrite(
                 env["GPUSLICE_PRIORITY"] = word
         if mode == "devicePlugin":
             env.pop("GPUSLICE_GPUS", None)
+        elif pinned:
+            env["GPUSLICE_DEVICE"] = pinned  # the container's own: a pod annotation would pin its sidecars too
         out.patch += _env_ops(i, c, env)
         out.record[c.get("name", str(i))] = {"from": _theirs(c, ask), "to": {**asked, **env}}
     extra: dict[str, str] = {}
-    if annotations.get(hami.USE_UUID):
-        extra["gpuslice.io/device"] = ",".join(u.strip() for u in str(annotations[hami.USE_UUID]).split(","))
     if mode == "runtimeClass":
         out.patch.append({"op": "add", "path": "/spec/runtimeClassName", "value": RUNTIME_CLASS})
     scheduler = (pod.get("spec") or {}).get("schedulerName")

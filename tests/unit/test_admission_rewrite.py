@@ -88,11 +88,33 @@ def test_priority_disable_and_pinned_devices():
     p = pod(ctr("c", {"nvidia.com/gpumem": "2048", "nvidia.com/gpucores": "20", "nvidia.com/priority": "0"},
                 env=[{"name": hami_policy(), "value": "disable"}]),
             annotations={hami.USE_UUID: "GPU-aaaaaaaa-0000-0000-0000-000000000000"})  # fmt: skip
-    out, _ = applied(p, "devicePlugin")
+    out, _ = applied(p, "runtimeClass")
     [c] = out["spec"]["containers"]
-    assert c["resources"]["limits"] == {"gpuslice.io/memory": "2"}  # disable: no share of compute
-    assert {"name": "GPUSLICE_PRIORITY", "value": "high"} in c["env"]  # HAMi: 0 high, 1 low
-    assert out["metadata"]["annotations"]["gpuslice.io/device"] == "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert "GPUSLICE_CORES" not in env  # disable: no share of compute
+    assert env["GPUSLICE_PRIORITY"] == "high"  # HAMi: 0 high, 1 low
+    assert env["GPUSLICE_DEVICE"] == "GPU-aaaaaaaa-0000-0000-0000-000000000000"  # the container's, not its sidecars'
+    assert "gpuslice.io/device" not in out["metadata"]["annotations"]
+    # in devicePlugin mode the kubelet chooses the GPU: a pin it cannot be told is refused
+    with pytest.raises(errors.InvalidArgument) as e:
+        rewrite(p, "devicePlugin")
+    assert str(e.value).startswith(f"annotation {hami.USE_UUID}: 'GPU-aaaaaaaa-0000-0000-0000-000000000000' in "
+                                   "devicePlugin mode, where the kubelet chooses the GPU")  # fmt: skip
+
+
+def test_hamis_index_pins_and_its_exclusive_card_example():
+    """HAMi's examples/nvidia: specify_index_to_use.yaml (use-gpuindexes "0,1": either card) and
+    use_exclusive_card.yaml (2 GPUs at gpumem-percentage 100 and gpucores 100: whole cards)."""
+    pinned = pod(ctr("c", {"nvidia.com/gpu": 1}), annotations={hami.USE_INDEX: "0,1"})
+    out, _ = applied(pinned, "runtimeClass")
+    env = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
+    assert env == {"GPUSLICE_GPUS": "1", "GPUSLICE_DEVICE": "0,1"}  # one GPU, chosen among the two
+    exclusive = pod(ctr("c", {"nvidia.com/gpu": 2, "nvidia.com/gpumem-percentage": 100, "nvidia.com/gpucores": 100}))
+    out, record = applied(exclusive, "devicePlugin")
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {"gpuslice.io/gpu": "2"}
+    assert record["c"]["to"] == {"gpuslice.io/gpu": "2"}
+    out, _ = applied(exclusive, "runtimeClass")
+    assert out["spec"]["containers"][0]["env"] == [{"name": "GPUSLICE_GPUS", "value": "2"}]
 
 
 def test_a_pod_that_asks_no_gpu_is_left_as_it_is():
@@ -115,12 +137,13 @@ def test_what_cannot_be_asked_of_gpuslice_is_refused_in_one_line(limits, mode, s
     assert said in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("key", [hami.NOUSE_UUID, hami.USE_TYPE, hami.NOUSE_TYPE])
+@pytest.mark.parametrize("key", [hami.NOUSE_UUID, hami.NOUSE_INDEX, hami.USE_TYPE, hami.NOUSE_TYPE])
 def test_a_constraint_gpuslice_cannot_honour_is_refused_not_dropped(key):
     with pytest.raises(errors.InvalidArgument) as e:
         rewrite(pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={key: "A100"}), "devicePlugin")
     assert str(e.value).startswith(f"annotation {key}: 'A100' is not served by gpuslice yet")
-    assert f"accepted: {hami.USE_UUID}" in str(e.value) and "\n" not in str(e.value)
+    assert f"accepted: {hami.USE_UUID} or {hami.USE_INDEX} in runtimeClass mode" in str(e.value)
+    assert "\n" not in str(e.value)
 
 
 def test_hamis_scheduler_is_mapped_and_its_policy_preference_recorded_untranslated():
