@@ -27,7 +27,9 @@ class WebhookOptions:
     resource_mem_percentage: str = hami.HAMI.memory_percentage
     resource_cores: str = hami.HAMI.cores
     resource_priority: str = hami.HAMI.priority
-    largest_gpu_memory: int = 0  # MiB: the cluster's largest GPU; 0: not checked here
+    largest_gpu_memory: int = 0  # MiB: the cluster's largest GPU; 0: as the device plugins publish it, or unchecked
+    use_api: bool = True  # devicePlugin mode: read the largest GPU from the Nodes the plugins publish on
+    kubeconfig: str | None = None  # None: the pod's in-cluster service account
     scheduler_names: tuple[str, ...] = field(default=())  # FROM=TO: a pod's schedulerName and the one it gets
 
     def schedulers(self) -> dict[str, str]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +27,7 @@ class Settings:
     mode: str  # the chart's: devicePlugin or runtimeClass
     names: tuple[hami.Names, ...] = (hami.HAMI, hami.VOLCANO)
     schedulers: dict[str, str] = field(default_factory=dict)  # a pod's schedulerName (HAMi's) -> the one it gets
-    largest_gpu_mib: int = 0  # the most a vGPU may ask; 0: not known here (placement refuses it)
+    largest_gpu_mib: Callable[[], int] = field(default=lambda: 0)  # the most a vGPU may ask; 0: not known here
 
 
 def _review(uid: str, response: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +45,7 @@ def answer(body: Any, settings: Settings) -> dict[str, Any]:
     if kind != "Pod" or not isinstance(pod, dict) or request.get("operation", "CREATE") != "CREATE":
         return _review(uid, {"allowed": True})  # only a pod's creation is rewritten
     try:
-        done = rewrite(pod, settings.mode, settings.names, settings.schedulers, settings.largest_gpu_mib)
+        done = rewrite(pod, settings.mode, settings.names, settings.schedulers, settings.largest_gpu_mib())
     except errors.InvalidArgument as e:
         return _review(uid, {"allowed": False, "status": {"status": "Failure", "code": 400, "reason": "BadRequest",
                                                           "message": f"gpuslice: {e}"}})  # fmt: skip

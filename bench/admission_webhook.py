@@ -125,7 +125,7 @@ def main() -> None:
         proc = subprocess.Popen([sys.executable, "-m", "gpuslice.cli", "admission-webhook", "--listen",
                                  f"127.0.0.1:{port}", "--mode", "devicePlugin", "--tls-cert", str(d / "tls.crt"),
                                  "--tls-key", str(d / "tls.key"), "--scheduler-name",
-                                 "hami-scheduler=default-scheduler"])  # fmt: skip
+                                 "hami-scheduler=default-scheduler", "--no-api"])  # fmt: skip
         try:
             deadline = time.monotonic() + 30
             while True:

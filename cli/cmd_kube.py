@@ -280,8 +280,10 @@ def _host_port(listen: str) -> tuple[str, int]:
     type=click.IntRange(0, 1 << 24),
     default=_HOOK.largest_gpu_memory,
     show_default=True,
-    help="MiB: a vGPU asking more is refused at admission (0: not checked here)",
+    help="MiB: a vGPU asking more is refused at admission (0: the largest the device plugins publish, if any)",
 )
+@click.option("--no-api", is_flag=True, help="never read Nodes (sizes are checked against --largest-gpu-memory alone)")
+@KUBECONFIG
 @click.option(
     "--scheduler-name",
     "scheduler_names",
@@ -290,16 +292,28 @@ def _host_port(listen: str) -> tuple[str, int]:
     help="FROM=TO: a rewritten pod's schedulerName FROM (HAMi's) becomes TO (repeatable)",
 )
 @VERBOSE
-def admission_webhook(verbose: bool, scheduler_names: tuple[str, ...], largest_gpu_memory: int, **options: str) -> None:
+def admission_webhook(
+    verbose: bool, scheduler_names: tuple[str, ...], largest_gpu_memory: int, no_api: bool, **options: str
+) -> None:
     """A mutating admission webhook: pods written for HAMi or Volcano's vGPU
     are rewritten to ask gpuslice for the same (docs/migrate-from-hami.md)."""
+    from gpuslice.admission import largest
     from gpuslice.admission.review import Settings
     from gpuslice.admission.server import Server
 
     given = WebhookOptions(**options)  # type: ignore[arg-type]
     opts = dataclasses.replace(given, tls_cert=Path(given.tls_cert), tls_key=Path(given.tls_key),
-                               scheduler_names=scheduler_names, largest_gpu_memory=largest_gpu_memory)  # fmt: skip
+                               scheduler_names=scheduler_names, largest_gpu_memory=largest_gpu_memory,
+                               use_api=not no_api)  # fmt: skip
     host, port = _host_port(opts.listen)
-    settings = Settings(opts.mode, opts.names(), opts.schedulers(), opts.largest_gpu_memory)
+    schedulers = opts.schedulers()
     app.log_as("admission-webhook", verbose)
-    app.serve(lambda: Server(settings, host, port, opts.tls_cert, opts.tls_key))
+
+    def make() -> Server:
+        # the device plugins publish each GPU's size: read where nothing is configured
+        read = opts.use_api and opts.mode == "devicePlugin" and not opts.largest_gpu_memory
+        sizes = largest.LargestGpu(opts.largest_gpu_memory, largest.node_lister(opts.kubeconfig) if read else None)
+        settings = Settings(opts.mode, opts.names(), schedulers, sizes.start().mib)
+        return Server(settings, host, port, opts.tls_cert, opts.tls_key)
+
+    app.serve(make)

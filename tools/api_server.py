@@ -142,6 +142,10 @@ class ApiServer:
                 if m and m.group(1) in api.nodes:
                     with api._lock:
                         return self._send(200, api.nodes[m.group(1)])
+                if self.path.split("?")[0] == "/api/v1/nodes":
+                    with api._lock:
+                        nodes = list(api.nodes.values())
+                    return self._send(200, {"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": nodes})
                 if self.path.split("?")[0] == "/api/v1/pods":
                     items = api._selected(self.path.partition("?")[2])
                     return self._send(200, {"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": items})

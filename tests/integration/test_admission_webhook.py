@@ -7,6 +7,7 @@ and 1.36 (kubernetes-validate, strict)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import http.client
 import json
@@ -16,7 +17,9 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import jsonpatch
 import kubernetes_validate
@@ -75,25 +78,34 @@ def tls(tmp_path_factory):  # type: ignore[no-untyped-def]
     return d
 
 
-@pytest.fixture(scope="module", params=["devicePlugin", "runtimeClass"])
-def webhook(request, tls):  # type: ignore[no-untyped-def]
+@contextlib.contextmanager
+def started(tls: Path, mode: str, *extra: str) -> Iterator[tuple[Url, ssl.SSLContext]]:
+    """`gpuslice admission-webhook` with the chart's certificate, once it answers its health check over TLS."""
     port = sim_daemon.free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gpuslice.cli", "admission-webhook", "--listen", f"127.0.0.1:{port}",
-                             "--mode", request.param, "--tls-cert", str(tls / "tls.crt"), "--tls-key",
-                             str(tls / "tls.key")], stderr=subprocess.PIPE, text=True)  # fmt: skip
+                             "--mode", mode, "--tls-cert", str(tls / "tls.crt"), "--tls-key", str(tls / "tls.key"),
+                             *extra], stderr=subprocess.PIPE, text=True)  # fmt: skip
     ctx = ssl.create_default_context(cafile=str(tls / "ca.crt"))  # the caBundle alone, as the API server trusts
     url = Url(port)
     deadline = time.monotonic() + 30
-    while True:  # until it answers its health check over TLS
-        try:
-            call(url, ctx, "GET", "/healthz")
-            break
-        except ConnectionError:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
-            time.sleep(0.05)
-    yield request.param, url, ctx
-    proc.terminate()
-    proc.wait(10)
+    try:
+        while True:
+            try:
+                call(url, ctx, "GET", "/healthz")
+                break
+            except ConnectionError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+                time.sleep(0.05)
+        yield url, ctx
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module", params=["devicePlugin", "runtimeClass"])
+def webhook(request, tls):  # type: ignore[no-untyped-def]
+    with started(tls, request.param, "--no-api") as (url, ctx):
+        yield request.param, url, ctx
 
 
 @dataclass(frozen=True)
@@ -203,3 +215,29 @@ def test_the_review_and_its_answers_are_the_official_admission_v1_types():
         if "status" in r:
             assert set(r["status"]) <= set(status) and r["status"]["reason"] in reasons
             assert isinstance(r["status"]["code"], int) and r["status"]["status"] == "Failure"
+
+
+def test_in_device_plugin_mode_a_vgpu_larger_than_any_published_gpu_is_refused(tls, tmp_path):
+    """The webhook reads the Nodes (an API server stand-in, by kubeconfig) for the GPU
+    sizes the device plugins publish (gpuslice.io/gpus) and refuses a vGPU larger than
+    the largest; a node that published nothing, or something unreadable, counts for none."""
+    from gpuslice.device_plugin.node_gpus import GpuFree, NodeGpus
+    from tools.api_server import ApiServer
+
+    api = ApiServer()
+    try:
+        a100 = NodeGpus({"GPU-a": GpuFree(80, 100, True, 80), "GPU-b": GpuFree(40, 100, True, 40)}, frozenset())
+        for name, note in (("a", {"gpuslice.io/gpus": a100.encode()}), ("b", {}), ("c", {"gpuslice.io/gpus": "{"})):
+            api.put_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": note}})
+        config = api.kubeconfig(tmp_path / "kubeconfig")
+        with started(tls, "devicePlugin", "--kubeconfig", str(config)) as (url, ctx):
+            big = copy.deepcopy(HAMI_README)
+            big["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = 81921
+            r = review(url, ctx, big)["response"]
+            assert r["allowed"] is False and r["status"]["message"] == (
+                "gpuslice: container ubuntu-container: nvidia.com/gpumem 81921 MiB is more than this cluster's "
+                "largest GPU has; accepted: up to 81920")  # fmt: skip
+            big["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = 81920
+            assert review(url, ctx, big)["response"]["allowed"] is True
+    finally:
+        api.stop()

@@ -246,7 +246,15 @@ def test_the_webhooks_arguments_are_the_commands_own_options_and_follow_the_valu
     ctx = admission_webhook.make_context("admission-webhook", container["command"][2:])
     assert isinstance(ctx, click.Context)
     assert ctx.params["mode"] == "runtimeClass" and ctx.params["resource_mem"] == "example.com/vmem"
-    assert ctx.params["largest_gpu_memory"] == 81920
+    assert ctx.params["largest_gpu_memory"] == 81920 and ctx.params["no_api"] is True
+    # in devicePlugin mode with no size given it reads the Nodes' published sizes: get and list them, no more
+    objects = by_kind(template("1.35.0", "mode=devicePlugin", f"{hook}.enabled=true"))
+    pod = objects[WEBHOOK]["spec"]["template"]["spec"]
+    assert "--no-api" not in pod["containers"][0]["command"] and pod["automountServiceAccountToken"] is True
+    assert objects[("ClusterRole", "gpuslice-admission")]["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}]  # fmt: skip
+    binding = objects[("ClusterRoleBinding", "gpuslice-admission")]
+    assert binding["subjects"][0]["name"] == pod["serviceAccountName"] == "gpuslice-admission"
     assert set(ctx.params["scheduler_names"]) == {"hami-scheduler=default-scheduler", "volcano=default-scheduler"}
 
 

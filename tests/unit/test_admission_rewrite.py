@@ -182,3 +182,29 @@ def test_a_bad_scheduler_mapping_is_one_line(pair):
     with pytest.raises(errors.InvalidArgument) as e:
         WebhookOptions(scheduler_names=(pair,)).schedulers()
     assert str(e.value).startswith(f"--scheduler-name {pair!r}: accepted FROM=TO")
+
+
+def test_the_largest_gpu_is_the_configured_one_else_the_largest_published_and_kept_when_unreadable():
+    from gpuslice.admission.largest import LargestGpu, largest_published
+    from gpuslice.device_plugin.node_gpus import GpuFree, NodeGpus
+
+    def node(units: int | None) -> dict:
+        note = {} if units is None else {"gpuslice.io/gpus": NodeGpus({"GPU-x": GpuFree(0, 0, False, units)},
+                                                                        frozenset()).encode()}  # fmt: skip
+        return {"metadata": {"name": "n", "annotations": note}}
+
+    assert largest_published([node(80), node(None), node(141)]) == 141 * 1024
+    answers: list = [[node(80)], errors.Unavailable("nodes: the API server: refused")]
+
+    def lister() -> list[dict]:
+        got = answers.pop(0)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    sizes = LargestGpu(0, lister)
+    sizes.refresh()
+    assert sizes.mib() == 80 * 1024
+    sizes.refresh()  # the API server away: the last size kept
+    assert sizes.mib() == 80 * 1024
+    assert LargestGpu(1000, lister).mib() == 1000
