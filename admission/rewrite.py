@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuslice import errors
+from gpuslice import errors, request
 from gpuslice.admission import hami
 from gpuslice.admission.options import MODES
 
@@ -147,6 +147,16 @@ def _refuse_constraints(annotations: Mapping[str, Any], mode: str) -> None:
             )
 
 
+def _as_the_hook_reads_it(env: dict[str, str], said: str) -> None:
+    """The container's request parsed by gpuslice's one parser, as the hook will at its start:
+    what it would refuse then (a pin that is no GPU's UUID or index, more GPUs than pinned) is
+    refused now."""
+    try:
+        request.read(request.gather({}, [f"{k}={v}" for k, v in env.items()]))
+    except request.RequestError as e:
+        raise errors.InvalidArgument(f"{said}, asked of gpuslice: {e}") from e
+
+
 def _pinned(annotations: Mapping[str, Any]) -> str | None:
     """The GPUs HAMi's annotations let the pod run on, as gpuslice.io/device says them."""
     said = [u.strip() for key in hami.PINS for u in str(annotations.get(key) or "").split(",") if u.strip()]
@@ -198,8 +208,10 @@ def rewrite(
                 env["GPUSLICE_PRIORITY"] = word
         if mode == "devicePlugin":
             env.pop("GPUSLICE_GPUS", None)
-        elif pinned:
-            env["GPUSLICE_DEVICE"] = pinned  # the container's own: a pod annotation would pin its sidecars too
+        else:
+            if pinned:
+                env["GPUSLICE_DEVICE"] = pinned  # the container's own: a pod annotation would pin its sidecars too
+            _as_the_hook_reads_it(env, said)
         out.patch += _env_ops(i, c, env)
         out.record[c.get("name", str(i))] = {"from": _theirs(c, ask), "to": {**asked, **env}}
     extra: dict[str, str] = {}

@@ -208,3 +208,14 @@ def test_the_largest_gpu_is_the_configured_one_else_the_largest_published_and_ke
     sizes.refresh()  # the API server away: the last size kept
     assert sizes.mib() == 80 * 1024
     assert LargestGpu(1000, lister).mib() == 1000
+
+
+@pytest.mark.parametrize(("limits", "pins", "said"), [
+    ({"nvidia.com/gpu": 2}, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "asks for more GPUs than gpuslice.io/device"),
+    ({"nvidia.com/gpu": 1}, "the-big-one", "environment variable GPUSLICE_DEVICE"),
+])  # fmt: skip
+def test_in_runtime_class_mode_what_the_hook_would_refuse_at_start_is_refused_at_creation(limits, pins, said):
+    with pytest.raises(errors.InvalidArgument) as e:
+        rewrite(pod(ctr("c", limits), annotations={hami.USE_UUID: pins}), "runtimeClass")
+    assert str(e.value).startswith("container c, asked of gpuslice: ") and said in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
