@@ -166,6 +166,59 @@ def test_a_hami_or_volcano_pod_comes_back_rewritten_and_valid(webhook, pod):
     assert "gpuslice.io/rewritten-from" in out["metadata"]["annotations"]
 
 
+def example(name: str, limits: dict, annotations: dict | None = None) -> dict:
+    """A pod as HAMi's examples/nvidia/<name>.yaml writes it (ubuntu, sleep, its limits and annotations)."""
+    meta: dict = {"name": "gpu-pod", "namespace": "ml", **({"annotations": annotations} if annotations else {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": [{
+        "name": "ubuntu-container", "image": "ubuntu:18.04", "command": ["bash", "-c", "sleep 86400"],
+        "resources": {"limits": limits}}]}}  # fmt: skip
+
+
+# HAMi's examples/nvidia, each: what the container's limits (devicePlugin) or env (runtimeClass) become,
+# or the start of the refusal's line
+EXAMPLES = {
+    "default_use": (example("default_use", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}),
+                    {"gpuslice.io/memory": "3", "gpuslice.io/cores": "30"},
+                    {"GPUSLICE_GPUS": "1", "GPUSLICE_MEMORY": "3000Mi", "GPUSLICE_CORES": "30",
+                     "GPUSLICE_COMPUTE_POLICY": "elastic"}),
+    "use_memory_fraction": (example("use_memory_fraction", {"nvidia.com/gpu": 2, "nvidia.com/gpumem-percentage": 50,
+                                                            "nvidia.com/gpucores": 30}),
+                            "gpuslice: container ubuntu-container: 2 shared vGPUs",
+                            {"GPUSLICE_GPUS": "2", "GPUSLICE_MEMORY": "50%", "GPUSLICE_CORES": "30",
+                             "GPUSLICE_COMPUTE_POLICY": "elastic"}),
+    "use_exclusive_card": (example("use_exclusive_card", {"nvidia.com/gpu": 2, "nvidia.com/gpumem-percentage": 100,
+                                                          "nvidia.com/gpucores": 100}),
+                           {"gpuslice.io/gpu": "2"}, {"GPUSLICE_GPUS": "2"}),
+    "specify_index_to_use": (example("specify_index_to_use", {"nvidia.com/gpu": 1},
+                                     {"nvidia.com/use-gpuindexes": "0,1"}),
+                             "gpuslice: annotation nvidia.com/use-gpuindexes: '0,1' in devicePlugin mode",
+                             {"GPUSLICE_GPUS": "1", "GPUSLICE_DEVICE": "0,1"}),
+    "specify_card_type_to_use": (example("specify_card_type_to_use", {"nvidia.com/gpu": 2},
+                                         {"nvidia.com/use-gputype": "A100"}),
+                                 "gpuslice: annotation nvidia.com/use-gputype: 'A100' is not served",
+                                 "gpuslice: annotation nvidia.com/use-gputype: 'A100' is not served"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_hamis_own_examples_field_by_field(webhook, name):
+    mode, url, ctx = webhook
+    pod, device_plugin, runtime_class = EXAMPLES[name]
+    want = device_plugin if mode == "devicePlugin" else runtime_class
+    r = review(url, ctx, pod)["response"]
+    if isinstance(want, str):
+        assert r["allowed"] is False and r["status"]["message"].startswith(want), r
+        return
+    out = jsonpatch.apply_patch(copy.deepcopy(pod), json.loads(base64.b64decode(r["patch"])))
+    kubernetes_validate.validate(out, "1.30", strict=True)
+    [c] = out["spec"]["containers"]
+    if mode == "devicePlugin":
+        assert c["resources"]["limits"] == want
+    else:
+        assert c["resources"]["limits"] == {} and {e["name"]: e["value"] for e in c["env"]} == want
+        assert out["spec"]["runtimeClassName"] == "gpuslice"
+
+
 def test_what_cannot_be_served_is_refused_with_one_line_and_other_objects_pass(webhook):
     mode, url, ctx = webhook
     two = copy.deepcopy(HAMI_README)
