@@ -28,6 +28,57 @@ class Reading:
 Sampler = Callable[[str], Reading]
 
 
+MAX_PIDS = 1024  # processes remembered per GPU before those silent for FORGET_US are dropped
+FORGET_US = 60_000_000
+
+
+@dataclass
+class Sample:
+    pid: int
+    stamp_us: int  # when its sample period ended (CPU time, microseconds)
+    percent: int  # of its sample period
+
+
+class Spans:
+    """What time each sample covers. A real driver keeps one sample per process
+    per sample period, in which the process ran, and stamps each process's
+    samples on its own clock: the processes' stamps interleave (NVIDIA/go-nvml
+    #51 and Syllo/nvtop #110 print processes' stamps 0.3 to 1.2 s apart), so
+    the gap between a stamp and the one before, of any process, is not what a
+    sample covers: with two tenants it read each at a fraction of its use.
+    Each sample covers the driver's period: the smallest gap seen between one
+    process's consecutive samples (a longer gap is periods in which it did not
+    run). A driver that answers one sample per process per call, covering all
+    the time since the caller's last (the simulator's ideal driver), never
+    shows two stamps in one answer; for it, and until the period is known, a
+    sample covers the time since the stamp before."""
+
+    def __init__(self) -> None:
+        self.last: dict[int, int] = {}  # pid -> its newest stamp seen
+        self.period_us = 0  # the driver's sample period, once seen
+        self.periodic = False  # an answer held samples of more than one stamp: a driver with a period
+
+    def covered(self, samples: list[Sample], seen_us: int) -> list[tuple[Sample, int]]:
+        """(sample, microseconds it covers) for each sample newer than seen_us, oldest first."""
+        new = sorted((x for x in samples if x.stamp_us > seen_us), key=lambda x: x.stamp_us)
+        stamps = sorted({x.stamp_us for x in new})
+        self.periodic = self.periodic or len(stamps) > 1
+        before = {t: stamps[i - 1] if i else seen_us for i, t in enumerate(stamps)}  # the stamp before, of any process
+        out = []
+        for x in new:
+            prev = self.last.get(x.pid)
+            if prev is not None and x.stamp_us > prev:
+                own = x.stamp_us - prev
+                self.period_us = min(self.period_us, own) if self.period_us else own
+            self.last[x.pid] = max(x.stamp_us, prev or 0)
+            periodic = self.periodic and self.period_us
+            out.append((x, self.period_us if periodic else x.stamp_us - before[x.stamp_us]))
+        if len(self.last) > MAX_PIDS and stamps:  # bounded: processes long gone are forgotten
+            for pid in [p for p, t in self.last.items() if t < stamps[-1] - FORGET_US]:
+                del self.last[pid]
+        return out
+
+
 class NvmlUtilization:
     """Per-process GPU utilization through NVML: each call covers the time
     since the newest sample of the previous one (pids as this process sees
@@ -39,6 +90,7 @@ class NvmlUtilization:
         pynvml.nvmlInit()
         self.handles: dict[str, object] = {}
         self.last_seen: dict[str, int] = {}
+        self.spans: dict[str, Spans] = {}
 
     def __call__(self, uuid: str) -> Reading:
         h = self.handles.get(uuid)
@@ -52,13 +104,13 @@ class NvmlUtilization:
         except pynvml.NVMLError as e:  # e.g. a process came between the size and the data
             log.debug("process utilization of %s: %s", uuid, e)
             return Reading({}, 0)
-        stamps = sorted({int(x.timeStamp) for x in samples if int(x.timeStamp) > seen})
-        if not stamps:
+        spans = self.spans.setdefault(uuid, Spans())
+        covered = spans.covered([Sample(int(x.pid), int(x.timeStamp), int(x.smUtil)) for x in samples], seen)
+        if not covered:
             return Reading({}, 0)
-        span = {t: t - (stamps[i - 1] if i else seen) for i, t in enumerate(stamps)}  # what each sample covers
         busy: dict[int, float] = {}
-        for x in samples:
-            if int(x.timeStamp) in span:
-                busy[int(x.pid)] = busy.get(int(x.pid), 0.0) + int(x.smUtil) / 100 * span[int(x.timeStamp)] * 1000
-        self.last_seen[uuid] = stamps[-1]
-        return Reading(busy, (stamps[-1] - seen) * 1000, max(0, time.time_ns() // 1000 - stamps[-1]) * 1000)
+        for x, span_us in covered:
+            busy[x.pid] = busy.get(x.pid, 0.0) + x.percent / 100 * span_us * 1000
+        newest = covered[-1][0].stamp_us
+        self.last_seen[uuid] = newest
+        return Reading(busy, (newest - seen) * 1000, max(0, time.time_ns() // 1000 - newest) * 1000)

@@ -20,6 +20,7 @@ import grpc
 import pynvml
 
 from gpuslice import request
+from gpuslice.allocator.utilization import Sample, Spans
 from gpuslice.cli import container_view
 from gpuslice.cli.pid_namespace import PidNamespace, first_child
 from gpuslice.cli.selftest_node import Layout
@@ -264,34 +265,35 @@ def _share(cores: int, reserve: int) -> dict[str, str]:
 
 def sm_use(gpu_uuid: str, pids: list[int], seconds: float) -> list[float]:
     """Each process's SM use (percent) over the next `seconds`, from NVML's
-    process samples: each sample counts for the time since the one before."""
+    process samples, each counted for the time it covers (utilization.Spans:
+    the driver's period, where the processes' stamps interleave)."""
     handle = pynvml.nvmlDeviceGetHandleByUUID(gpu_uuid.encode())
-    seen = _latest_sample(handle)
+    spans = Spans()
+    seen = start = _latest_sample(handle, spans)
     busy = dict.fromkeys(pids, 0.0)
-    window = 0.0
     end = time.monotonic() + seconds
     while True:
         time.sleep(min(0.5, max(0.0, end - time.monotonic())))
-        try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(handle, seen)
-        except pynvml.NVMLError_NotFound:
-            samples = []
-        stamps = sorted({s.timeStamp for s in samples if s.timeStamp > seen})
-        for stamp in stamps:
-            span = stamp - seen
-            for s in samples:
-                if s.timeStamp == stamp and s.pid in busy:
-                    busy[s.pid] += s.smUtil * span
-            window += span
-            seen = stamp
+        for x, span in spans.covered(_samples(handle, seen), seen):
+            if x.pid in busy:
+                busy[x.pid] += x.percent * span
+            seen = max(seen, x.stamp_us)
         if time.monotonic() >= end:
             break
+    window = seen - start
     return [busy[p] / window if window else 0.0 for p in pids]
 
 
-def _latest_sample(handle: object) -> int:
+def _samples(handle: object, seen: int) -> list[Sample]:
     try:
-        samples = pynvml.nvmlDeviceGetProcessUtilization(handle, 0)
+        got = pynvml.nvmlDeviceGetProcessUtilization(handle, seen)
     except pynvml.NVMLError_NotFound:
-        return int(time.time() * 1e6)
-    return max((s.timeStamp for s in samples), default=int(time.time() * 1e6))
+        return []
+    return [Sample(int(s.pid), int(s.timeStamp), int(s.smUtil)) for s in got]
+
+
+def _latest_sample(handle: object, spans: Spans) -> int:
+    """The newest stamp the driver holds (each process's and the period learnt from them)."""
+    samples = _samples(handle, 0)
+    spans.covered(samples, 0)
+    return max((s.stamp_us for s in samples), default=int(time.time() * 1e6))

@@ -206,6 +206,10 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
             if (parse_duration(v, &ns) || ns < 100000 || ns > 1000000000)
                 return fail(c, "gpus[%d].timeslice: must be a duration from 100us to 1s such as 2ms, got \"%s\"", idx, v);
             g->timeslice_ns = ns;
+        } else if (strcmp(k, "util_stamps") == 0) {
+            if (strcmp(v, "per_process") != 0 && strcmp(v, "together") != 0)
+                return fail(c, "gpus[%d].util_stamps: must be per_process (each process's samples on its own clock, as real drivers stamp them) or together, got \"%s\"", idx, v);
+            g->util_own_stamps = strcmp(v, "per_process") == 0;
         } else if (strcmp(k, "util_zero_samples") == 0) {
             if (strcmp(v, "true") && strcmp(v, "false"))
                 return fail(c, "gpus[%d].util_zero_samples: must be true or false (a sample for a period whose use rounds to 0 %%), got \"%s\"", idx, v);
@@ -227,7 +231,7 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
                 return fail(c, "gpus[%d].ecc_uncorrected: must be an integer from 0 to 1000000000, got \"%s\"", idx, v);
             g->ecc_uncorrected = (unsigned long long)iv;
         } else {
-            return fail(c, "gpus[%d]: unknown key \"%s\" (accepted: name, uuid, pci_bus_id, memory, context_memory, module_memory, local_memory, sms, compute_capability, wave_time, util_sample_time, util_zero_samples, timeslice, clock_mhz, memory_limits, power_limit_w, ecc_uncorrected)", idx, k);
+            return fail(c, "gpus[%d]: unknown key \"%s\" (accepted: name, uuid, pci_bus_id, memory, context_memory, module_memory, local_memory, sms, compute_capability, wave_time, util_sample_time, util_zero_samples, util_stamps, timeslice, clock_mhz, memory_limits, power_limit_w, ecc_uncorrected)", idx, k);
         }
     }
     if (!have_memory)

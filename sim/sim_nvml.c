@@ -444,6 +444,61 @@ static int util_window(int idx, unsigned long long last_seen_us, uint64_t *from,
     return *to > *from;
 }
 
+/* The buckets by which process `slot`'s sample periods are offset from the
+ * GPU's: spread over the period by the golden ratio, so that any two slots'
+ * stamps differ (real drivers stamp each process on its own clock: NVIDIA/
+ * go-nvml #51 and Syllo/nvtop #110 print stamps 0.3 to 1.2 s apart). */
+static uint64_t own_phase(int slot, uint64_t period)
+{
+    uint64_t buckets = period / SIM_BUCKET_NS;
+    return (uint64_t)((unsigned)slot * 2654435769u % 4294967296u * buckets / 4294967296u) * SIM_BUCKET_NS;
+}
+
+/* util_stamps: per_process.  Each process gets a sample for each of its own
+ * periods that ended within the last second, after last_seen, and in which
+ * it ran (or ran less than 1 % where util_zero_samples is on). */
+static unsigned own_stamp_samples(int idx, nvmlProcessUtilizationSample_t *samples, unsigned cap,
+                                  unsigned long long last_seen_us)
+{
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    uint64_t mono = sim_now_ns(), period = sim_machine()->gpu[idx].util_sample_ns;
+    unsigned long long now_us = (unsigned long long)rt.tv_sec * 1000000ull + (unsigned long long)rt.tv_nsec / 1000;
+    uint64_t floor = mono > SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS ? mono - SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS : 0;
+    uint64_t seen = 0; /* last_seen on the monotonic clock, on the bucket grid (the clocks' jitter is µs) */
+    if (last_seen_us) {
+        if (last_seen_us >= now_us)
+            return 0;
+        uint64_t back = (now_us - last_seen_us) * 1000ull;
+        seen = back >= mono ? 0 : (mono - back + SIM_BUCKET_NS / 2) / SIM_BUCKET_NS * SIM_BUCKET_NS;
+    }
+    unsigned n = 0;
+    for (int i = 0; i < SIM_MAX_PROCS; i++) {
+        const struct sim_proc *p = &sim_shm->proc[i];
+        if (!p->live || (!p->contexts[idx] && !p->mem[idx]))
+            continue;
+        uint64_t phase = own_phase(i, period);
+        if (mono < phase + period)
+            continue;
+        /* newest first: each period of its own that ended by now, after last_seen, within the second kept */
+        for (uint64_t end = phase + (mono - phase) / period * period;; end -= period) {
+            if (end <= seen || end < floor + period)
+                break;
+            uint64_t busy = sim_busy_between(idx, i, end - period, end);
+            if (busy && (sim_machine()->gpu[idx].util_zero_samples || percent(busy, period) > 0)) {
+                if (samples && n < cap)
+                    samples[n] = (nvmlProcessUtilizationSample_t){.pid = (unsigned)sim_pid_for_reader(i),
+                                                                  .timeStamp = now_us - (mono - end) / 1000,
+                                                                  .smUtil = percent(busy, period)};
+                n++;
+            }
+            if (end < phase + 2 * period)
+                break;
+        }
+    }
+    return n;
+}
+
 NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *samples, unsigned int *count,
                                       unsigned long long last_seen_us)
 {
@@ -451,6 +506,13 @@ NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSamp
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
     sim_sweep_dead();
+    if (sim_machine()->gpu[idx].util_own_stamps && sim_machine()->gpu[idx].util_sample_ns > SIM_BUCKET_NS) {
+        unsigned cap = *count, n = own_stamp_samples(idx, samples, cap, last_seen_us);
+        *count = n;
+        if (n == 0)
+            return NVML_ERROR_NOT_FOUND;
+        return (!samples || n > cap) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
     uint64_t from, to;
     unsigned long long stamp;
     int any = util_window(idx, last_seen_us, &from, &to, &stamp);

@@ -57,6 +57,21 @@ def test_every_check_runs_and_passes_on_a_right_node(daemon, tmp_path):
     assert d.client().list() == []  # every temporary slice released
 
 
+@pytest.mark.measure  # the compute shares are measured over seconds of simulated load
+def test_hard_shares_hold_and_read_right_where_the_driver_stamps_each_process_on_its_own_clock(daemon, tmp_path):
+    """The H200's selftest read its hard 30 / 70 tenants at 16.2 and 42.0 %. A real
+    driver stamps each process's samples on its own clock (util_stamps: per_process,
+    170 ms periods, no sample for a period under 1 %); weighed by the gap to the
+    stamp before, of any process, the selftest and the controller read each tenant
+    at a fraction of its use. Weighed by the driver's period, both hold."""
+    d = daemon([gpu("16Gi", util_sample_time="170ms", util_stamps="per_process", util_zero_samples="false")])
+    _, report = selftest(d, "--seconds", "5", spec=spec_for(d, tmp_path))
+    checks = {c["name"]: c for c in report["checks"]}
+    shares = [checks[f"GPU 0 hard share {s} %"] for s in (30, 70)]
+    print("hard 30 / 70 with per-process stamps:", " / ".join(c["observed"] for c in shares))
+    assert [c["verdict"] for c in shares] == ["PASS", "PASS"], shares
+
+
 def test_a_spec_that_leaves_the_interposer_out_fails_where_the_limit_is_lost(daemon, tmp_path):
     d = daemon([gpu("16Gi")])
     spec = spec_for(d, tmp_path)

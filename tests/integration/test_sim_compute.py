@@ -68,6 +68,50 @@ def test_a_coarse_driver_samples_each_process_once_per_sample_period(make_machin
     assert all(t > stamps[-1] for _, t, _ in later)
 
 
+def test_per_process_stamps_interleave_and_each_sample_still_covers_its_period(make_machine, agents):
+    """util_stamps: per_process, as real drivers stamp (NVIDIA/go-nvml #51, Syllo/nvtop
+    #110): each process's samples come on its own clock, one per period. Two
+    tenants time-slicing the GPU: counted for the gap to the stamp before, of any
+    process (how the daemon and the selftest read until now), their samples read
+    at a fraction of their use, as the H200's two tenants read (16.2 and 42.0 %
+    under hard 30 / 70); counted for the driver's period (utilization.Spans), the
+    two add up to the GPU they share."""
+    from gpuslice.allocator.utilization import Sample, Spans
+
+    m = make_machine([gpu("16Gi", util_sample_time="170ms", util_stamps="per_process")])
+    a, b, watcher = agents(m), agents(m), agents(m, init=False)
+    seen = time.time_ns() // 1000
+    a.call("launch_for", seconds=2.5)
+    b.call("launch_for", seconds=2.5)
+    got: list[Sample] = []
+    for _ in range(8):  # polled as a daemon polls: what is newer than the newest stamp so far
+        time.sleep(0.3)
+        new = [Sample(p, t, u) for p, t, u in watcher.call("process_samples", last_seen_us=seen)]
+        got += new
+        seen = max([seen, *(x.stamp_us for x in new)])
+    a.call("join")
+    b.call("join")
+    own = {pid: sorted(x.stamp_us for x in got if x.pid == pid) for pid in (a.pid, b.pid)}
+    assert all(len(s) >= 8 for s in own.values()), own
+    for stamps in own.values():  # one sample per period of its own
+        assert all(abs(y - x - 170_000) <= 1_000 for x, y in itertools.pairwise(stamps)), stamps
+    assert not set(own[a.pid]) & set(own[b.pid])  # the two clocks differ
+    # what each read counts for, over the stretch both ran: from the later first stamp to the earlier last
+    lo, hi = max(s[1] for s in own.values()), min(s[-1] for s in own.values())
+    inside = [x for x in got if lo < x.stamp_us <= hi]
+    stamps = sorted({x.stamp_us for x in inside})
+    before = {t: stamps[i - 1] if i else lo for i, t in enumerate(stamps)}
+    by_gap = sum(x.percent * (x.stamp_us - before[x.stamp_us]) for x in inside) / (hi - lo)
+    spans = Spans()
+    spans.covered([x for x in got if x.stamp_us <= lo], 0)  # what came before: each process's last stamp
+    by_period = sum(x.percent * span for x, span in spans.covered(inside, lo)) / (hi - lo)
+    print(
+        f"two tenants, stamps per process: {by_gap:.1f} % by the gap to the stamp before, {by_period:.1f} % by period"
+    )
+    assert by_gap < 70, by_gap  # the two tenants' reads add up to well under the GPU they share
+    assert 90 <= by_period <= 105, by_period
+
+
 SCRIPT = r"""
 import time
 from cuda.bindings import driver as cu

@@ -197,3 +197,32 @@ def test_learning_doubles_every_50_ms_but_at_most_64_times_a_period(period, grow
     # more than 64x a period at 0.5 s ungated every learning slice and filled its launch queue
     controller = ComputeController(dict, lambda sid: [], lambda uuid: Reading({}, 0), period)
     assert controller.learn_growth == growth
+
+
+def test_nvml_readings_of_processes_whose_stamps_interleave_count_each_sample_for_the_drivers_period(monkeypatch):
+    """A real driver stamps each process's samples on its own clock (NVIDIA/go-nvml #51,
+    Syllo/nvtop #110: two processes' stamps 0.3 and 1.2 s apart). Counting a sample for
+    the gap to the stamp before, of any process, read two tenants at a fraction of
+    their use; each sample covers the driver's period, learnt from one process's
+    consecutive samples, and a gap with no sample (the process idle) counts for one period."""
+    from gpuslice.allocator import utilization
+
+    monkeypatch.setattr(utilization.pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(utilization.pynvml, "nvmlDeviceGetHandleByUUID", lambda u: u)
+    t0, period = 1_000_000_000, 100_000
+    a = [(7, t0 + period * k, 30) for k in range(1, 21)]  # 30 % each period, stamped on the period
+    b = [(8, t0 + period * k + 37_000, 70) for k in range(0, 20)]  # 70 %, stamped 37 ms later
+    b += [(8, t0 + period * 23 + 37_000, 50)]  # idle two periods (no samples), then 50 %
+    fake = FakeNvml(sorted(a + b, key=lambda x: x[1]))
+    monkeypatch.setattr(utilization.pynvml, "nvmlDeviceGetProcessUtilization", fake)
+    sampler = utilization.NvmlUtilization()
+    sampler.last_seen[UUID] = t0
+    busy: dict[int, float] = {7: 0.0, 8: 0.0}
+    for _ in range(30):  # a daemon's polls: each returns what is newer than the last
+        r = sampler(UUID)
+        for pid, ns in r.busy_ns.items():
+            busy[pid] += ns
+    # each sample counts for the 100 ms period, once the period is seen (pid 8's second sample);
+    # before it, the first samples count to the stamp before: 37 ms for pid 8, 63 ms for pid 7
+    assert busy[7] / 1000 == pytest.approx(0.3 * 63_000 + 19 * 0.3 * period)
+    assert busy[8] / 1000 == pytest.approx(0.7 * 37_000 + 19 * 0.7 * period + 0.5 * period)  # the gap: one period
