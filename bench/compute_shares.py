@@ -214,13 +214,15 @@ class Setting:
 
     period: float
     driver_sample_ms: int | None = None
+    own_stamps: bool = False  # each process's samples on its own clock, as real drivers stamp them
 
     @property
     def label(self) -> str:
-        return f"{self.period:g} s" + (f", NVML {self.driver_sample_ms} ms" if self.driver_sample_ms else "")
+        sampled = f", NVML {self.driver_sample_ms} ms" if self.driver_sample_ms else ""
+        return f"{self.period:g} s{sampled}" + (" own" if self.own_stamps else "")
 
 
-SETTINGS = [Setting(0.05), Setting(0.2), Setting(0.5), Setting(0.05, 170)]
+SETTINGS = [Setting(0.05), Setting(0.2), Setting(0.5), Setting(0.05, 170), Setting(0.05, 170, own_stamps=True)]
 
 
 @dataclass
@@ -232,7 +234,10 @@ class Column:
 
 def run_setting_gpu(setting: Setting) -> dict[str, str]:
     """The simulated GPU's keys for a setting, beside its memory."""
-    return {"util_sample_time": f"{setting.driver_sample_ms}ms"} if setting.driver_sample_ms else {}
+    if not setting.driver_sample_ms:
+        return {}
+    keys = {"util_sample_time": f"{setting.driver_sample_ms}ms"}
+    return {**keys, "util_stamps": "per_process"} if setting.own_stamps else keys
 
 
 def run_setting(setting: Setting, box) -> Column:  # type: ignore[no-untyped-def]
