@@ -205,3 +205,20 @@ def test_a_probe_whose_worker_is_gone_before_its_wrapper_is_killed_without_error
     probe.pid = gone.pid  # reaped: signalling it raises ProcessLookupError
     probe.kill()
     assert probe.proc.returncode is not None
+
+
+def test_the_trace_summary_says_whether_tenants_are_stamped_together_or_each_on_its_own_clock():
+    import kit_trace
+
+    def record(stamps_b: list[int]) -> dict:
+        polls = [{"samples": [[1, t, 50, 0] for t in (100, 200, 300)] + [[2, t, 50, 0] for t in stamps_b]}]
+        return {"polls": polls, "whole": {}, "pids": [1, 2],
+                "results": [{"busy_fraction": 0.5}, {"busy_fraction": 0.5}]}  # fmt: skip
+
+    together = kit_trace.summary(record([100, 200, 300]))
+    own = kit_trace.summary(record([130, 230, 330]))
+    assert [t["stamps_shared"] for t in together] == [1.0, 1.0]
+    assert [t["stamps_shared"] for t in own] == [0.0, 0.0]
+    alone = kit_trace.summary({**record([]), "pids": [1], "results": [{"busy_fraction": 1.0}]})
+    assert alone[0]["stamps_shared"] is None
+    assert "of its stamps shared with another tenant's" in kit_trace.rows({**record([130]), "phase": "p"})[0].observed

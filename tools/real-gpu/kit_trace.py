@@ -151,6 +151,11 @@ def summary(record: dict) -> list[dict]:
             }
         )
     not_found = sum(p.get("error") == "NVMLError_NotFound" for p in record["polls"])
+    stamps = {pid: {ts for (p, ts) in seen if p == pid} for pid in record["pids"]}
+    for t in out:  # the share of its stamps another tenant's samples carry too (1: stamped together)
+        others = set().union(*(v for k, v in stamps.items() if k != t["pid"]))
+        mine = stamps[t["pid"]]
+        t["stamps_shared"] = round(len(mine & others) / len(mine), 2) if mine and others else None
     return [{**t, "polls": len(record["polls"]), "not_found": not_found} for t in out]
 
 
@@ -162,5 +167,7 @@ def rows(record: dict) -> list[Row]:
                          "per-process samples (none judged)",
                          f"busy {t['busy_percent']} % by its own clock; {t['samples']} samples, median gap "
                          f"{t['sample_gap_ms']} ms, smUtil mean {t['sm_mean']} ({t['sm_zero']} at 0); "
-                         f"{t['not_found']} of {t['polls']} polls NOT_FOUND", None))  # fmt: skip
+                         f"{t['not_found']} of {t['polls']} polls NOT_FOUND"
+                         + (f"; {t['stamps_shared']} of its stamps shared with another tenant's"
+                            if t["stamps_shared"] is not None else ""), None))  # fmt: skip
     return got
