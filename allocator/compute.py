@@ -198,11 +198,12 @@ class ComputeController:
                 st = self.state.setdefault((s.slice_id, s.gpu), GateState())
                 f = files[s.slice_id]
                 pids = f.slot_pids().values()
-                st.busy_ns = sum(reading.busy_ns.get(pid, 0.0) for pid in pids)
-                st.window_ns, st.age_ns = reading.window_ns, reading.age_ns
-                if reading.window_ns:
-                    st.busy = st.busy_ns / reading.window_ns
-                    w = min(1.0, reading.window_ns / 1e9)
+                window = reading.window_of(pids)  # its processes' own time, where each has its own clock
+                st.busy_ns = sum(reading.busy_ns.get(pid, 0.0) for pid in pids) if window else 0.0
+                st.window_ns, st.age_ns = window, reading.age_of(pids)
+                if window:
+                    st.busy = st.busy_ns / window
+                    w = min(1.0, window / 1e9)
                     st.used_avg += w * (st.busy - st.used_avg)
                 waits = f.gate_waits(s.gpu)
                 hungry = waits > st.waits
@@ -212,7 +213,7 @@ class ComputeController:
                     st.last_active = now
                 if now - st.last_active < ACTIVE_HOLD_S:
                     active.add(s.slice_id)
-                    self._remember_use(st, was_active, reading.window_ns)
+                    self._remember_use(st, was_active, window)
                 if hungry:
                     st.last_hungry = now
             needs = {s.slice_id: n for s in on_gpu if s.slice_id in active and (n := self._needs(s, now)) is not None}

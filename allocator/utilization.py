@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 
 import pynvml
 
@@ -18,11 +18,29 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Reading:
-    """GPU time per pid over a window; consecutive readings tile time."""
+    """GPU time per pid over a window; consecutive readings tile time. Where
+    the driver stamps each process on its own clock, each process's samples
+    tile its own time: `windows_ns` then says what time each pid's figure
+    covers (absent: nothing new of it), for the pids the reader knows."""
 
     busy_ns: dict[int, float]
     window_ns: int
     age_ns: int = 0  # how long before the call the newest sample ended
+    windows_ns: dict[int, int] = field(default_factory=dict)
+    known: frozenset[int] = frozenset()  # pids with samples so far (windows_ns speaks for these)
+    ages_ns: dict[int, int] = field(default_factory=dict)  # per pid, where windows_ns is: when its figure ends
+
+    def window_of(self, pids: Iterable[int]) -> int:
+        """The time this reading covers for a slice with these processes."""
+        mine = [p for p in pids if p in self.known]
+        if not self.windows_ns or not mine:
+            return self.window_ns
+        return max(self.windows_ns.get(p, 0) for p in mine)
+
+    def age_of(self, pids: Iterable[int]) -> int:
+        """How long before the call the slice's figure ends (launches since go with the next reading)."""
+        ages = [self.ages_ns[p] for p in pids if p in self.ages_ns]
+        return min(ages) if ages else self.age_ns
 
 
 Sampler = Callable[[str], Reading]
@@ -57,6 +75,7 @@ class Spans:
         self.last: dict[int, int] = {}  # pid -> its newest stamp seen
         self.period_us = 0  # the driver's sample period, once seen
         self.periodic = False  # an answer held samples of more than one stamp: a driver with a period
+        self.interleaved = False  # processes' samples came on different stamps: each on its own clock
 
     def covered(self, samples: list[Sample], seen_us: int) -> list[tuple[Sample, int]]:
         """(sample, microseconds it covers) for each sample newer than seen_us, oldest first."""
@@ -70,12 +89,29 @@ class Spans:
             if prev is not None and x.stamp_us > prev:
                 own = x.stamp_us - prev
                 self.period_us = min(self.period_us, own) if self.period_us else own
+            if not self.interleaved and self.period_us:  # another process stamped within this period, not with it
+                self.interleaved = any(0 < x.stamp_us - t < self.period_us for q, t in self.last.items() if q != x.pid)
             self.last[x.pid] = max(x.stamp_us, prev or 0)
-            periodic = self.periodic and self.period_us
+            periodic = (self.periodic or self.interleaved) and self.period_us
             out.append((x, self.period_us if periodic else x.stamp_us - before[x.stamp_us]))
         if len(self.last) > MAX_PIDS and stamps:  # bounded: processes long gone are forgotten
             for pid in [p for p, t in self.last.items() if t < stamps[-1] - FORGET_US]:
                 del self.last[pid]
+        return out
+
+    def windows(self, covered: list[tuple[Sample, int]], seen_us: int, newest_us: int) -> dict[int, int]:
+        """Where each process is on its own clock: the time each pid's figure covers,
+        its samples' periods; a known pid with no sample for half a period past its
+        next is idle since (a driver sends no sample for a period it did not run in)."""
+        if not (self.interleaved and self.period_us):
+            return {}
+        out: dict[int, int] = {}
+        for x, span in covered:
+            out[x.pid] = out.get(x.pid, 0) + span
+        for pid, last in self.last.items():
+            idle_from = max(seen_us, last + self.period_us * 3 // 2)
+            if pid not in out and newest_us > idle_from:
+                out[pid] = newest_us - idle_from
         return out
 
 
@@ -113,4 +149,9 @@ class NvmlUtilization:
             busy[x.pid] = busy.get(x.pid, 0.0) + x.percent / 100 * span_us * 1000
         newest = covered[-1][0].stamp_us
         self.last_seen[uuid] = newest
-        return Reading(busy, (newest - seen) * 1000, max(0, time.time_ns() // 1000 - newest) * 1000)
+        now_us = time.time_ns() // 1000
+        windows = {pid: us * 1000 for pid, us in spans.windows(covered, seen, newest).items()}
+        ends = {pid: spans.last[pid] if pid in busy else newest for pid in windows}
+        ages = {pid: max(0, now_us - end) * 1000 for pid, end in ends.items()}
+        return Reading(busy, (newest - seen) * 1000, max(0, now_us - newest) * 1000, windows, frozenset(spans.last),
+                       ages)  # fmt: skip

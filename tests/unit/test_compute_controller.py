@@ -226,3 +226,32 @@ def test_nvml_readings_of_processes_whose_stamps_interleave_count_each_sample_fo
     # before it, the first samples count to the stamp before: 37 ms for pid 8, 63 ms for pid 7
     assert busy[7] / 1000 == pytest.approx(0.3 * 63_000 + 19 * 0.3 * period)
     assert busy[8] / 1000 == pytest.approx(0.7 * 37_000 + 19 * 0.7 * period + 0.5 * period)  # the gap: one period
+
+
+def test_a_daemon_polling_faster_than_the_driver_sees_each_process_on_its_own_time():
+    """Polled every 50 ms, a driver with 170 ms periods and per-process clocks answers one
+    process at a time. Each answer then speaks only for the processes in it: a slice whose
+    process has no new sample has no new figure (not 0 % over the answer's window), and
+    one silent for half a period past its next sample is idle since."""
+    from gpuslice.allocator.utilization import Reading, Sample, Spans
+
+    spans, P = Spans(), 170_000
+    seen = 0
+    readings = []
+    for k in range(1, 8):  # pid 7 at k*P, pid 8 at k*P + 60 ms, each 50 %; pid 8 stops after k = 4
+        for pid, t in ((7, k * P), (8, k * P + 60_000)):
+            if pid == 8 and k > 4:
+                continue
+            covered = spans.covered([Sample(pid, t, 50)], seen)
+            windows = spans.windows(covered, seen, t)
+            busy = {x.pid: x.percent / 100 * span * 1000 for x, span in covered}
+            readings.append(Reading(busy, (t - seen) * 1000, 0, {p: w * 1000 for p, w in windows.items()},
+                                    frozenset(spans.last)))  # fmt: skip
+            seen = t
+    assert spans.interleaved and spans.period_us == P
+    late = readings[-3:]  # pid 7's samples after pid 8 stopped
+    for r in late:
+        assert r.window_of([7]) == P * 1000 and r.busy_ns[7] / r.window_of([7]) == pytest.approx(0.5)
+    assert all(r.window_of([8]) > 0 and r.busy_ns.get(8, 0) == 0 for r in late[1:])  # idle since, once overdue
+    mid = readings[4]  # pid 7's sample between two of pid 8's: nothing new of pid 8
+    assert set(mid.busy_ns) == {7} and mid.window_of([8]) == 0
