@@ -6,6 +6,7 @@ function."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -89,15 +90,22 @@ class Spans:
             if prev is not None and x.stamp_us > prev:
                 own = x.stamp_us - prev
                 self.period_us = min(self.period_us, own) if self.period_us else own
-            if not self.interleaved and self.period_us:  # another process stamped within this period, not with it
-                self.interleaved = any(0 < x.stamp_us - t < self.period_us for q, t in self.last.items() if q != x.pid)
             self.last[x.pid] = max(x.stamp_us, prev or 0)
             periodic = (self.periodic or self.interleaved) and self.period_us
             out.append((x, self.period_us if periodic else x.stamp_us - before[x.stamp_us]))
+        self.interleaved = self.interleaved or self._stamps_interleave()
         if len(self.last) > MAX_PIDS and stamps:  # bounded: processes long gone are forgotten
             for pid in [p for p, t in self.last.items() if t < stamps[-1] - FORGET_US]:
                 del self.last[pid]
         return out
+
+    def _stamps_interleave(self) -> bool:
+        """Two processes' newest stamps less than a period apart, yet not together: each on its own
+        clock (stamped together, they differ by whole periods). Once per answer, over the sorted stamps."""
+        if not self.period_us:
+            return False
+        ends = sorted(set(self.last.values()))
+        return any(b - a < self.period_us for a, b in itertools.pairwise(ends))
 
     def windows(self, covered: list[tuple[Sample, int]], seen_us: int, newest_us: int) -> dict[int, int]:
         """Where each process is on its own clock: the time each pid's figure covers,
