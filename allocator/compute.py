@@ -2,7 +2,10 @@
 for (docs/compute.md).
 
 Every period it measures what each slice ran on each GPU (readings of
-per-process GPU time, allocator/utilization.py, summed over the slice's processes), decides each slice's target
+per-process GPU time, allocator/utilization.py, summed over the slice's
+processes; where the driver gives each sample period to one process, the GPU's
+time split among the slices by what each launched, allocator/cost_split.py),
+decides each slice's target
 share (policy and priority), and turns the difference into the next period's
 launch budget in the slice's gate: budget = target time / learned cost of a
 thread, corrected by the integral of the past error.  The interposers spend
@@ -17,8 +20,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gpuslice.allocator.cost_split import CostSplit
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
-from gpuslice.allocator.utilization import Sampler
+from gpuslice.allocator.utilization import Reading, Sampler
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +76,9 @@ class GateState:
     history: deque = field(default_factory=deque)  # (GPU ns, threads launched, window ns) per reading
     measured_ns: int = 0  # the time all readings paired so far covered
     recent: deque = field(default_factory=deque)  # busy per reading over LEND_WINDOW_S, while active
+    first_seen: float = 0.0  # when the controller first saw it
+    held: bool = False  # waits at a trickle while another slice's cost is measured (CostSplit)
+    alone_cost: float | None = None  # GPU ns per thread, measured while it ran alone
 
     def ns_per_thread(self, settled: bool = True) -> float | None:
         """GPU time per launched thread: once a few periods have been measured
@@ -141,6 +148,8 @@ class ComputeController:
         self.lend_readings = max(3, round(LEND_WINDOW_S / period))  # readings that span LEND_WINDOW_S
         self.learn_growth = int(min(LEARN_MAX_GROWTH, 2 ** max(1.0, period / LEARN_DOUBLING_S)))
         self.state: dict[tuple[str, int], GateState] = {}
+        self.splits: dict[str, CostSplit] = {}  # per GPU UUID, where its driver gives each period to one process
+        self.one_per_period: dict[str, bool] = {}  # per GPU UUID: what its driver's readings showed last
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last = clock()
@@ -195,12 +204,18 @@ class ComputeController:
             reading = self.sample(uuid)
             active = set()
             for s in on_gpu:
-                st = self.state.setdefault((s.slice_id, s.gpu), GateState())
+                st = self.state.setdefault((s.slice_id, s.gpu), GateState(first_seen=now))
                 f = files[s.slice_id]
+                self._count(st, int(f.usage.gate[s.gpu].tokens))
                 pids = f.slot_pids().values()
                 window = reading.window_of(pids)  # its processes' own time, where each has its own clock
                 st.busy_ns = sum(reading.busy_ns.get(pid, 0.0) for pid in pids) if window else 0.0
                 st.window_ns, st.age_ns = window, reading.age_of(pids)
+            self._split(uuid, on_gpu, files, reading, now, dt)
+            for s in on_gpu:
+                st = self.state[(s.slice_id, s.gpu)]
+                f = files[s.slice_id]
+                window = st.window_ns
                 if window:
                     st.busy = st.busy_ns / window
                     w = min(1.0, window / 1e9)
@@ -234,6 +249,50 @@ class ComputeController:
                 seen.add((s.slice_id, s.gpu))
         for key in set(self.state) - seen:  # gone, or no longer controlled
             del self.state[key]
+        for uuid in set(self.splits) - set(by_gpu):
+            del self.splits[uuid]
+        for uuid in set(self.one_per_period) - set(by_gpu):
+            del self.one_per_period[uuid]
+
+    def _split(self, uuid: str, on_gpu: list[Share], files: dict[str, SliceFiles], reading: Reading, now: float,
+               dt: float) -> None:  # fmt: skip
+        """Where the driver gives each sample period to one process (Reading.per_process
+        False) and several slices launch on this GPU: each one's time is the GPU's,
+        split by what each launched (CostSplit), not what NVML put on its processes."""
+        keys = [(s.slice_id, s.gpu) for s in on_gpu]
+        for k in keys:
+            self.state[k].held = False
+        if reading.window_ns:
+            self.one_per_period[uuid] = not reading.per_process
+        if not self.one_per_period.get(uuid):
+            return
+        split = self.splits.setdefault(uuid, CostSplit())
+        split.forget(set(keys))
+        launching = [k for k in keys if self.state[k].unpaired > 0 or now - self.state[k].last_active < ACTIVE_HOLD_S]
+        # slices that start together cannot be told apart while they time-slice: one learns its
+        # cost alone, the others wait at a trickle, then each joins (CostSplit)
+        unknown = sorted((k for k in launching if k not in split.costs and not self.state[k].alone_cost),
+                         key=lambda k: self.state[k].first_seen)  # fmt: skip
+        if len(launching) > 1 and len(unknown) == len(launching):
+            for k in unknown[1:]:
+                self.state[k].held = True
+        running = [k for k in launching if not self.state[k].held]
+        if not reading.window_ns or not running:
+            return
+        if len(running) == 1:  # alone: its processes' samples are its own, and what it costs now
+            st = self.state[running[0]]
+            if (r := st.ns_per_thread()) is not None:
+                st.alone_cost = r
+                if running[0] in split.costs:
+                    split.costs[running[0]] = r
+            return
+        pids = {p for s in on_gpu for p in files[s.slice_id].slot_pids().values()}
+        total = sum(b for pid, b in reading.busy_ns.items() if pid in pids)
+        threads = {k: self.state[k].unpaired - self._later(self.state[k], reading.age_ns, dt) for k in launching}
+        known = {k: c for k in launching if (c := self.state[k].alone_cost)}
+        for k, busy_ns in split.split(total, threads, known).items():
+            st = self.state[k]
+            st.busy_ns, st.window_ns, st.age_ns = busy_ns, reading.window_ns, reading.age_ns
 
     def _remember_use(self, st: GateState, was_active: bool, window_ns: int) -> None:
         if not was_active:  # what it used before it went idle says nothing now
@@ -254,16 +313,23 @@ class ComputeController:
         return need if need < s.guarantee else None
 
     @staticmethod
-    def _pair(st: GateState, tokens: int, dt: float) -> None:
-        """Count the threads launched since our last refill (`tokens` is the
-        gate now), and pair a new reading with those launched in the time it
-        covers (a driver may sample less often than we refill)."""
+    def _count(st: GateState, tokens: int) -> None:
+        """Count the threads launched since our last refill (`tokens` is the gate now)."""
         if st.after is not None:
             st.consumed = max(0, st.after - tokens)
             st.unpaired += st.consumed
+
+    @staticmethod
+    def _later(st: GateState, age_ns: int, dt: float) -> int:
+        """Of the threads launched this period, those after the newest sample ended
+        (`age_ns` before now): they go with the next reading."""
+        return int(st.consumed * min(1.0, age_ns / (dt * 1e9)))
+
+    def _pair(self, st: GateState, dt: float) -> None:
+        """Pair a new reading with the threads launched in the time it covers (a
+        driver may sample less often than we refill)."""
         if st.window_ns:
-            # what was launched after the newest sample ended goes with the next reading
-            later = int(st.consumed * min(1.0, st.age_ns / (dt * 1e9)))
+            later = self._later(st, st.age_ns, dt)
             if not st.switched:
                 # the launch queue's lag is a small part of a long reading, and the ratio
                 # spans about a second of them
@@ -281,7 +347,7 @@ class ComputeController:
         prior: float | None,
     ) -> None:
         tokens = int(f.usage.gate[s.gpu].tokens)
-        self._pair(st, tokens, dt)
+        self._pair(st, dt)
         entitled = st.opened and st.target >= OPEN_AT and not s.hard  # had the whole GPU to itself
         ratio = st.ns_per_thread() or prior
         if not entitled and st.after is not None:
@@ -312,7 +378,9 @@ class ComputeController:
             # KI per reading, spread over the refills between readings
             allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns * min(1.0, dt * 1e9 / (st.reading_ns or 1)))
             ratio = ratio or st.ns_per_thread(settled=False)
-            if ratio is None:
+            if st.held:
+                threads = 1 + (-tokens if tokens < 0 else 0)
+            elif ratio is None:
                 # nothing measured yet: one launch, then twice what it launched in the last
                 # period every LEARN_DOUBLING_S, until NVML sees enough use to measure
                 debt = -tokens if tokens < 0 else 0

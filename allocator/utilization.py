@@ -30,6 +30,10 @@ class Reading:
     windows_ns: dict[int, int] = field(default_factory=dict)
     known: frozenset[int] = frozenset()  # pids with samples so far (windows_ns speaks for these)
     ages_ns: dict[int, int] = field(default_factory=dict)  # per pid, where windows_ns is: when its figure ends
+    # each process's figure is its own use; False where the driver gives each period to one
+    # process (the GPU's use, to the one that ran most: H100, driver 580), until two
+    # processes are seen sampled for one period
+    per_process: bool = True
 
     def window_of(self, pids: Iterable[int]) -> int:
         """The time this reading covers for a slice with these processes."""
@@ -77,12 +81,14 @@ class Spans:
         self.period_us = 0  # the driver's sample period, once seen
         self.periodic = False  # an answer held samples of more than one stamp: a driver with a period
         self.interleaved = False  # processes' samples came on different stamps: each on its own clock
+        self.shared = False  # two processes' samples came on one stamp: each sample is its process's own use
 
     def covered(self, samples: list[Sample], seen_us: int) -> list[tuple[Sample, int]]:
         """(sample, microseconds it covers) for each sample newer than seen_us, oldest first."""
         new = sorted((x for x in samples if x.stamp_us > seen_us), key=lambda x: x.stamp_us)
         stamps = sorted({x.stamp_us for x in new})
         self.periodic = self.periodic or len(stamps) > 1
+        self.shared = self.shared or len(stamps) < len({(x.stamp_us, x.pid) for x in new})
         before = {t: stamps[i - 1] if i else seen_us for i, t in enumerate(stamps)}  # the stamp before, of any process
         out = []
         for x in new:
@@ -100,12 +106,13 @@ class Spans:
         return out
 
     def _stamps_interleave(self) -> bool:
-        """Two processes' newest stamps less than a period apart, yet not together: each on its own
-        clock (stamped together, they differ by whole periods). Once per answer, over the sorted stamps."""
+        """Two processes' newest stamps well under a period apart, yet not together: each on its own
+        clock (stamped on the GPU's clock, they differ by whole periods, give or take the
+        H100's 2 ms of jitter). Once per answer, over the sorted stamps."""
         if not self.period_us:
             return False
         ends = sorted(set(self.last.values()))
-        return any(b - a < self.period_us for a, b in itertools.pairwise(ends))
+        return any(b - a < self.period_us * 3 // 4 for a, b in itertools.pairwise(ends))
 
     def windows(self, covered: list[tuple[Sample, int]], seen_us: int, newest_us: int) -> dict[int, int]:
         """Where each process is on its own clock: the time each pid's figure covers,
@@ -162,4 +169,4 @@ class NvmlUtilization:
         ends = {pid: spans.last[pid] if pid in busy else newest for pid in windows}
         ages = {pid: max(0, now_us - end) * 1000 for pid, end in ends.items()}
         return Reading(busy, (newest - seen) * 1000, max(0, now_us - newest) * 1000, windows, frozenset(spans.last),
-                       ages)  # fmt: skip
+                       ages, spans.shared or spans.interleaved)  # fmt: skip

@@ -207,9 +207,14 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
                 return fail(c, "gpus[%d].timeslice: must be a duration from 100us to 1s such as 2ms, got \"%s\"", idx, v);
             g->timeslice_ns = ns;
         } else if (strcmp(k, "util_stamps") == 0) {
-            if (strcmp(v, "per_process") != 0 && strcmp(v, "together") != 0)
-                return fail(c, "gpus[%d].util_stamps: must be per_process (each process's samples on its own clock, as real drivers stamp them) or together, got \"%s\"", idx, v);
-            g->util_own_stamps = strcmp(v, "per_process") == 0;
+            if (strcmp(v, "busiest") == 0)
+                g->util_stamps = SIM_STAMPS_BUSIEST;
+            else if (strcmp(v, "per_process") == 0)
+                g->util_stamps = SIM_STAMPS_PER_PROCESS;
+            else if (strcmp(v, "together") == 0)
+                g->util_stamps = SIM_STAMPS_TOGETHER;
+            else
+                return fail(c, "gpus[%d].util_stamps: must be busiest (one sample per period, the GPU's use, to the process that ran most: H100, driver 580), per_process (each process on its own clock) or together, got \"%s\"", idx, v);
         } else if (strcmp(k, "util_zero_samples") == 0) {
             if (strcmp(v, "true") && strcmp(v, "false"))
                 return fail(c, "gpus[%d].util_zero_samples: must be true or false (a sample for a period whose use rounds to 0 %%), got \"%s\"", idx, v);

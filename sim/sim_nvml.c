@@ -499,6 +499,61 @@ static unsigned own_stamp_samples(int idx, nvmlProcessUtilizationSample_t *sampl
     return n;
 }
 
+/* util_stamps: busiest.  What an H100 with driver 580 answered
+ * (tests/data/real-gpu/h100-2026-11-26/trace.json): periods on the GPU's
+ * clock, and for each at most one sample, carrying the GPU's use over the
+ * period, to the process that ran most in it; two tenants time-slicing never
+ * got a sample for the same period.  An answer spanning several periods gives
+ * each process that was given any one sample: its newest stamp, and the mean
+ * over every period since last_seen of what it was given (0 for the others). */
+static unsigned busiest_samples(int idx, nvmlProcessUtilizationSample_t *samples, unsigned cap,
+                                unsigned long long last_seen_us)
+{
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    uint64_t mono = sim_now_ns(), period = sim_machine()->gpu[idx].util_sample_ns;
+    unsigned long long now_us = (unsigned long long)rt.tv_sec * 1000000ull + (unsigned long long)rt.tv_nsec / 1000;
+    uint64_t floor = mono > SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS ? mono - SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS : 0;
+    uint64_t seen = 0;
+    if (last_seen_us) {
+        if (last_seen_us >= now_us)
+            return 0;
+        uint64_t back = (now_us - last_seen_us) * 1000ull;
+        seen = back >= mono ? 0 : (mono - back + SIM_BUCKET_NS / 2) / SIM_BUCKET_NS * SIM_BUCKET_NS;
+    }
+    unsigned given[SIM_MAX_PROCS] = {0}, periods = 0;
+    uint64_t newest[SIM_MAX_PROCS] = {0};
+    for (uint64_t end = mono / period * period; end > seen && end >= floor + period && end >= period; end -= period) {
+        periods++;
+        uint64_t all = sim_busy_between(idx, -1, end - period, end), most = 0;
+        int who = -1;
+        for (int i = 0; i < SIM_MAX_PROCS; i++) {
+            const struct sim_proc *p = &sim_shm->proc[i];
+            if (!p->live || (!p->contexts[idx] && !p->mem[idx]))
+                continue;
+            uint64_t busy = sim_busy_between(idx, i, end - period, end);
+            if (busy > most)
+                most = busy, who = i;
+        }
+        if (who < 0 || (!sim_machine()->gpu[idx].util_zero_samples && percent(all, period) == 0))
+            continue;
+        given[who] += percent(all, period);
+        if (!newest[who])
+            newest[who] = end;
+    }
+    unsigned n = 0;
+    for (int i = 0; i < SIM_MAX_PROCS; i++) {
+        if (!newest[i])
+            continue;
+        if (samples && n < cap)
+            samples[n] = (nvmlProcessUtilizationSample_t){.pid = (unsigned)sim_pid_for_reader(i),
+                                                          .timeStamp = now_us - (mono - newest[i]) / 1000,
+                                                          .smUtil = (given[i] + periods / 2) / periods};
+        n++;
+    }
+    return n;
+}
+
 NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *samples, unsigned int *count,
                                       unsigned long long last_seen_us)
 {
@@ -506,8 +561,10 @@ NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSamp
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
     sim_sweep_dead();
-    if (sim_machine()->gpu[idx].util_own_stamps && sim_machine()->gpu[idx].util_sample_ns > SIM_BUCKET_NS) {
-        unsigned cap = *count, n = own_stamp_samples(idx, samples, cap, last_seen_us);
+    int stamps = sim_machine()->gpu[idx].util_stamps;
+    if (stamps != SIM_STAMPS_TOGETHER && sim_machine()->gpu[idx].util_sample_ns > SIM_BUCKET_NS) {
+        unsigned cap = *count, n = stamps == SIM_STAMPS_BUSIEST ? busiest_samples(idx, samples, cap, last_seen_us)
+                                                                : own_stamp_samples(idx, samples, cap, last_seen_us);
         *count = n;
         if (n == 0)
             return NVML_ERROR_NOT_FOUND;

@@ -20,9 +20,12 @@
 #define SIM_MAX_GPUS 8
 #define SIM_MAX_PROCS 128
 #define SIM_BUCKET_NS 10000000ull /* 10 ms utilisation buckets */
+#define SIM_STAMPS_TOGETHER 0      /* each process its own use, every process stamped at the GPU's period ends */
+#define SIM_STAMPS_PER_PROCESS 1   /* each process its own use, each on its own clock */
+#define SIM_STAMPS_BUSIEST 2       /* one sample per period: the GPU's use, to the process that ran most in it */
 #define SIM_NBUCKETS 256          /* ring of 2.56 s */
 #define SIM_UTIL_WINDOW_BUCKETS 100 /* NVML reports over the last second */
-#define SIM_LAYOUT_VERSION 4u
+#define SIM_LAYOUT_VERSION 5u
 #define SIM_NSEGS 64          /* when each process's last stretches of work ran, per GPU */
 #define SIM_MAX_CG_LIMITS 64
 #define SIM_CG_PATH 240
@@ -51,7 +54,7 @@ struct sim_gpu_info { /* static, from the config */
     uint64_t wave_ns;        /* modelled time of one wave of blocks */
     uint64_t util_sample_ns; /* per-process utilization sample period (a multiple of SIM_BUCKET_NS) */
     int util_zero_samples;   /* a period whose use rounds to 0 % still gets a sample (default; 0: none) */
-    int util_own_stamps;     /* each process's sample periods on its own clock, as real drivers stamp them */
+    int util_stamps;         /* SIM_STAMPS_*: whose use a sample period's samples carry, on which clock */
     uint64_t timeslice_ns;   /* how long one context runs while others wait for the GPU */
     int sms;
     int cc_major, cc_minor;
