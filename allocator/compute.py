@@ -39,6 +39,7 @@ LEND_HEADROOM = 1.5  # ... keeping this multiple of its peak use over that windo
 LEND_MARGIN = 0.05  # ... and at least this much of the GPU above it
 BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %)
 BEST_EFFORT_FLOOR = 0.01  # ... which still progresses when every share is taken
+ALONE_AFTER_S = 1.5  # a slice's cost alone is taken once its readings cover this much (CostSplit)
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
 TIERS = ("high", "normal", "low")
 
@@ -281,7 +282,8 @@ class ComputeController:
             return
         if len(running) == 1:  # alone: its processes' samples are its own, and what it costs now
             st = self.state[running[0]]
-            if (r := st.ns_per_thread()) is not None:
+            # its first second, a ramp whose launches run ahead of the GPU, is past
+            if st.measured_ns >= ALONE_AFTER_S * 1e9 and (r := st.ns_per_thread()) is not None:
                 st.alone_cost = r
                 if running[0] in split.costs:
                     split.costs[running[0]] = r

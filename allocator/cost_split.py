@@ -20,8 +20,11 @@ caches) changes nothing, and the GPU's time is never lost or doubled."""
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 Key = tuple[str, int]  # (slice id, GPU index within the slice)
 
@@ -73,6 +76,9 @@ class CostSplit:
         whole = sum(weight.values())
         if whole > 0:
             out.update({k: total_ns * w / whole for k, w in weight.items()})
+        log.debug("split %.1f ms: %s", total_ns / 1e6, " ".join(
+            f"{k[0][:8]}/{k[1]} threads {t} cost {self.costs.get(k, 0.0):.4g}{' joining' if k == self.learner else ''}"
+            f" {out[k] / 1e6:.1f} ms" for k, t in threads.items()))  # fmt: skip
         return out
 
     def forget(self, keep: set[Key]) -> None:

@@ -11,6 +11,7 @@ does not restart on it."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -111,7 +112,11 @@ def sim() -> ModuleType:
 
 
 def log_as(name: str, verbose: bool) -> None:
+    """INFO, or DEBUG with --verbose; GPUSLICE_DEBUG names loggers to debug alone (comma-separated,
+    e.g. gpuslice.allocator.cost_split: how the compute controller splits the GPU's time)."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=f"gpuslice-{name}: %(message)s")
+    for logger in filter(None, os.environ.get("GPUSLICE_DEBUG", "").split(",")):
+        logging.getLogger(logger.strip()).setLevel(logging.DEBUG)
 
 
 class Served(Protocol):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from gpuslice.allocator.config import Config
 from gpuslice.cli import selftest_node as node
+from gpuslice.cli import selftest_shares as shares
 from gpuslice.cli import selftest_slices as slices
 from gpuslice.cli.selftest_report import Check
 from gpuslice.client import AllocatorClient
@@ -63,5 +64,5 @@ def _run(opts: Options, view: Path) -> list[Check]:
         for gpu in gpus:
             checks += slices.memory_checks(client, gpu, layout, opts.memory, opts.cfg.context_reserve)
             if opts.shares:
-                checks += slices.share_checks(client, gpu, layout, opts.seconds, opts.cfg.context_reserve)
+                checks += shares.share_checks(client, gpu, layout, opts.seconds, opts.cfg.context_reserve)
     return checks

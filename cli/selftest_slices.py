@@ -34,11 +34,7 @@ WORKER = "gpuslice-selftest-worker"
 PATHS = ("mem", "managed", "pitch", "async", "pool", "vmm", "array", "array3d", "mipmap")
 CHUNK = 64 << 20
 KILL_GIVES_BACK_S = 1.0
-SHARES = (30, 70)
-SHARE_TOLERANCE = 3.0  # percentage points
-SETTLE_S = 3.0  # the controller's budgets settle before the shares are measured
 LAUNCH_BUDGET_NS = 20.0  # DESIGN: an intercepted launch under budget adds at most this
-SPIN_WAVES, SPIN_CYCLES = 10, 100_000  # whole waves of ~60 us on a real GPU; the simulator models its own
 
 
 class WorkerError(RuntimeError):
@@ -225,42 +221,6 @@ def _launch_overhead(box: Box, layout: Layout, tag: str, rounds: int = 7, launch
     observed = f"{added:+.1f} ns on {min(direct):.0f} ns (noise {noise:.1f} ns)"
     return Check(f"{tag} launch gate per launch", f"<= {LAUNCH_BUDGET_NS:g} ns added", observed,
                  added <= LAUNCH_BUDGET_NS + noise)  # fmt: skip
-
-
-def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: float, reserve: int = 0) -> list[Check]:
-    """Two processes spinning under hard shares; each one's SM use from NVML."""
-    tag = f"GPU {gpu.index}"
-    try:
-        with (
-            slice_box(client, gpu, layout, _share(SHARES[0], reserve)) as a,
-            slice_box(client, gpu, layout, _share(SHARES[1], reserve)) as b,
-        ):
-            procs = [
-                box.start("spin", f"{SETTLE_S + seconds + 1:.1f}", str(SPIN_WAVES), str(SPIN_CYCLES)) for box in (a, b)
-            ]
-            try:
-                for p in procs:
-                    assert p.stdout is not None
-                    _reply(p.stdout.readline(), "", "spin")
-                pids = [worker_pid(p) for p in procs]
-                time.sleep(SETTLE_S)
-                used = sm_use(gpu.uuid, pids, seconds)
-            finally:
-                for p in procs:
-                    p.kill()
-                    p.wait(10)
-    except (grpc.RpcError, WorkerError, OSError, subprocess.TimeoutExpired) as e:
-        why = (e.details() or "") if isinstance(e, grpc.RpcError) else str(e)
-        return [failed(f"{tag} hard shares", f"{SHARES[0]} and {SHARES[1]} %", why)]
-    return [
-        Check(f"{tag} hard share {share} %", f"{share} ± {SHARE_TOLERANCE:g} % over {seconds:g} s (NVML)",
-              f"{use:.1f} %", abs(use - share) <= SHARE_TOLERANCE)
-        for share, use in zip(SHARES, used, strict=True)
-    ]  # fmt: skip
-
-
-def _share(cores: int, reserve: int) -> dict[str, str]:
-    return {request.MEMORY: str((256 << 20) + reserve), request.CORES: str(cores), request.POLICY: "hard"}
 
 
 def sm_use(gpu_uuid: str, pids: list[int], seconds: float) -> list[float]:

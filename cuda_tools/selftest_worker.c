@@ -15,6 +15,10 @@
  *   spin SECONDS WAVES CYCLES  launch a spin kernel (PTX text, JIT-compiled by
  *                        the driver) back to back, each WAVES full waves of
  *                        blocks spinning CYCLES clocks; report the launches made
+ *   work SECONDS WAVES ITERS  launch a fixed-work kernel (ITERS dependent FMAs a
+ *                        thread) back to back, printing the launches made every
+ *                        0.2 s: the work done, which the selftest compares with
+ *                        the rate alone
  *   launches N           the CPU time of one kernel launch: the median batch of
  *                        16 over N launches (at most 65536)
  * env GPUSLICE_SELFTEST_LIBCUDA: load this library instead (the driver's own,
@@ -44,7 +48,15 @@ static const char SPIN_PTX[] =
     " ld.param.u64 %rd1, [cycles];\n mov.u64 %rd2, %clock64;\n"
     "WAIT:\n mov.u64 %rd3, %clock64;\n sub.s64 %rd4, %rd3, %rd2;\n"
     " setp.lt.u64 %p, %rd4, %rd1;\n @%p bra WAIT;\n ret;\n}\n"
-    ".visible .entry empty()\n{\n ret;\n}\n";
+    ".visible .entry empty()\n{\n ret;\n}\n"
+    /* `iters` dependent FMAs a thread: a fixed amount of work, unlike a spin on the clock,
+     * which ends on time however little of it the context had while time-sliced */
+    ".visible .global .f32 sink;\n"
+    ".visible .entry work(.param .u64 iters)\n{\n"
+    " .reg .pred %p;\n .reg .b64 %rd<3>;\n .reg .f32 %f<3>;\n"
+    " ld.param.u64 %rd1, [iters];\n mov.u64 %rd2, 0;\n mov.f32 %f1, 0f3F800000;\n mov.f32 %f2, 0f3F7FFFFE;\n"
+    "LOOP:\n fma.rn.f32 %f1, %f1, %f2, 0f3A83126F;\n add.u64 %rd2, %rd2, 1;\n"
+    " setp.lt.u64 %p, %rd2, %rd1;\n @%p bra LOOP;\n st.global.f32 [sink], %f1;\n ret;\n}\n";
 
 static void *cuda, *nvml;
 #define CU(name, ...) ((CUresult(*)())dlsym(cuda, #name))(__VA_ARGS__)
@@ -324,6 +336,40 @@ static int spin(double seconds, unsigned waves, unsigned long long cycles)
     return 0;
 }
 
+/* Launches a fixed-work kernel back to back for `seconds`, printing the launches
+ * made so far every PROGRESS_NS: in steady state the queue holds as much at the
+ * end of a window as at its start, so the launches made in it are the work done. */
+#define PROGRESS_NS 200000000ull
+static int work(double seconds, unsigned waves, unsigned long long iters)
+{
+    CUfunction f;
+    int sms = 0;
+    CUresult r = load_kernel("work", &f);
+    if (!r)
+        r = CU(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
+    if (r)
+        return fail("work kernel", r);
+    unsigned grid = waves * 2u * (unsigned)sms;
+    void *params[] = {&iters};
+    unsigned long long start = now_ns(), end = start + (unsigned long long)(seconds * 1e9), launches = 0;
+    unsigned long long next = start;
+    printf("{\"working\": true}\n");
+    fflush(stdout);
+    for (unsigned long long t = start; t < end; t = now_ns()) {
+        if (t >= next) {
+            printf("{\"t\": %llu, \"launches\": %llu}\n", t, launches);
+            fflush(stdout);
+            next = t + PROGRESS_NS;
+        }
+        for (int i = 0; i < SPIN_BATCH && !r; i++, launches++)
+            r = CU(cuLaunchKernel, f, grid, 1u, 1u, 1024u, 1u, 1u, 0u, stream, params, NULL);
+        if (r)
+            return fail("cuLaunchKernel", r);
+    }
+    printf("{\"launches\": %llu}\n", launches);
+    return 0;
+}
+
 static int by_value(const void *a, const void *b)
 {
     unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
@@ -370,7 +416,7 @@ static int launches(unsigned n)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s UUID view|fill PATH CHUNK|hold BYTES|procaddr|spin S WAVES CYCLES|launches N\n",
+        fprintf(stderr, "usage: %s UUID view|fill PATH CHUNK|hold BYTES|procaddr|spin S WAVES CYCLES|work S WAVES ITERS|launches N\n",
                 argv[0]);
         return 2;
     }
@@ -402,6 +448,8 @@ int main(int argc, char **argv)
         return hold(strtoull(argv[3], NULL, 10));
     if (strcmp(cmd, "procaddr") == 0)
         return procaddr();
+    if (strcmp(cmd, "work") == 0 && argc == 6)
+        return work(atof(argv[3]), (unsigned)atoi(argv[4]), strtoull(argv[5], NULL, 10));
     if (strcmp(cmd, "spin") == 0 && argc == 6)
         return spin(atof(argv[3]), (unsigned)atoi(argv[4]), strtoull(argv[5], NULL, 10));
     if (strcmp(cmd, "launches") == 0 && argc == 4)

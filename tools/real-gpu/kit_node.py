@@ -127,6 +127,8 @@ class Daemon:
         shutil.rmtree(paths.work / "state", ignore_errors=True)  # no slices left from a cut call
         paths.socket.unlink(missing_ok=True)
         (paths.work / "daemon.log").unlink(missing_ok=True)
+        # how the controller splits the GPU's time, reading by reading, goes into daemon.log
+        os.environ.setdefault("GPUSLICE_DEBUG", "gpuslice.allocator.cost_split")
         try:
             self.running = sim_daemon.start(paths.work, paths.config)
         except RuntimeError as e:

@@ -98,9 +98,13 @@ def jax_rows(step: str, label: str, limit: int, reserve: int, out: Outcome, prea
     rows = [check(step, f"{label}: its limit is a fraction of the slice", f"0 < limit ≤ {mib(limit)}",
                   f"limit {mib(view['total'])}", 0 < view["total"] <= limit)]  # fmt: skip
     if prealloc:
+        # XLA's pool is 75 % of the slice; the charge beside it is JAX's and the driver's own (cuBLAS
+        # workspaces, module code), which the daemon charges too: the H100 showed 100 MiB of it
+        pool = int(view.get("stats", {}).get("pool_bytes", 0))
         taken = warm.charge - reserve
-        rows.append(check(step, f"{label}: preallocates 75 % of the slice", f"{mib(int(0.75 * limit))} ± 64 MiB",
-                          f"{mib(taken)} charged besides the context", abs(taken - 0.75 * limit) <= CHUNK))  # fmt: skip
+        observed = f"pool {mib(pool)}; {mib(taken)} charged besides the context ({mib(taken - pool)} beside the pool)"
+        rows.append(check(step, f"{label}: preallocates 75 % of the slice", f"XLA's pool {mib(int(0.75 * limit))} "
+                          "± 64 MiB", observed, abs(pool - 0.75 * limit) <= CHUNK and pool <= taken))  # fmt: skip
     refused = not out.result["refusal"].startswith("no OOM")
     # preallocated, arrays come out of XLA's pool; growing, each region is charged as it is taken
     reach = view["free"] if prealloc else min(view["free"], limit - warm.charge)
@@ -122,8 +126,10 @@ def share_rows(
     thr = [100 * r / alone for r in rates] if alone else []
     thr_all = statistics.fmean(thr) if thr else 0.0
     return [
-        check(step, f"{label}: NVML", f"{target:g} ± {SHARE_POINTS:g} % over {len(windows)} s",
-              f"{over:.1f} % ({spread})", abs(over - target) <= SHARE_POINTS),
+        # a fact, not a check: a driver that gives each sample period to one process (the H100's,
+        # driver 580) cannot tell time-sliced tenants apart by their samples (docs/compute.md)
+        check(step, f"{label}: NVML", f"a fact: {target:g} % where each process is sampled on its own",
+              f"{over:.1f} % over {len(windows)} s ({spread})", None),
         check(step, f"{label}: throughput", f"{target:g} ± {SHARE_POINTS:g} % of its rate alone",
               f"{thr_all:.1f} % ({len(thr)} s; per second {min(thr, default=0):.1f}-{max(thr, default=0):.1f})",
               abs(thr_all - target) <= SHARE_POINTS),
@@ -375,8 +381,9 @@ def transformers(kit: Kit) -> StepResult:
     except FAILURES as e:
         failed, more = _failed(step, f"{label}: without gpuslice", "runs", e)
         return StepResult(step, rows + failed, 0, {**facts, **more})
-    facts["direct_seconds"] = direct
+    facts["direct_seconds"], facts["direct"] = direct, out.result
     rows.append(generate_time_row(step, label, in_slice, direct))
+    rows.append(generate_paths_row(step, label, facts.get("result", {}), out.result))
     return StepResult(step, rows, 0, facts)
 
 
@@ -385,6 +392,17 @@ def generate_time_row(step: str, label: str, in_slice: float | None, direct: flo
         f"no time in the slice; {direct:.2f} s without")  # fmt: skip
     return check(step, f"{label}: time", "≤ 1.1 x its time without gpuslice", observed,
                  in_slice is not None and in_slice <= 1.1 * direct)  # fmt: skip
+
+
+def generate_paths_row(step: str, label: str, in_slice: dict, direct: dict) -> Row:
+    """Where a slower generate's time goes: a second (warm) generate, a tiny op's launch,
+    and a launch with a copy back, in the slice and without gpuslice (a fact)."""
+    keys = (("again_seconds", "warm generate", "s", 2), ("launch_us", "launch", "us", 1),
+            ("launch_and_copy_us", "launch + copy back", "us", 1))  # fmt: skip
+    parts = [f"{name} {in_slice[k]:.{d}f} {u} against {direct[k]:.{d}f} {u}" for k, name, u, d in keys
+             if k in in_slice and k in direct]  # fmt: skip
+    return check(step, f"{label}: where the time goes", "a fact: in the slice against without gpuslice",
+                 "; ".join(parts) or "not measured", None)  # fmt: skip
 
 
 def _hard(cores: int) -> dict[str, str]:
