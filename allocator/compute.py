@@ -25,6 +25,7 @@ from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
 from gpuslice.allocator.utilization import Reading, Sampler
 
 log = logging.getLogger(__name__)
+split_log = logging.getLogger("gpuslice.allocator.cost_split")
 
 KI = 0.15  # integral gain per period: the loop's delay is about two periods
 CREDIT_S = 0.2  # at most this many seconds of target are owed or banked, whatever the period
@@ -39,6 +40,7 @@ LEND_HEADROOM = 1.5  # ... keeping this multiple of its peak use over that windo
 LEND_MARGIN = 0.05  # ... and at least this much of the GPU above it
 BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %)
 BEST_EFFORT_FLOOR = 0.01  # ... which still progresses when every share is taken
+HELD_SHARE = 0.02  # of the GPU, at the GPU's cost per thread, for a slice waiting for its cost to be measured
 ALONE_AFTER_S = 1.5  # a slice's cost alone is taken once its readings cover this much (CostSplit)
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
 TIERS = ("high", "normal", "low")
@@ -263,18 +265,20 @@ class ComputeController:
         keys = [(s.slice_id, s.gpu) for s in on_gpu]
         for k in keys:
             self.state[k].held = False
-        if reading.window_ns:
+        if reading.window_ns and self.one_per_period.get(uuid) != (not reading.per_process):
             self.one_per_period[uuid] = not reading.per_process
+            split_log.debug("%s: each sample period to one process: %s", uuid, not reading.per_process)
         if not self.one_per_period.get(uuid):
             return
         split = self.splits.setdefault(uuid, CostSplit())
         split.forget(set(keys))
         launching = [k for k in keys if self.state[k].unpaired > 0 or now - self.state[k].last_active < ACTIVE_HOLD_S]
-        # slices that start together cannot be told apart while they time-slice: one learns its
-        # cost alone, the others wait at a trickle, then each joins (CostSplit)
+        # slices that time-slice cannot be told apart until their costs are known: one whose cost
+        # is not is measured at a time (alone, or joining those that are), and the others wait on a
+        # small allowance (HELD_SHARE) meanwhile (CostSplit)
         unknown = sorted((k for k in launching if k not in split.costs and not self.state[k].alone_cost),
                          key=lambda k: self.state[k].first_seen)  # fmt: skip
-        if len(launching) > 1 and len(unknown) == len(launching):
+        if len(launching) > 1 and split.fallback:  # held on an allowance, never starved (HELD_SHARE)
             for k in unknown[1:]:
                 self.state[k].held = True
         running = [k for k in launching if not self.state[k].held]
@@ -282,6 +286,11 @@ class ComputeController:
             return
         if len(running) == 1:  # alone: its processes' samples are its own, and what it costs now
             st = self.state[running[0]]
+            held = sum(self.state[k].unpaired - self._later(self.state[k], reading.age_ns, dt)
+                       for k in launching if self.state[k].held)  # fmt: skip
+            if held and split.fallback and st.window_ns:  # less what the ones waiting on an allowance ran
+                st.busy_ns = max(0.0, st.busy_ns - held * split.fallback)
+            split.fallback = st.ns_per_thread(settled=False) or split.fallback
             # its first second, a ramp whose launches run ahead of the GPU, is past
             if st.measured_ns >= ALONE_AFTER_S * 1e9 and (r := st.ns_per_thread()) is not None:
                 st.alone_cost = r
@@ -290,8 +299,8 @@ class ComputeController:
             return
         pids = {p for s in on_gpu for p in files[s.slice_id].slot_pids().values()}
         total = sum(b for pid, b in reading.busy_ns.items() if pid in pids)
-        threads = {k: self.state[k].unpaired - self._later(self.state[k], reading.age_ns, dt) for k in launching}
-        known = {k: c for k in launching if (c := self.state[k].alone_cost)}
+        threads = {k: self.state[k].unpaired - self._later(self.state[k], reading.age_ns, dt) for k in running}
+        known = {k: c for k in running if (c := self.state[k].alone_cost)}
         for k, busy_ns in split.split(total, threads, known).items():
             st = self.state[k]
             st.busy_ns, st.window_ns, st.age_ns = busy_ns, reading.window_ns, reading.age_ns
@@ -380,8 +389,9 @@ class ComputeController:
             # KI per reading, spread over the refills between readings
             allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns * min(1.0, dt * 1e9 / (st.reading_ns or 1)))
             ratio = ratio or st.ns_per_thread(settled=False)
-            if st.held:
-                threads = 1 + (-tokens if tokens < 0 else 0)
+            held_cost = self.splits[s.uuid].fallback if st.held and s.uuid in self.splits else None
+            if held_cost:
+                threads = max(1, int(HELD_SHARE * dt * 1e9 / held_cost))
             elif ratio is None:
                 # nothing measured yet: one launch, then twice what it launched in the last
                 # period every LEARN_DOUBLING_S, until NVML sees enough use to measure

@@ -47,6 +47,7 @@ class CostSplit:
 
     costs: dict[Key, float] = field(default_factory=dict)  # ns of GPU time per thread
     learner: Key | None = None
+    fallback: float | None = None  # the GPU's time per thread launched, over the latest reading
     joining: Joining = field(default_factory=Joining)
 
     def split(self, total_ns: float, threads: dict[Key, int], known: dict[Key, float]) -> dict[Key, float]:
@@ -55,6 +56,8 @@ class CostSplit:
         alone, for one this split has no cost of."""
         out: dict[Key, float] = dict.fromkeys(threads, 0.0)
         launched = {k: t for k, t in threads.items() if t > 0}
+        if launched and total_ns > 0:
+            self.fallback = total_ns / sum(launched.values())
         for k in launched:
             if k not in self.costs and known.get(k):
                 self.costs[k] = known[k]

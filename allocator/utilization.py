@@ -99,7 +99,11 @@ class Spans:
             self.last[x.pid] = max(x.stamp_us, prev or 0)
             periodic = (self.periodic or self.interleaved) and self.period_us
             out.append((x, self.period_us if periodic else x.stamp_us - before[x.stamp_us]))
+        was = self.shared, self.interleaved
         self.interleaved = self.interleaved or self._stamps_interleave()
+        if (self.shared, self.interleaved) != was:
+            log.debug("samples per process: shared stamps %s, own clocks %s (period %d us; %s)", self.shared,
+                      self.interleaved, self.period_us, [(x.pid, x.stamp_us) for x in new])  # fmt: skip
         if len(self.last) > MAX_PIDS and stamps:  # bounded: processes long gone are forgotten
             for pid in [p for p, t in self.last.items() if t < stamps[-1] - FORGET_US]:
                 del self.last[pid]

@@ -210,25 +210,29 @@ MIXES = [
 @dataclass
 class Setting:
     """How the daemon measures: its compute_period, and the simulated driver's
-    per-process utilization sample period (None: every 10 ms bucket)."""
+    per-process utilization: its sample period (None: the ideal driver, one exact
+    sample per process for the whole window asked) and util_stamps (busiest: each
+    period to the process that ran most, as the H100 with driver 580 answered; the
+    H100's model)."""
 
     period: float
     driver_sample_ms: int | None = None
-    stamps: str = ""  # the simulator's util_stamps: per_process, or busiest (the H100's, driver 580)
+    stamps: str = "together"
 
     @property
     def label(self) -> str:
-        sampled = f", NVML {self.driver_sample_ms} ms" if self.driver_sample_ms else ""
-        return f"{self.period:g} s{sampled}" + {"per_process": " own", "busiest": " busiest"}.get(self.stamps, "")
+        if not self.driver_sample_ms:
+            return f"{self.period:g} s, ideal"
+        return f"{self.period:g} s, {self.stamps} {self.driver_sample_ms} ms"
 
 
 SETTINGS = [
-    Setting(0.05),
+    Setting(0.05),  # the simulator's default driver
+    Setting(0.05, 200, "busiest"),  # what the H100 answered
     Setting(0.2),
     Setting(0.5),
-    Setting(0.05, 170),
+    Setting(0.05, 170, "together"),
     Setting(0.05, 170, "per_process"),
-    Setting(0.05, 200, "busiest"),
 ]
 
 
@@ -242,9 +246,8 @@ class Column:
 def run_setting_gpu(setting: Setting) -> dict[str, str]:
     """The simulated GPU's keys for a setting, beside its memory."""
     if not setting.driver_sample_ms:
-        return {}
-    keys = {"util_sample_time": f"{setting.driver_sample_ms}ms"}
-    return {**keys, "util_stamps": setting.stamps} if setting.stamps else keys
+        return {"util_sample_time": "10ms", "util_stamps": "together", "util_zero_samples": "true"}
+    return {"util_sample_time": f"{setting.driver_sample_ms}ms", "util_stamps": setting.stamps}
 
 
 def run_setting(setting: Setting, box) -> Column:  # type: ignore[no-untyped-def]
@@ -271,9 +274,12 @@ def main() -> None:
         boxes.append(PidNamespace())
         return boxes[-1]
 
+    # GPUSLICE_BENCH_SETTINGS=0,1: only these columns (indices into SETTINGS), side by side
+    picked = os.environ.get("GPUSLICE_BENCH_SETTINGS")
+    settings = [SETTINGS[int(i)] for i in picked.split(",")] if picked else SETTINGS
     try:
         columns = []
-        for setting in SETTINGS:
+        for setting in settings:
             columns.append(run_setting(setting, box))
             for b in boxes:
                 b.stop()
@@ -281,16 +287,16 @@ def main() -> None:
     finally:
         for b in boxes:
             b.stop()
-    report(columns)
+    report(columns, settings)
 
 
-def report(columns: list[Column]) -> None:
+def report(columns: list[Column], settings: list[Setting]) -> None:
     w = 2 + max(len("/".join(f"{g:.1f}" for g in r.shares)) for c in columns for r in c.mixes.values())
-    w = max(w, 2 + max(len(s.label) for s in SETTINGS), 2 + len("0.00 | 00.00 | 10.0 s"))
+    w = max(w, 2 + max(len(s.label) for s in settings), 2 + len("0.00 | 00.00 | 10.0 s"))
     click.echo(f"one simulated GPU; % per tenant over {WINDOW:.0f} s from {SETTLE:.0f} s after the last start;")
     click.echo("worst error in points: over the 10 s | over any whole second of it | every sliding 1 s window")
     click.echo("within 1 point from this many s after the last start")
-    click.echo(f"  {'mix':<22}{'target %':<24}" + "".join(f"{s.label:<{w}}" for s in SETTINGS))
+    click.echo(f"  {'mix':<22}{'target %':<24}" + "".join(f"{s.label:<{w}}" for s in settings))
     for m in MIXES:
         want = m.expect or m.cores
         got = [c.mixes[m.name] for c in columns]

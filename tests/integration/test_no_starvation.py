@@ -30,13 +30,22 @@ def stalls(ends_ns: list[int], started_ns: int) -> float:
     return max((b - a for a, b in itertools.pairwise(points)), default=0) / 1e9
 
 
+DRIVERS = {
+    "sampled-together": {"util_sample_time": "170ms", "util_zero_samples": "false"},
+    # the H100's: each period to the busiest process; a slice whose cost is not known yet
+    # waits on an allowance while another's is measured (docs/compute.md)
+    "h100": {"util_sample_time": "200ms", "util_stamps": "busiest", "util_zero_samples": "false"},
+}
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
 @pytest.mark.parametrize(
     "ask",
     [{"gpuslice.io/memory": "1Gi"}, slice_of(30, "elastic"), slice_of(30, "hard"), slice_of(10, "hard", "low")],
     ids=["memory-only", "elastic-30", "hard-30", "hard-10-low"],
 )
-def test_a_generate_like_tenant_is_never_starved_beside_a_saturating_one(daemon, containers, ask):
-    d = daemon([gpu("16Gi", util_sample_time="170ms", util_zero_samples="false")])
+def test_a_generate_like_tenant_is_never_starved_beside_a_saturating_one(daemon, containers, ask, driver):
+    d = daemon([gpu("16Gi", **DRIVERS[driver])])
     client, env = d.client(), interposer_env(d)
     busy = Tenant(client, env, containers(), "busy", slice_of(70, "elastic"), SECONDS + 2, "100")
     box = containers()
