@@ -1,0 +1,59 @@
+"""The H100's recorded NVML answers (tests/data/real-gpu/h100-2026-11-26/trace.json,
+the kit's `trace` step, driver 580.159.04) fed to the daemon's measurement code
+(utilization.Spans) as the daemon would have read them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuslice.allocator.utilization import Sample, Spans
+
+pytestmark = pytest.mark.unit
+
+TRACE = Path(__file__).parents[1] / "data" / "real-gpu" / "h100-2026-11-26" / "trace.json"
+
+
+def phase(name: str) -> dict:
+    return next(p for p in json.loads(TRACE.read_text())["phases"] if p["phase"] == name)
+
+
+def replay(p: dict) -> tuple[Spans, dict[int, float], float]:
+    """Each poll's samples through Spans, passing back the newest stamp as the daemon does:
+    the spans, each pid's GPU time (ms) read per process, and the time read (ms)."""
+    spans, seen, busy = Spans(), p["started_us"], dict.fromkeys(p["pids"], 0.0)
+    start = seen
+    for poll in p["polls"]:
+        samples = [Sample(pid, stamp, pct) for pid, stamp, pct, _ in poll.get("samples", [])]
+        for x, span_us in spans.covered(samples, seen):
+            if x.pid in busy:
+                busy[x.pid] += x.percent / 100 * span_us / 1000
+            seen = max(seen, x.stamp_us)
+    return spans, busy, (seen - start) / 1000
+
+
+def test_the_h100_gives_each_period_to_one_process_and_the_reading_sees_it():
+    spans, busy, window = replay(phase("two tenants back to back, ungated"))
+    assert not spans.shared and not spans.interleaved  # Reading.per_process is false: the split applies
+    assert 198_000 <= spans.period_us <= 202_000  # one sample per 200 ms period
+    assert sum(busy.values()) / window == pytest.approx(0.99, abs=0.03)  # the GPU's use, all of it
+
+
+def test_read_per_process_the_hard_30_tenant_vanishes_while_the_gpu_total_is_right():
+    """Why the H200's and H100's hard 30 / 70 read 16.2 / 42.0 and 6.6 / 27.1 %: the 30 %
+    tenant ran 26.5 % by its own clock, yet nearly every period went to the 70 % one."""
+    p = phase("two tenants under hard 30 / 70 %")
+    spans, busy, window = replay(p)
+    low, high = (busy[pid] / window for pid in p["pids"])
+    assert not spans.shared and not spans.interleaved
+    assert low < 0.10 and p["results"][0]["busy_fraction"] > 0.25
+    assert 0.60 <= low + high <= 0.75  # what the GPU did: the two tenants' own clocks add to 70.4 %
+
+
+def test_alone_each_sample_is_the_process_s_own():
+    for name, duty in (("alone, 25 % duty, 5 ms kernels", 0.25), ("alone, 75 % duty, 5 ms kernels", 0.75)):
+        _, busy, window = replay(phase(name))
+        (use,) = (b / window for b in busy.values())
+        assert use == pytest.approx(duty, abs=0.04), name
