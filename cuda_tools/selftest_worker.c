@@ -309,54 +309,31 @@ static CUresult load_kernel(const char *name, CUfunction *f)
     return r ? r : CU(cuModuleGetFunction, f, m, name);
 }
 
-static int spin(double seconds, unsigned waves, unsigned long long cycles)
-{
-    CUfunction f;
-    int sms = 0;
-    CUresult r = load_kernel("spin", &f);
-    if (!r)
-        r = CU(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
-    if (r)
-        return fail("spin kernel", r);
-    /* 1024 threads a block, 2 blocks an SM: whole waves, no SM idle in the last */
-    unsigned grid = waves * 2u * (unsigned)sms;
-    void *params[] = {&cycles};
-    unsigned long long end = now_ns() + (unsigned long long)(seconds * 1e9), launches = 0;
-    printf("{\"spinning\": true}\n");
-    fflush(stdout);
-    /* back to back, no synchronisation: the driver's queue (or the launch gate)
-     * holds the process when it is ahead, so the GPU never waits for it */
-    while (now_ns() < end) {
-        for (int i = 0; i < SPIN_BATCH && !r; i++, launches++)
-            r = CU(cuLaunchKernel, f, grid, 1u, 1u, 1024u, 1u, 1u, 0u, stream, params, NULL);
-        if (r)
-            return fail("cuLaunchKernel", r);
-    }
-    printf("{\"launches\": %llu}\n", launches);
-    return 0;
-}
-
-/* Launches a fixed-work kernel back to back for `seconds`, printing the launches
+/* Launches `kernel` (one u64 parameter) back to back for `seconds`, no
+ * synchronisation: the driver's queue (or the launch gate) holds the process when
+ * it is ahead, so the GPU never waits for it. With `progress`, prints the launches
  * made so far every PROGRESS_NS: in steady state the queue holds as much at the
  * end of a window as at its start, so the launches made in it are the work done. */
 #define PROGRESS_NS 200000000ull
-static int work(double seconds, unsigned waves, unsigned long long iters)
+static int back_to_back(const char *kernel, const char *started, double seconds, unsigned waves,
+                        unsigned long long arg, int progress)
 {
     CUfunction f;
     int sms = 0;
-    CUresult r = load_kernel("work", &f);
+    CUresult r = load_kernel(kernel, &f);
     if (!r)
         r = CU(cuDeviceGetAttribute, &sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev);
     if (r)
-        return fail("work kernel", r);
+        return fail(kernel, r);
+    /* 1024 threads a block, 2 blocks an SM: whole waves, no SM idle in the last */
     unsigned grid = waves * 2u * (unsigned)sms;
-    void *params[] = {&iters};
+    void *params[] = {&arg};
     unsigned long long start = now_ns(), end = start + (unsigned long long)(seconds * 1e9), launches = 0;
     unsigned long long next = start;
-    printf("{\"working\": true}\n");
+    printf("{\"%s\": true}\n", started);
     fflush(stdout);
     for (unsigned long long t = start; t < end; t = now_ns()) {
-        if (t >= next) {
+        if (progress && t >= next) {
             printf("{\"t\": %llu, \"launches\": %llu}\n", t, launches);
             fflush(stdout);
             next = t + PROGRESS_NS;
@@ -449,9 +426,11 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "procaddr") == 0)
         return procaddr();
     if (strcmp(cmd, "work") == 0 && argc == 6)
-        return work(atof(argv[3]), (unsigned)atoi(argv[4]), strtoull(argv[5], NULL, 10));
+        return back_to_back("work", "working", atof(argv[3]), (unsigned)atoi(argv[4]),
+                            strtoull(argv[5], NULL, 10), 1);
     if (strcmp(cmd, "spin") == 0 && argc == 6)
-        return spin(atof(argv[3]), (unsigned)atoi(argv[4]), strtoull(argv[5], NULL, 10));
+        return back_to_back("spin", "spinning", atof(argv[3]), (unsigned)atoi(argv[4]),
+                            strtoull(argv[5], NULL, 10), 0);
     if (strcmp(cmd, "launches") == 0 && argc == 4)
         return launches((unsigned)atoi(argv[3]));
     fprintf(stderr, "%s: unknown command or arguments: %s\n", argv[0], cmd);

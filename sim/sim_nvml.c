@@ -454,24 +454,38 @@ static uint64_t own_phase(int slot, uint64_t period)
     return (uint64_t)((unsigned)slot * 2654435769u % 4294967296u * buckets / 4294967296u) * SIM_BUCKET_NS;
 }
 
+/* The clocks a sampled answer is made on: now on the monotonic and realtime
+ * clocks, the oldest time kept (the last second), and last_seen on the
+ * monotonic clock, on the bucket grid (the clocks' jitter is µs). 0: nothing
+ * can be newer than last_seen. */
+static int sample_clock(unsigned long long last_seen_us, uint64_t *mono, unsigned long long *now_us, uint64_t *floor,
+                        uint64_t *seen)
+{
+    struct timespec rt;
+    clock_gettime(CLOCK_REALTIME, &rt);
+    *mono = sim_now_ns();
+    *now_us = (unsigned long long)rt.tv_sec * 1000000ull + (unsigned long long)rt.tv_nsec / 1000;
+    *floor = *mono > SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS ? *mono - SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS : 0;
+    *seen = 0;
+    if (!last_seen_us)
+        return 1;
+    if (last_seen_us >= *now_us)
+        return 0;
+    uint64_t back = (*now_us - last_seen_us) * 1000ull;
+    *seen = back >= *mono ? 0 : (*mono - back + SIM_BUCKET_NS / 2) / SIM_BUCKET_NS * SIM_BUCKET_NS;
+    return 1;
+}
+
 /* util_stamps: per_process.  Each process gets a sample for each of its own
  * periods that ended within the last second, after last_seen, and in which
  * it ran (or ran less than 1 % where util_zero_samples is on). */
 static unsigned own_stamp_samples(int idx, nvmlProcessUtilizationSample_t *samples, unsigned cap,
                                   unsigned long long last_seen_us)
 {
-    struct timespec rt;
-    clock_gettime(CLOCK_REALTIME, &rt);
-    uint64_t mono = sim_now_ns(), period = sim_machine()->gpu[idx].util_sample_ns;
-    unsigned long long now_us = (unsigned long long)rt.tv_sec * 1000000ull + (unsigned long long)rt.tv_nsec / 1000;
-    uint64_t floor = mono > SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS ? mono - SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS : 0;
-    uint64_t seen = 0; /* last_seen on the monotonic clock, on the bucket grid (the clocks' jitter is µs) */
-    if (last_seen_us) {
-        if (last_seen_us >= now_us)
-            return 0;
-        uint64_t back = (now_us - last_seen_us) * 1000ull;
-        seen = back >= mono ? 0 : (mono - back + SIM_BUCKET_NS / 2) / SIM_BUCKET_NS * SIM_BUCKET_NS;
-    }
+    uint64_t mono, floor, seen, period = sim_machine()->gpu[idx].util_sample_ns;
+    unsigned long long now_us;
+    if (!sample_clock(last_seen_us, &mono, &now_us, &floor, &seen))
+        return 0;
     unsigned n = 0;
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
         const struct sim_proc *p = &sim_shm->proc[i];
@@ -509,18 +523,10 @@ static unsigned own_stamp_samples(int idx, nvmlProcessUtilizationSample_t *sampl
 static unsigned busiest_samples(int idx, nvmlProcessUtilizationSample_t *samples, unsigned cap,
                                 unsigned long long last_seen_us)
 {
-    struct timespec rt;
-    clock_gettime(CLOCK_REALTIME, &rt);
-    uint64_t mono = sim_now_ns(), period = sim_machine()->gpu[idx].util_sample_ns;
-    unsigned long long now_us = (unsigned long long)rt.tv_sec * 1000000ull + (unsigned long long)rt.tv_nsec / 1000;
-    uint64_t floor = mono > SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS ? mono - SIM_UTIL_WINDOW_BUCKETS * SIM_BUCKET_NS : 0;
-    uint64_t seen = 0;
-    if (last_seen_us) {
-        if (last_seen_us >= now_us)
-            return 0;
-        uint64_t back = (now_us - last_seen_us) * 1000ull;
-        seen = back >= mono ? 0 : (mono - back + SIM_BUCKET_NS / 2) / SIM_BUCKET_NS * SIM_BUCKET_NS;
-    }
+    uint64_t mono, floor, seen, period = sim_machine()->gpu[idx].util_sample_ns;
+    unsigned long long now_us;
+    if (!sample_clock(last_seen_us, &mono, &now_us, &floor, &seen))
+        return 0;
     unsigned given[SIM_MAX_PROCS] = {0}, periods = 0;
     uint64_t newest[SIM_MAX_PROCS] = {0};
     for (uint64_t end = mono / period * period; end > seen && end >= floor + period && end >= period; end -= period) {
