@@ -79,10 +79,14 @@ class CostSplit:
         whole = sum(weight.values())
         if whole > 0:
             out.update({k: total_ns * w / whole for k, w in weight.items()})
+        if log.isEnabledFor(logging.DEBUG):  # the line is built only for a daemon that logs it
+            self._log(total_ns, threads, out)
+        return out
+
+    def _log(self, total_ns: float, threads: dict[Key, int], out: dict[Key, float]) -> None:
         log.debug("split %.1f ms: %s", total_ns / 1e6, " ".join(
             f"{k[0][:8]}/{k[1]} threads {t} cost {self.costs.get(k, 0.0):.4g}{' joining' if k == self.learner else ''}"
             f" {out[k] / 1e6:.1f} ms" for k, t in threads.items()))  # fmt: skip
-        return out
 
     def forget(self, keep: set[Key]) -> None:
         """Slices gone from the GPU."""

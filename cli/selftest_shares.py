@@ -89,10 +89,11 @@ def running(box: Box, seconds: float) -> Iterator[Progress]:
         p.stop()
 
 
-def _measure(p: Progress, settle: float, seconds: float) -> float:
+def _measure(workers: list[Progress], settle: float, seconds: float) -> list[float]:
+    """Each worker's rate over `seconds`, after `settle`."""
     start = time.monotonic_ns() + int(settle * 1e9)
     time.sleep(settle + seconds)
-    return p.rate(start, start + int(seconds * 1e9))
+    return [p.rate(start, start + int(seconds * 1e9)) for p in workers]
 
 
 def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: float, reserve: int = 0) -> list[Check]:
@@ -103,16 +104,14 @@ def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: flo
             slice_box(client, gpu, layout, {request.MEMORY: str(SLICE_MEMORY + reserve)}) as box,
             running(box, ALONE_SETTLE_S + ALONE_S + 1) as p,
         ):
-            alone = _measure(p, ALONE_SETTLE_S, ALONE_S)
+            (alone,) = _measure([p], ALONE_SETTLE_S, ALONE_S)
         with (
             slice_box(client, gpu, layout, _share(SHARES[0], reserve)) as a,
             slice_box(client, gpu, layout, _share(SHARES[1], reserve)) as b,
             running(a, SETTLE_S + seconds + 1) as pa,
             running(b, SETTLE_S + seconds + 1) as pb,
         ):
-            start = time.monotonic_ns() + int(SETTLE_S * 1e9)
-            time.sleep(SETTLE_S + seconds)
-            rates = [p.rate(start, start + int(seconds * 1e9)) for p in (pa, pb)]
+            rates = _measure([pa, pb], SETTLE_S, seconds)
     except (grpc.RpcError, WorkerError, OSError, subprocess.TimeoutExpired) as e:
         why = (e.details() or "") if isinstance(e, grpc.RpcError) else str(e)
         return [failed(f"{tag} hard shares", f"{SHARES[0]} and {SHARES[1]} %", why)]
