@@ -40,8 +40,8 @@ LEND_HEADROOM = 1.5  # ... keeping this multiple of its peak use over that windo
 LEND_MARGIN = 0.05  # ... and at least this much of the GPU above it
 BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %)
 BEST_EFFORT_FLOOR = 0.01  # ... which still progresses when every share is taken
-HELD_SHARE = 0.02  # of the GPU, at the GPU's cost per thread, for a slice waiting for its cost to be measured
-ALONE_AFTER_S = 1.5  # a slice's cost alone is taken once its readings cover this much (CostSplit)
+MIN_FIT_SHARE = 0.05  # a share smaller than this (best effort) has its cost fitted as if it were this
+AFTER_FIT_READINGS = 2  # the readings after a fit ran (partly) on its budgets: no error is integrated
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
 TIERS = ("high", "normal", "low")
 
@@ -80,8 +80,8 @@ class GateState:
     measured_ns: int = 0  # the time all readings paired so far covered
     recent: deque = field(default_factory=deque)  # busy per reading over LEND_WINDOW_S, while active
     first_seen: float = 0.0  # when the controller first saw it
-    held: bool = False  # waits at a trickle while another slice's cost is measured (CostSplit)
-    alone_cost: float | None = None  # GPU ns per thread, measured while it ran alone
+    learning: tuple[float, float] | None = None  # while its GPU's costs are fitted (CostSplit.learning)
+    quiet: int = 0  # readings left after a fit whose error is not integrated: they ran on its budgets
 
     def ns_per_thread(self, settled: bool = True) -> float | None:
         """GPU time per launched thread: once a few periods have been measured
@@ -263,47 +263,31 @@ class ComputeController:
         False) and several slices launch on this GPU: each one's time is the GPU's,
         split by what each launched (CostSplit), not what NVML put on its processes."""
         keys = [(s.slice_id, s.gpu) for s in on_gpu]
-        for k in keys:
-            self.state[k].held = False
         if reading.window_ns and self.one_per_period.get(uuid) != (not reading.per_process):
             self.one_per_period[uuid] = not reading.per_process
             split_log.debug("%s: each sample period to one process: %s", uuid, not reading.per_process)
         if not self.one_per_period.get(uuid):
+            for k in keys:
+                self.state[k].learning = None
             return
         split = self.splits.setdefault(uuid, CostSplit())
         split.forget(set(keys))
         launching = [k for k in keys if self.state[k].unpaired > 0 or now - self.state[k].last_active < ACTIVE_HOLD_S]
-        # slices that time-slice cannot be told apart until their costs are known: one whose cost
-        # is not is measured at a time (alone, or joining those that are), and the others wait on a
-        # small allowance (HELD_SHARE) meanwhile (CostSplit)
-        unknown = sorted((k for k in launching if k not in split.costs and not self.state[k].alone_cost),
-                         key=lambda k: self.state[k].first_seen)  # fmt: skip
-        if len(launching) > 1 and split.fallback:  # held on an allowance, never starved (HELD_SHARE)
-            for k in unknown[1:]:
-                self.state[k].held = True
-        running = [k for k in launching if not self.state[k].held]
-        if not reading.window_ns or not running:
-            return
-        if len(running) == 1:  # alone: its processes' samples are its own, and what it costs now
-            st = self.state[running[0]]
-            held = sum(self.state[k].unpaired - self._later(self.state[k], reading.age_ns, dt)
-                       for k in launching if self.state[k].held)  # fmt: skip
-            if held and split.fallback and st.window_ns:  # less what the ones waiting on an allowance ran
-                st.busy_ns = max(0.0, st.busy_ns - held * split.fallback)
-            split.fallback = st.ns_per_thread(settled=False) or split.fallback
-            # its first second, a ramp whose launches run ahead of the GPU, is past
-            if st.measured_ns >= ALONE_AFTER_S * 1e9 and (r := st.ns_per_thread()) is not None:
-                st.alone_cost = r
-                if running[0] in split.costs:
-                    split.costs[running[0]] = r
-            return
-        pids = {p for s in on_gpu for p in files[s.slice_id].slot_pids().values()}
-        total = sum(b for pid, b in reading.busy_ns.items() if pid in pids)
-        threads = {k: self.state[k].unpaired - self._later(self.state[k], reading.age_ns, dt) for k in running}
-        known = {k: c for k in running if (c := self.state[k].alone_cost)}
-        for k, busy_ns in split.split(total, threads, known).items():
+        # one slice alone: its processes' samples are its own (and a row of a fit, where one runs)
+        if reading.window_ns and (len(launching) > 1 or split.fit is not None):
+            pids = {p for s in on_gpu for p in files[s.slice_id].slot_pids().values()}
+            total = sum(b for pid, b in reading.busy_ns.items() if pid in pids)
+            threads = {k: self.state[k].unpaired - self._later(self.state[k], reading.age_ns, dt) for k in launching}
+            shares = {(s.slice_id, s.gpu): max(s.guarantee, MIN_FIT_SHARE) for s in on_gpu}
+            for k, busy_ns in split.split(total, threads, reading.window_ns, shares).items():
+                st = self.state[k]
+                st.busy_ns, st.window_ns, st.age_ns = busy_ns, reading.window_ns, reading.age_ns
+        for k in keys:
             st = self.state[k]
-            st.busy_ns, st.window_ns, st.age_ns = busy_ns, reading.window_ns, reading.age_ns
+            learning = split.learning(k)
+            if st.learning is not None and learning is None:
+                st.quiet = AFTER_FIT_READINGS
+            st.learning = learning
 
     def _remember_use(self, st: GateState, was_active: bool, window_ns: int) -> None:
         if not was_active:  # what it used before it went idle says nothing now
@@ -360,8 +344,13 @@ class ComputeController:
         tokens = int(f.usage.gate[s.gpu].tokens)
         self._pair(st, dt)
         entitled = st.opened and st.target >= OPEN_AT and not s.hard  # had the whole GPU to itself
-        ratio = st.ns_per_thread() or prior
-        if not entitled and st.after is not None:
+        split = self.splits.get(s.uuid) if self.one_per_period.get(s.uuid) else None
+        # where the GPU's time is split by cost, a slice's fitted cost is its cost
+        ratio = (split.costs.get((s.slice_id, s.gpu)) if split else None) or st.ns_per_thread() or prior
+        if st.quiet and st.window_ns:
+            st.quiet -= 1
+            st.credit_ns = 0.0
+        elif not entitled and st.after is not None and st.learning is None:
             err = st.target * st.window_ns - st.busy_ns
             if ratio is None or st.measured_ns < RATIO_WINDOW_S * 1e9:
                 # still learning its cost: nothing is integrated either way. A hard slice is not
@@ -382,16 +371,18 @@ class ComputeController:
             st.credit_ns = min(max(st.credit_ns, -limit), limit)
         else:
             st.credit_ns = 0.0
-        want_open = target >= OPEN_AT and not s.hard  # an elastic slice entitled to the whole GPU
+        # an elastic slice entitled to the whole GPU, unless its GPU's costs are being fitted
+        want_open = target >= OPEN_AT and not s.hard and st.learning is None
         if want_open:
             _, after = f.open_gate(s.gpu, next_refill)
         else:
             # KI per reading, spread over the refills between readings
             allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns * min(1.0, dt * 1e9 / (st.reading_ns or 1)))
             ratio = ratio or st.ns_per_thread(settled=False)
-            held_cost = self.splits[s.uuid].fallback if st.held and s.uuid in self.splits else None
-            if held_cost:
-                threads = max(1, int(HELD_SHARE * dt * 1e9 / held_cost))
+            cost = split.cost((s.slice_id, s.gpu)) if split and st.learning else None
+            if cost and st.learning:  # its GPU's costs are being fitted (CostSplit.learning)
+                part, boost = st.learning
+                threads = max(1, int((part * target + boost) * dt * 1e9 / cost))
             elif ratio is None:
                 # nothing measured yet: one launch, then twice what it launched in the last
                 # period every LEARN_DOUBLING_S, until NVML sees enough use to measure

@@ -10,13 +10,16 @@ everything and the other with nothing, and hard 30 / 70 got 6.6 / 27.1 %.
 
 What the daemon does know per slice is what it launched: the threads its gate
 let through in the time each reading covers. A slice's GPU time is its
-threads times its cost per thread. A cost is measured where it can be told
-apart: while the slice runs alone on the GPU (every sample is then its own),
-or, for a slice that joins others whose costs are known, as the GPU's time
-less theirs, over its first readings. A reading is then split in proportion
-to threads x cost, so the slices' figures always add up to what the GPU did:
-a cost that is off by the same factor for every slice (a busier GPU, shared
-caches) changes nothing, and the GPU's time is never lost or doubled."""
+threads times its cost per thread, and a reading's time is the sum over the
+slices: one equation per reading, the costs its unknowns. They are fitted
+together, by least squares over readings in which the slices launched in
+different proportions: while a fit runs, each slice gets part of its share
+(LEARN_SCALE), so the GPU is not full and what it did is what was launched,
+and in turn one slice at a time gets LEARN_BOOST of the GPU more. The costs
+are measured while the slices share the GPU, as they will run, and none waits
+for another's to be known. A reading is then split in proportion to
+threads x cost, so the slices' figures always add up to what the GPU did: a
+cost off by the same factor for every slice changes nothing."""
 
 from __future__ import annotations
 
@@ -27,18 +30,41 @@ from dataclasses import dataclass, field
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]  # (slice id, GPU index within the slice)
+Row = tuple[float, dict[Key, int]]  # a reading's GPU ns, and the threads each slice launched in it
 
-JOIN_SKIP = 2  # a joining slice's first readings are not measured: its launches run ahead of the GPU
-JOIN_READINGS = 3  # ... then its cost is measured over at least this many
-JOIN_WINDOW = 15  # ... and, while it is the last to have joined, over at most this many of the latest
+FIT_BLOCK = 3  # readings each slice's boost lasts (the first of them is no row: its budgets changed in it)
+FIT_SKIP = 1  # a slice's first readings in a fit are not rows: its launches run ahead of the GPU
+FIT_EXTRA = 1  # a fit is tried once it has twice as many rows as the slices it fits, and this many more
+FIT_ROWS = 32  # ... over at most this many of the latest
+# ... and ends once every cost's standard error moves its slice's share by at most this many
+# points: a cost off by e moves a share s by about 100 s (1 - s) e points
+FIT_POINTS = 0.25
+OUTLIER = 4  # a row off the fit by this many times the median row's error (and more than
+OUTLIER_FLOOR = 0.02  # this part of the period) is left out
+UNSEEN = 0.005  # of the period: a driver's integer percent rounds less than this down to nothing
+SATURATED = 0.97  # a reading at least this busy shows only that the GPU was full: not a row
+LEARN_SCALE = 0.4  # while a fit runs, each slice gets this part of its share ...
+LEARN_BOOST = 0.4  # ... and, one at a time in turn, this much more of the GPU
+LEARN_BACKOFF = 0.7  # a full GPU (costs off) scales the shares down by this, to at most
+LEARN_MIN_SCALE = 0.1
 
 
 @dataclass
-class Joining:
-    """The last slice to join: its cost is measured beside slices with known costs."""
+class Fit:
+    """Costs being fitted: the slices in the order their boost comes, and the readings."""
 
-    readings: int = 0
-    measured: deque = field(default_factory=lambda: deque(maxlen=JOIN_WINDOW))  # (GPU ns less the others', threads)
+    order: list[Key] = field(default_factory=list)
+    skip: dict[Key, int] = field(default_factory=dict)
+    rows: deque[Row] = field(default_factory=lambda: deque(maxlen=FIT_ROWS))
+    readings: int = 0  # since it began
+    phases: list[int] = field(default_factory=list)  # the phase of the budgets set after each reading
+
+    def phase(self) -> int:
+        """Whose boost it is (len(order): no one's), for FIT_BLOCK readings each."""
+        return (self.readings // FIT_BLOCK) % (len(self.order) + 1)
+
+    scale: float = LEARN_SCALE
+    estimate: dict[Key, float] = field(default_factory=dict)  # the latest fit
 
 
 @dataclass
@@ -46,36 +72,28 @@ class CostSplit:
     """One GPU's slices: their cost per launched thread, and the split of each reading."""
 
     costs: dict[Key, float] = field(default_factory=dict)  # ns of GPU time per thread
-    learner: Key | None = None
     fallback: float | None = None  # the GPU's time per thread launched, over the latest reading
-    joining: Joining = field(default_factory=Joining)
+    fit: Fit | None = None
+    seen: set[Key] = field(default_factory=set)  # slices that launched in a reading before
 
-    def split(self, total_ns: float, threads: dict[Key, int], known: dict[Key, float]) -> dict[Key, float]:
-        """Each slice's share of `total_ns`, the GPU time of a reading in which the
-        slices launched `threads`. `known`: the cost a slice has from a time it ran
-        alone, for one this split has no cost of."""
+    def split(self, total_ns: float, threads: dict[Key, int], window_ns: int,
+              shares: dict[Key, float] | None = None) -> dict[Key, float]:  # fmt: skip
+        """Each slice's share of `total_ns`, the GPU time of a reading covering
+        `window_ns` in which the slices launched `threads`; `shares`: the part of
+        the GPU each is to get, which sets how exactly its cost is fitted."""
         out: dict[Key, float] = dict.fromkeys(threads, 0.0)
         launched = {k: t for k, t in threads.items() if t > 0}
-        if launched and total_ns > 0:
-            self.fallback = total_ns / sum(launched.values())
-        for k in launched:
-            if k not in self.costs and known.get(k):
-                self.costs[k] = known[k]
-        new = [k for k in launched if k not in self.costs]
-        if len(new) == 1 and len(launched) > 1 and new[0] != self.learner:
-            self.learner, self.joining = new[0], Joining()
-        if (
-            self.learner in launched
-            and len(launched) > 1
-            and all(o in self.costs for o in launched if o != self.learner)
-        ):
-            self._join(self.learner, total_ns, launched)
-            new = [k for k in launched if k not in self.costs]
-        weight = {k: t * self.costs[k] for k, t in launched.items() if k in self.costs}
-        if new:  # what the known slices did not use, by threads among the others
-            rest = max(0.0, total_ns - sum(weight.values()))
-            unknown = sum(launched[k] for k in new)
-            weight.update({k: rest * launched[k] / unknown for k in new})
+        if launched and all(
+            k in self.seen for k in launched
+        ):  # a slice's first reading ran what it launched before it was counted
+            # launches too few for the driver to see (under 1 %, rounded down): each cost at most this
+            self.fallback = max(total_ns, UNSEEN * window_ns) / sum(launched.values())
+        self.seen |= set(launched)
+        if self.fit is None and len(launched) > 1 and any(k not in self.costs for k in launched):
+            self.fit = Fit()
+        if self.fit is not None:
+            self._learn(self.fit, total_ns, launched, window_ns, shares or {})
+        weight = {k: t * (self.cost(k) or 1.0) for k, t in launched.items()}  # nothing known: by threads
         whole = sum(weight.values())
         if whole > 0:
             out.update({k: total_ns * w / whole for k, w in weight.items()})
@@ -83,26 +101,126 @@ class CostSplit:
             self._log(total_ns, threads, out)
         return out
 
-    def _log(self, total_ns: float, threads: dict[Key, int], out: dict[Key, float]) -> None:
-        log.debug("split %.1f ms: %s", total_ns / 1e6, " ".join(
-            f"{k[0][:8]}/{k[1]} threads {t} cost {self.costs.get(k, 0.0):.4g}{' joining' if k == self.learner else ''}"
-            f" {out[k] / 1e6:.1f} ms" for k, t in threads.items()))  # fmt: skip
+    def cost(self, k: Key) -> float | None:
+        """The best cost there is of a slice: measured, fitted so far, or the GPU's."""
+        if self.fit is not None and k in self.fit.estimate:
+            return self.fit.estimate[k]
+        return self.costs.get(k) or self.fallback
+
+    def learning(self, k: Key) -> tuple[float, float] | None:
+        """While a fit runs on this GPU: (part of its share, GPU fraction more) for
+        slice k's budget this reading; None: its share as it is."""
+        f = self.fit
+        if f is None:
+            return None
+        p = f.phase()
+        return f.scale, LEARN_BOOST if p < len(f.order) and f.order[p] == k else 0.0
 
     def forget(self, keep: set[Key]) -> None:
         """Slices gone from the GPU."""
         for k in set(self.costs) - keep:
             del self.costs[k]
-        if self.learner is not None and self.learner not in keep:
-            self.learner, self.joining = None, Joining()
+        self.seen &= keep
+        f = self.fit
+        if f is not None:
+            f.order = [k for k in f.order if k in keep]
+            f.skip = {k: n for k, n in f.skip.items() if k in keep}
+            f.estimate = {k: c for k, c in f.estimate.items() if k in keep}
+            f.rows = deque((r for r in f.rows if set(r[1]) <= keep), maxlen=FIT_ROWS)
+            if not f.order:
+                self.fit = None
 
-    def _join(self, k: Key, total_ns: float, launched: dict[Key, int]) -> None:
-        j = self.joining
-        j.readings += 1
-        if j.readings <= JOIN_SKIP:
+    def _learn(self, f: Fit, total_ns: float, launched: dict[Key, int], window_ns: int,
+               shares: dict[Key, float]) -> None:  # fmt: skip
+        for k in launched:
+            if k not in f.order:
+                f.order.append(k)
+                f.skip[k] = FIT_SKIP
+        ramp = any(f.skip.get(k, 0) > 0 for k in launched)
+        for k in launched:
+            f.skip[k] = max(0, f.skip.get(k, 0) - 1)
+        # a reading ran on the budgets set after the one before it, and on those set before that
+        # for the first part: a row only where both were the same phase, so that what its
+        # launches left to the next reading is what the one before left to it
+        mixed = len(f.phases) < 2 or f.phases[-1] != f.phases[-2]
+        f.readings += 1
+        f.phases = [*f.phases[-1:], f.phase()]
+        if ramp or mixed or not launched or not window_ns:
             return
-        j.measured.append(
-            (max(0.0, total_ns - sum(t * self.costs[o] for o, t in launched.items() if o != k)), launched[k])
-        )
-        rest = sum(r for r, _ in j.measured)
-        if len(j.measured) >= JOIN_READINGS and rest > 0:
-            self.costs[k] = rest / sum(t for _, t in j.measured)
+        if total_ns >= SATURATED * window_ns:
+            f.scale = max(LEARN_MIN_SCALE, f.scale * LEARN_BACKOFF)
+            return
+        f.rows.append((total_ns, dict(launched)))
+        keys = [k for k in f.order if any(k in r[1] for r in f.rows)]
+        if len(f.rows) < 2 * len(keys) + FIT_EXTRA:
+            return
+        fitted = robust_fit(list(f.rows), keys, window_ns)
+        if fitted is None:
+            return
+        f.estimate, errors, used = fitted
+        moves = {k: 100 * e * min(0.25, (s := shares.get(k, 0.5)) * (1 - s)) for k, e in errors.items()}
+        if max(moves.values()) <= FIT_POINTS or len(f.rows) == FIT_ROWS:
+            self.costs.update(f.estimate)
+            self.fit = None
+            log.debug("fitted over %d of %d readings: %s", used, len(f.rows), " ".join(
+                f"{k[0][:8]}/{k[1]} {c:.4g} ±{errors[k]:.1%}" for k, c in f.estimate.items()))  # fmt: skip
+
+    def _log(self, total_ns: float, threads: dict[Key, int], out: dict[Key, float]) -> None:
+        log.debug("split %.1f ms: %s", total_ns / 1e6, " ".join(
+            f"{k[0][:8]}/{k[1]} threads {t} cost {self.cost(k) or 0.0:.4g}{' fitting' if self.fit else ''}"
+            f" {out[k] / 1e6:.1f} ms" for k, t in threads.items()))  # fmt: skip
+
+
+Fitted = tuple[dict[Key, float], dict[Key, float], int]  # costs, their relative errors, the rows used
+
+
+def robust_fit(rows: list[Row], keys: list[Key], window_ns: int) -> Fitted | None:
+    """least_squares over the rows, less those far off the first fit: a reading
+    whose threads were paired with the wrong one (a tick late on a busy node) is
+    off by a part of a period, and the one after by as much the other way."""
+    fitted = least_squares(rows, keys)
+    if fitted is None:
+        return None
+    off = [abs(r[0] - sum(fitted[0][k] * r[1].get(k, 0) for k in keys)) for r in rows]
+    limit = max(OUTLIER * sorted(off)[len(off) // 2], OUTLIER_FLOOR * window_ns)
+    kept = [r for r, o in zip(rows, off, strict=True) if o <= limit]
+    if len(kept) < len(rows) and len(kept) >= 2 * len(keys) + FIT_EXTRA:
+        fitted = least_squares(kept, keys) or fitted
+    else:
+        kept = rows
+    if min(fitted[0].values()) <= 0:
+        return None
+    return fitted[0], fitted[1], len(kept)
+
+
+def least_squares(rows: list[Row], keys: list[Key]) -> tuple[dict[Key, float], dict[Key, float]] | None:
+    """The costs c that best fit total = sum(threads[k] * c[k]) over the rows, and
+    each one's standard error relative to it (from the residuals); None where the
+    rows cannot tell the slices apart."""
+    n = len(keys)
+    # columns scaled to their mean, so that the normal equations are well conditioned
+    scale = [sum(r[1].get(k, 0) for r in rows) / len(rows) or 1.0 for k in keys]
+    xs = [[threads.get(k, 0) / s for k, s in zip(keys, scale, strict=True)] for _, threads in rows]
+    # [X'X | I | X'y], reduced to [I | (X'X)^-1 | c]
+    a = [[sum(x[i] * x[j] for x in xs) for j in range(n)] + [float(i == j) for j in range(n)]
+         + [sum(x[i] * r[0] for x, r in zip(xs, rows, strict=True))] for i in range(n)]  # fmt: skip
+    biggest = max(a[i][i] for i in range(n))
+    for col in range(n):  # Gauss-Jordan with partial pivoting
+        p = max(range(col, n), key=lambda i: abs(a[i][col]))
+        if abs(a[p][col]) <= 1e-3 * biggest:  # rows that vary too little to tell these slices apart
+            return None
+        a[col], a[p] = a[p], a[col]
+        a[col] = [v / a[col][col] for v in a[col]]
+        for i in range(n):
+            if i != col:
+                m = a[i][col]
+                a[i] = [v - m * w for v, w in zip(a[i], a[col], strict=True)]
+    c = [a[i][2 * n] for i in range(n)]
+    free = len(rows) - n
+    ssr = sum((r[0] - sum(ci * xi for ci, xi in zip(c, x, strict=True))) ** 2 for x, r in zip(xs, rows, strict=True))
+    var = ssr / free if free > 0 else float("inf")
+    costs = {k: c[i] / scale[i] for i, k in enumerate(keys)}
+    # the rows of one boost are alike in their errors too (FIT_BLOCK): counted as one
+    var *= FIT_BLOCK - 1
+    errors = {k: (var * a[i][n + i]) ** 0.5 / abs(c[i]) if c[i] else float("inf") for i, k in enumerate(keys)}
+    return costs, errors

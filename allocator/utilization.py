@@ -53,6 +53,7 @@ Sampler = Callable[[str], Reading]
 
 MAX_PIDS = 1024  # processes remembered per GPU before those silent for FORGET_US are dropped
 FORGET_US = 60_000_000
+GRID_JITTER = 0.05  # stamps on the GPU's clock: the H100's were within 2 ms of its 200 ms grid
 
 
 @dataclass
@@ -79,6 +80,8 @@ class Spans:
     def __init__(self) -> None:
         self.last: dict[int, int] = {}  # pid -> its newest stamp seen
         self.period_us = 0  # the driver's sample period, once seen
+        self.grid_us = 0  # the smallest gap between two stamps, of any processes
+        self.newest_us = 0
         self.periodic = False  # an answer held samples of more than one stamp: a driver with a period
         self.interleaved = False  # processes' samples came on different stamps: each on its own clock
         self.shared = False  # two processes' samples came on one stamp: each sample is its process's own use
@@ -87,6 +90,10 @@ class Spans:
         """(sample, microseconds it covers) for each sample newer than seen_us, oldest first."""
         new = sorted((x for x in samples if x.stamp_us > seen_us), key=lambda x: x.stamp_us)
         stamps = sorted({x.stamp_us for x in new})
+        for a, b in itertools.pairwise([self.newest_us, *stamps] if self.newest_us else stamps):
+            if b > a:
+                self.grid_us = min(self.grid_us, b - a) if self.grid_us else b - a
+        self.newest_us = max(self.newest_us, *stamps) if stamps else self.newest_us
         self.periodic = self.periodic or len(stamps) > 1
         self.shared = self.shared or len(stamps) < len({(x.stamp_us, x.pid) for x in new})
         before = {t: stamps[i - 1] if i else seen_us for i, t in enumerate(stamps)}  # the stamp before, of any process
@@ -114,6 +121,11 @@ class Spans:
         clock (stamped on the GPU's clock, they differ by whole periods, give or take the
         H100's 2 ms of jitter). Once per answer, over the sorted stamps."""
         if not self.period_us:
+            return False
+        # every stamp on one grid, each process's period a multiple of it: the driver gives each
+        # period to one process, and one that ran every other period is stamped two apart
+        multiple = round(self.period_us / self.grid_us) if self.grid_us else 0
+        if multiple >= 1 and abs(self.period_us - multiple * self.grid_us) <= GRID_JITTER * self.grid_us:
             return False
         ends = sorted(set(self.last.values()))
         return any(b - a < self.period_us * 3 // 4 for a, b in itertools.pairwise(ends))

@@ -26,6 +26,7 @@ UUID = "GPU-00000000-0000-0000-0000-000000000000"
 class Tenant:
     files: SliceFiles
     pid: int
+    ns_per_thread: float = NS_PER_THREAD
     launched: int = 0  # threads this period
     ran_ns: list[float] = field(default_factory=list)  # GPU time per period
 
@@ -46,13 +47,15 @@ class Tenant:
 class FakeGpu:
     """A GPU that runs what was launched, time-sliced when it is more than a period holds."""
 
-    def __init__(self, sample_every: int = 1, period: float = PERIOD) -> None:
+    def __init__(self, sample_every: int = 1, period: float = PERIOD, busiest: bool = False) -> None:
         self.period, self.period_ns = period, int(period * 1e9)
         self.now = 100.0
         self.reading = Reading({}, 0)
         self.sample_every = sample_every  # a driver sampling every this many periods, in integer percent
         self.periods = 0
         self.unread: dict[int, float] = {}
+        # each sample period to the process that ran most in it, with the whole GPU's use (H100, driver 580)
+        self.busiest = busiest
 
     def clock(self) -> float:
         return self.now
@@ -65,8 +68,8 @@ class FakeGpu:
     def run(self, tenants: list[Tenant], busy: dict[int, bool]) -> None:
         for t in tenants:
             # a busy tenant launches as much as the GPU could run for it alone; an idle one nothing
-            t.launch(self.period_ns // NS_PER_THREAD if busy[t.pid] else 0)
-        demand = {t.pid: t.launched * NS_PER_THREAD for t in tenants}
+            t.launch(int(self.period_ns // t.ns_per_thread) if busy[t.pid] else 0)
+        demand = {t.pid: t.launched * t.ns_per_thread for t in tenants}
         scale = min(1.0, self.period_ns / max(1, sum(demand.values())))
         for t in tenants:
             t.ran_ns.append(demand[t.pid] * scale)
@@ -75,16 +78,25 @@ class FakeGpu:
         self.periods += 1
         if self.periods % self.sample_every == 0:
             window = self.period_ns * self.sample_every
+            if self.busiest and any(self.unread.values()):
+                top = max(self.unread, key=lambda pid: self.unread[pid])
+                self.unread = {top: sum(self.unread.values())}
             pct = {pid: round(100 * ns / window) for pid, ns in self.unread.items()}
-            self.reading = Reading({pid: p / 100 * window for pid, p in pct.items() if p}, window)
+            busy = {pid: p / 100 * window for pid, p in pct.items() if p}
+            self.reading = Reading(busy, window, per_process=not self.busiest)
             self.unread = {}
         self.now += self.period
 
 
 def node(
-    tmp_path: Path, *slices: tuple[int, bool], sample_every: int = 1, period: float = PERIOD
+    tmp_path: Path,
+    *slices: tuple[int, bool],
+    sample_every: int = 1,
+    period: float = PERIOD,
+    busiest: bool = False,
+    costs: tuple[float, ...] = (),
 ) -> tuple[FakeGpu, list[Tenant], ComputeController]:
-    """Slices of (cores, hard) on one GPU, each with one process."""
+    """Slices of (cores, hard) on one GPU, each with one process (whose threads cost `costs`)."""
     tenants = []
     limits = {}  # the daemon's records, as SliceManager.limits_of gives them
     for i, (cores, hard) in enumerate(slices):
@@ -92,8 +104,8 @@ def node(
         limits[f.slice_id] = [GpuLimit(UUID, 1 << 30, cores, hard)]
         f.write_limits(limits[f.slice_id])
         f.claim_slot(1000 + i)
-        tenants.append(Tenant(f, 1000 + i))
-    gpu = FakeGpu(sample_every, period)
+        tenants.append(Tenant(f, 1000 + i, costs[i] if costs else NS_PER_THREAD))
+    gpu = FakeGpu(sample_every, period, busiest)
     files = {t.files.slice_id: t.files for t in tenants}
     controller = ComputeController(lambda: files, lambda sid: limits.get(sid, []), gpu.sample, period, clock=gpu.clock)
     return gpu, tenants, controller
@@ -159,6 +171,22 @@ def test_hard_shares_hold_at_long_periods(tmp_path, period):
     gpu, tenants, controller = node(tmp_path, (30, True), (70, True), period=period)
     drive(gpu, tenants, controller, 2.0)
     assert drive(gpu, tenants, controller, 10.0) == pytest.approx([30, 70], abs=1.0)
+
+
+@pytest.mark.parametrize(
+    ("shares", "costs"),
+    [((30, 70), (100, 100)), ((30, 70), (100, 37)), ((10, 20, 30, 40), (100, 60, 150, 80)), ((12, 13) * 4, (100,) * 8)],
+)
+def test_hard_shares_hold_where_the_driver_gives_each_period_to_the_busiest_process(tmp_path, shares, costs):
+    """Readings every 200 ms, each all the GPU's use on the process that ran most
+    (H100, driver 580): the slices' costs are fitted together within 2 s and half a
+    second per slice of their start, and the shares hold to a point from then on."""
+    gpu, tenants, controller = node(tmp_path, *((c, True) for c in shares), sample_every=4, busiest=True,
+                                    costs=costs)  # fmt: skip
+    drive(gpu, tenants, controller, 2.0 + 0.5 * len(shares))
+    assert drive(gpu, tenants, controller, 10.0) == pytest.approx(list(shares), abs=1.0)
+    for _ in range(10):
+        assert drive(gpu, tenants, controller, 1.0) == pytest.approx(list(shares), abs=3.0)
 
 
 class FakeNvml:

@@ -5,54 +5,129 @@ from __future__ import annotations
 
 import pytest
 
-from gpuslice.allocator.cost_split import JOIN_READINGS, JOIN_SKIP, CostSplit
+from gpuslice.allocator.cost_split import (
+    FIT_BLOCK,
+    FIT_EXTRA,
+    FIT_SKIP,
+    LEARN_BOOST,
+    LEARN_SCALE,
+    CostSplit,
+    least_squares,
+)
 from gpuslice.allocator.utilization import Sample, Spans
 
 pytestmark = pytest.mark.unit
 
 A, B, C = ("a", 0), ("b", 0), ("c", 0)
+WINDOW = 200_000_000  # ns: the H100's sample period
+
+
+def known(costs: dict) -> CostSplit:
+    split = CostSplit()
+    split.costs.update(costs)
+    return split
 
 
 def test_a_reading_is_split_by_threads_times_cost_and_adds_up_to_the_gpu():
-    split = CostSplit()
-    got = split.split(200.0, {A: 100, B: 100}, {A: 1.0, B: 3.0})
+    got = known({A: 1.0, B: 3.0}).split(200.0, {A: 100, B: 100}, WINDOW)
     assert got[A] == pytest.approx(50.0) and got[B] == pytest.approx(150.0)
     # a cost off by the same factor for every slice changes nothing
-    assert CostSplit().split(200.0, {A: 100, B: 100}, {A: 2.0, B: 6.0}) == pytest.approx(got)
+    assert known({A: 2.0, B: 6.0}).split(200.0, {A: 100, B: 100}, WINDOW) == pytest.approx(got)
 
 
 def test_a_slice_that_launched_nothing_gets_nothing():
-    got = CostSplit().split(100.0, {A: 0, B: 50}, {A: 1.0, B: 1.0})
+    got = known({A: 1.0, B: 1.0}).split(100.0, {A: 0, B: 50}, WINDOW)
     assert got == {A: 0.0, B: pytest.approx(100.0)}
 
 
-def test_a_joining_slice_is_measured_as_the_gpu_less_the_known_ones():
-    """A known at 1 ns a thread; B joins with a true cost of 4: its first readings
-    (its launches run ahead of the GPU) are not measured, then its cost is what
-    the GPU did beyond A's."""
+def budgets(split: CostSplit, share: dict, cost: dict) -> dict:
+    """Threads each slice launches in a reading while a fit runs, as the controller budgets them."""
+    out = {}
+    for k, s in share.items():
+        part, boost = split.learning(k) or (1.0, 0.0)
+        out[k] = round((part * s + boost) * WINDOW / cost[k])
+    return out
+
+
+def test_costs_are_fitted_together_from_readings_in_which_one_slice_at_a_time_launches_more():
+    """Three slices start together with true costs 1, 4 and 2.5 ns a thread and the
+    GPU's time in each reading the sum (in integer percent). While the fit runs each
+    gets LEARN_SCALE of its share and one at a time LEARN_BOOST more, for FIT_BLOCK
+    readings each; their first reading (launches running ahead of the GPU) and the
+    first of each boost are no rows. The fit ends once no cost's error moves a share
+    by more than a quarter of a point, and the GPU's time at their shares is then
+    split within half a point of them."""
+    true = {A: 1.0, B: 4.0, C: 2.5}
+    share = {A: 0.2, B: 0.3, C: 0.5}
     split = CostSplit()
-    true = {A: 1.0, B: 4.0}
-    for i in range(JOIN_SKIP + JOIN_READINGS):
-        threads = {A: 60, B: 10 + i}
-        total = sum(true[k] * t for k, t in threads.items())
-        got = split.split(total if i >= JOIN_SKIP else total * 0.5, threads, {A: 1.0})
-        assert sum(got.values()) == pytest.approx(total if i >= JOIN_SKIP else total * 0.5)
-    assert split.costs[B] == pytest.approx(4.0)
-    got = split.split(100.0, {A: 60, B: 10}, {})
-    assert got[A] == pytest.approx(60.0) and got[B] == pytest.approx(40.0)
+    threads = {k: round(s * WINDOW / 3.0) for k, s in share.items()}  # a first guess: the GPU's cost
+    for i in range(40):
+        total = round(100 * sum(true[k] * t for k, t in threads.items()) / WINDOW) / 100 * WINDOW
+        got = split.split(total if i >= FIT_SKIP else total * 0.5, threads, WINDOW, share)
+        assert sum(got.values()) == pytest.approx(total if i >= FIT_SKIP else total * 0.5)
+        if split.fit is None:
+            break
+        assert split.learning(A) is not None
+        threads = budgets(split, share, {k: split.cost(k) or 3.0 for k in share})
+    assert split.fit is None and i >= FIT_SKIP + 2 * len(true) + FIT_EXTRA - 1
+    assert split.costs == pytest.approx(true, rel=0.03)
+    assert split.learning(A) is None
+    at_shares = {k: round(s * WINDOW / true[k]) for k, s in share.items()}
+    got = split.split(WINDOW, at_shares, WINDOW, share)
+    assert {k: 100 * v / WINDOW for k, v in got.items()} == pytest.approx(
+        {k: 100 * s for k, s in share.items()}, abs=0.5
+    )
 
 
-def test_before_its_cost_is_known_a_new_slice_gets_what_the_known_ones_did_not_use():
+def test_while_a_fit_runs_the_gpu_is_not_full_and_each_slice_gets_its_boost_in_turn():
     split = CostSplit()
-    got = split.split(100.0, {A: 30, B: 5}, {A: 1.0})
-    assert got[A] == pytest.approx(30.0) and got[B] == pytest.approx(70.0)
+    split.split(100.0, {A: 10, B: 10}, WINDOW)
+    turns = []
+    for _ in range(6):
+        turns.append((split.learning(A), split.learning(B)))
+        split.split(100.0, {A: 10, B: 10}, WINDOW)
+    assert {t for t in turns} == {
+        ((LEARN_SCALE, LEARN_BOOST), (LEARN_SCALE, 0.0)),
+        ((LEARN_SCALE, 0.0), (LEARN_SCALE, LEARN_BOOST)),
+        ((LEARN_SCALE, 0.0), (LEARN_SCALE, 0.0)),
+    }
+    assert LEARN_SCALE + LEARN_BOOST < 0.9  # headroom: what the GPU does is then what was launched
 
 
-def test_slices_gone_are_forgotten():
+def test_a_full_gpu_is_no_row_and_scales_the_shares_down():
     split = CostSplit()
-    split.split(100.0, {A: 10, B: 10, C: 10}, {A: 1.0, B: 1.0, C: 1.0})
-    split.forget({A})
-    assert set(split.costs) == {A}
+    for _ in range(FIT_SKIP + FIT_BLOCK + 1):
+        split.split(0.99 * WINDOW, {A: 10, B: 10}, WINDOW)
+    assert split.fit is not None and not split.fit.rows and split.learning(A)[0] < LEARN_SCALE
+
+
+def test_rows_that_do_not_tell_the_slices_apart_give_no_fit():
+    rows = [(300.0, {A: 100, B: 100})] * 5
+    assert least_squares(rows, [A, B]) is None
+    costs, errors = least_squares([(300.0, {A: 100, B: 100}), (500.0, {A: 100, B: 200}), (400.0, {A: 200, B: 100})],
+                                  [A, B])  # fmt: skip
+    assert costs == pytest.approx({A: 1.0, B: 2.0}) and max(errors.values()) < 1e-6
+
+
+def test_a_new_slice_starts_a_fit_of_all_and_one_gone_is_forgotten():
+    split = known({A: 1.0, B: 1.0})
+    split.split(100.0, {A: 10, B: 10, C: 10}, WINDOW)
+    assert split.fit is not None and split.fit.order == [A, B, C]
+    split.forget({A, C})
+    assert set(split.costs) == {A} and split.fit.order == [A, C]
+    split.forget(set())
+    assert split.fit is None and not split.costs
+
+
+def test_a_process_that_runs_every_other_period_is_not_taken_for_a_clock_of_its_own():
+    """Two tenants alike on a driver that gives each 200 ms period to one process:
+    A, B, A, B... Each one's own samples are 400 ms apart, the other's 200 ms
+    away: on one grid, not interleaved clocks (which turned the split off)."""
+    spans = Spans()
+    for k in range(1, 9):
+        spans.covered([Sample(1 if k % 2 else 2, k * 200_000, 99)], (k - 1) * 200_000)
+    assert spans.period_us == 400_000 and spans.grid_us == 200_000
+    assert not spans.interleaved and not spans.shared
 
 
 def test_spans_tell_a_driver_that_samples_processes_together_from_one_that_gives_a_period_to_one():
