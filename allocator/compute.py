@@ -278,7 +278,13 @@ class ComputeController:
             pids = {p for s in on_gpu for p in files[s.slice_id].slot_pids().values()}
             total = sum(b for pid, b in reading.busy_ns.items() if pid in pids)
             threads = {k: self.state[k].unpaired - self._later(self.state[k], reading.age_ns, dt) for k in launching}
-            shares = {(s.slice_id, s.gpu): max(s.guarantee, MIN_FIT_SHARE) for s in on_gpu}
+            shares = {}  # how exactly each cost is fitted: by the share the slice will get,
+            for s in on_gpu:  # or, for one that has not waited for budget lately (a light load), what it uses
+                st = self.state[(s.slice_id, s.gpu)]
+                light = now - st.last_hungry >= HUNGRY_HOLD_S
+                shares[(s.slice_id, s.gpu)] = max(
+                    MIN_FIT_SHARE, min(s.guarantee, st.used_avg) if light else s.guarantee
+                )
             for k, busy_ns in split.split(total, threads, reading.window_ns, shares).items():
                 st = self.state[k]
                 st.busy_ns, st.window_ns, st.age_ns = busy_ns, reading.window_ns, reading.age_ns
@@ -407,6 +413,11 @@ class ComputeController:
         """(slice id, slice GPU, target, used over about a second) for metrics."""
         for (sid, g), st in list(self.state.items()):
             yield sid, g, st.target, st.used_avg
+
+    def fitting(self, slice_id: str, gpu: int) -> bool:
+        """Whether its GPU's costs are being fitted (CostSplit): its share is not held yet."""
+        st = self.state.get((slice_id, gpu))
+        return bool(st and st.learning is not None)
 
     def view(self, slice_id: str, gpu: int) -> tuple[float, float]:
         """(target, used over about a second) of one slice GPU; (0, 0) where not controlled."""

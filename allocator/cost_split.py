@@ -32,10 +32,10 @@ log = logging.getLogger(__name__)
 Key = tuple[str, int]  # (slice id, GPU index within the slice)
 Row = tuple[float, dict[Key, int]]  # a reading's GPU ns, and the threads each slice launched in it
 
-FIT_BLOCK = 3  # readings each slice's boost lasts (the first of them is no row: its budgets changed in it)
+FIT_BLOCK = 3  # readings each slice's boost lasts: the first is no row (its budgets changed in it), the others one
 FIT_SKIP = 1  # a slice's first readings in a fit are not rows: its launches run ahead of the GPU
-FIT_EXTRA = 1  # a fit is tried once it has twice as many rows as the slices it fits, and this many more
-FIT_ROWS = 32  # ... over at most this many of the latest
+FIT_EXTRA = 2  # a fit is tried once it has this many rows more than the slices it fits, each boosted in one
+FIT_ROWS = 16  # ... over at most this many of the latest
 # ... and ends once every cost's standard error moves its slice's share by at most this many
 # points: a cost off by e moves a share s by about 100 s (1 - s) e points
 FIT_POINTS = 0.25
@@ -65,6 +65,8 @@ class Fit:
 
     scale: float = LEARN_SCALE
     estimate: dict[Key, float] = field(default_factory=dict)  # the latest fit
+    pending: tuple[int, Row] | None = None  # the first reading of a boost's two, and its phase
+    boosted: dict[Key, int] = field(default_factory=dict)  # rows in which each slice had its boost
 
 
 @dataclass
@@ -122,11 +124,13 @@ class CostSplit:
             del self.costs[k]
         self.seen &= keep
         f = self.fit
-        if f is not None:
+        if f is not None and not set(f.order) <= keep:
             f.order = [k for k in f.order if k in keep]
             f.skip = {k: n for k, n in f.skip.items() if k in keep}
             f.estimate = {k: c for k, c in f.estimate.items() if k in keep}
             f.rows = deque((r for r in f.rows if set(r[1]) <= keep), maxlen=FIT_ROWS)
+            f.boosted = {k: n for k, n in f.boosted.items() if k in keep}
+            f.pending = None
             if not f.order:
                 self.fit = None
 
@@ -143,18 +147,30 @@ class CostSplit:
         # for the first part: a row only where both were the same phase, so that what its
         # launches left to the next reading is what the one before left to it
         mixed = len(f.phases) < 2 or f.phases[-1] != f.phases[-2]
+        ran = f.phases[-1] if f.phases else -1  # the phase of the budgets it ran on
         f.readings += 1
         f.phases = [*f.phases[-1:], f.phase()]
-        if ramp or mixed or not launched or not window_ns:
+        if ramp or mixed or not launched or not window_ns or total_ns >= SATURATED * window_ns:
+            f.pending = None
+            if total_ns >= SATURATED * window_ns and not (ramp or mixed):
+                f.scale = max(LEARN_MIN_SCALE, f.scale * LEARN_BACKOFF)
             return
-        if total_ns >= SATURATED * window_ns:
-            f.scale = max(LEARN_MIN_SCALE, f.scale * LEARN_BACKOFF)
+        if f.pending is None or f.pending[0] != ran:
+            f.pending = (ran, (total_ns, dict(launched)))
             return
-        f.rows.append((total_ns, dict(launched)))
+        # the two readings of a boost as one row: a launch paired with the wrong one of them (a kernel
+        # that ran across the edge, a tick late) is then in the row all the same
+        first = f.pending[1]
+        f.rows.append(
+            (first[0] + total_ns, {k: first[1].get(k, 0) + launched.get(k, 0) for k in {*first[1], *launched}})
+        )
+        f.pending = None
+        if ran < len(f.order):
+            f.boosted[f.order[ran]] = f.boosted.get(f.order[ran], 0) + 1
         keys = [k for k in f.order if any(k in r[1] for r in f.rows)]
-        if len(f.rows) < 2 * len(keys) + FIT_EXTRA:
+        if len(f.rows) < len(keys) + FIT_EXTRA or any(not f.boosted.get(k) for k in keys):
             return
-        fitted = robust_fit(list(f.rows), keys, window_ns)
+        fitted = robust_fit(list(f.rows), keys, 2 * window_ns)
         if fitted is None:
             return
         f.estimate, errors, used = fitted
@@ -162,7 +178,7 @@ class CostSplit:
         if max(moves.values()) <= FIT_POINTS or len(f.rows) == FIT_ROWS:
             self.costs.update(f.estimate)
             self.fit = None
-            log.debug("fitted over %d of %d readings: %s", used, len(f.rows), " ".join(
+            log.debug("fitted over %d of %d rows: %s", used, len(f.rows), " ".join(
                 f"{k[0][:8]}/{k[1]} {c:.4g} ±{errors[k]:.1%}" for k, c in f.estimate.items()))  # fmt: skip
 
     def _log(self, total_ns: float, threads: dict[Key, int], out: dict[Key, float]) -> None:
@@ -220,7 +236,5 @@ def least_squares(rows: list[Row], keys: list[Key]) -> tuple[dict[Key, float], d
     ssr = sum((r[0] - sum(ci * xi for ci, xi in zip(c, x, strict=True))) ** 2 for x, r in zip(xs, rows, strict=True))
     var = ssr / free if free > 0 else float("inf")
     costs = {k: c[i] / scale[i] for i, k in enumerate(keys)}
-    # the rows of one boost are alike in their errors too (FIT_BLOCK): counted as one
-    var *= FIT_BLOCK - 1
     errors = {k: (var * a[i][n + i]) ** 0.5 / abs(c[i]) if c[i] else float("inf") for i, k in enumerate(keys)}
     return costs, errors

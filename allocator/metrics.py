@@ -128,6 +128,11 @@ class SliceCollector(Collector):
         got = GaugeMetricFamily(
             "gpuslice_slice_compute_used_ratio", "share of the GPU used, over about a second", labels=per_gpu
         )
+        fitting = GaugeMetricFamily(
+            "gpuslice_slice_compute_fitting",
+            "1 while the costs of the slices on its GPU are fitted (part of its share meanwhile)",
+            labels=per_gpu,
+        )
         for v in self.m.views():
             r, who = v.record, self._who(v.record)
             # per GPU of the slice: shares of one GPU add up, as in its slice files (one series each)
@@ -152,7 +157,8 @@ class SliceCollector(Collector):
                 if t or u:
                     target.add_metric([*who, gpu], t)
                     got.add_metric([*who, gpu], u)
-        yield from (limit, cores, used, procs, driver, throttled, refused, driver_side, over, target, got)
+                    fitting.add_metric([*who, gpu], 1 if self.compute and self.compute.fitting(r.id, g) else 0)
+        yield from (limit, cores, used, procs, driver, throttled, refused, driver_side, over, target, got, fitting)
 
 
 def register(manager: SliceManager, compute: ComputeController | None = None, node: str = "") -> None:

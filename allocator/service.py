@@ -30,9 +30,10 @@ def slice_message(view: SliceView, compute: ComputeController | None = None, mem
     extra = view.driver_side
     for a in r.allocations:
         target, used = compute.view(r.id, in_files[a.gpu_uuid]) if compute else (0.0, 0.0)
+        fitting = compute.fitting(r.id, in_files[a.gpu_uuid]) if compute else False
         gpus.append(
             pb.SliceGpu(index=a.gpu_index, uuid=a.gpu_uuid, memory_limit=a.memory, cores=a.cores,
-                        compute_target=target, compute_used=used, share_id=a.share,
+                        compute_target=target, compute_used=used, share_id=a.share, compute_fitting=fitting,
                         driver_side=extra[in_files[a.gpu_uuid]] if extra else 0,
                         policy=a.policy or r.policy, priority=a.priority or r.priority,
                         owner_kind=a.of.kind.name if a.of else None, owner_uid=a.of.uid if a.of else "")

@@ -35,6 +35,7 @@ def render_status(inv: pb.InventoryReply, slices: list[pb.Slice]) -> str:
         for i, sg in enumerate(s.gpus):
             used = format_bytes(s.memory_used) if i == 0 else ""
             use = f"{100 * sg.compute_used:.0f}%" if sg.compute_target else "-"
+            use = f"{use} fit" if sg.compute_fitting else use  # its share is not held yet (docs/compute.md)
             lines.append(
                 f"{s.container_id[:24]:<24} {s.id:<16} {s.state:<8} {sg.index:>4} {format_bytes(sg.memory_limit):>10} "
                 f"{used:>10} {sg.cores:>5} {use:>7}  {s.policy:<8} {s.enforcement}"

@@ -139,16 +139,17 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
     g->cc_major = 8;
     g->cc_minor = 0;
     g->wave_ns = 10000;
-    /* the ideal driver: one exact sample per process for all since the caller's last. What an
-     * H100 with driver 580 answered is util_sample_time: 200ms, util_stamps: busiest
-     * (tests/data/real-gpu/h100-2026-11-26); not yet the default: the controller does not hold
-     * every mix on it (docs/compute.md) */
-    g->util_sample_ns = SIM_BUCKET_NS;
-    g->util_stamps = SIM_STAMPS_TOGETHER;
+    /* what an H100 with driver 580 answered (tests/data/real-gpu/h100-2026-11-26): each 200 ms
+     * period, the GPU's use to the process that ran most in it, none for a period that rounds
+     * to 0 %; util_stamps: ideal is the driver no GPU is (one exact sample per process for all
+     * since the caller's last), for tests of the controller's arithmetic */
+    g->util_sample_ns = 20 * SIM_BUCKET_NS;
+    g->util_stamps = SIM_STAMPS_BUSIEST;
+    int ideal = 0, have_sample_time = 0;
     g->timeslice_ns = 2000000;
     g->clock_khz = 1410000;
     g->memory_limits = 1;
-    g->util_zero_samples = 1;
+    g->util_zero_samples = 0;
     g->power_limit_mw = 400000; /* A100 SXM4 */
     for (yaml_node_pair_t *p = n->data.mapping.pairs.start; p < n->data.mapping.pairs.top; p++) {
         const char *k = scalar(yaml_document_get_node(&c->doc, p->key));
@@ -206,6 +207,7 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
             if (parse_duration(v, &ns) || ns % SIM_BUCKET_NS || ns > 100 * SIM_BUCKET_NS)
                 return fail(c, "gpus[%d].util_sample_time: must be a multiple of 10ms up to 1000ms, got \"%s\"", idx, v);
             g->util_sample_ns = ns;
+            have_sample_time = 1;
         } else if (strcmp(k, "timeslice") == 0) {
             uint64_t ns;
             if (parse_duration(v, &ns) || ns < 100000 || ns > 1000000000)
@@ -218,8 +220,10 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
                 g->util_stamps = SIM_STAMPS_PER_PROCESS;
             else if (strcmp(v, "together") == 0)
                 g->util_stamps = SIM_STAMPS_TOGETHER;
+            else if (strcmp(v, "ideal") == 0)
+                ideal = 1;
             else
-                return fail(c, "gpus[%d].util_stamps: must be busiest (one sample per period, the GPU's use, to the process that ran most: H100, driver 580), per_process (each process on its own clock) or together, got \"%s\"", idx, v);
+                return fail(c, "gpus[%d].util_stamps: must be busiest (one sample per period, the GPU's use, to the process that ran most: H100, driver 580), per_process (each process on its own clock), together or ideal (one exact sample per process since the caller's last), got \"%s\"", idx, v);
         } else if (strcmp(k, "util_zero_samples") == 0) {
             if (strcmp(v, "true") && strcmp(v, "false"))
                 return fail(c, "gpus[%d].util_zero_samples: must be true or false (a sample for a period whose use rounds to 0 %%), got \"%s\"", idx, v);
@@ -246,6 +250,13 @@ static int gpu_from_node(struct cfg *c, yaml_node_t *n, int idx, struct sim_gpu_
     }
     if (!have_memory)
         return fail(c, "gpus[%d].memory: is required (a size such as 16Gi)", idx);
+    if (ideal && have_sample_time)
+        return fail(c, "gpus[%d].util_sample_time: util_stamps ideal has no sample period (one sample per process covers all since the caller's last)", idx);
+    if (ideal) {
+        g->util_stamps = SIM_STAMPS_TOGETHER;
+        g->util_sample_ns = SIM_BUCKET_NS;
+        g->util_zero_samples = 1;
+    }
     if (g->context_memory >= g->memory)
         return fail(c, "gpus[%d].context_memory: must be smaller than memory", idx);
     if (!have_uuid) { /* deterministic per index, so every process agrees */

@@ -152,7 +152,7 @@ class ReserveClaimRequest(_message.Message):
     def __init__(self, uid: _Optional[str] = ..., shares: _Optional[_Iterable[_Union[Share, _Mapping]]] = ..., owner: _Optional[str] = ..., workload: _Optional[_Union[Workload, _Mapping]] = ...) -> None: ...
 
 class SliceGpu(_message.Message):
-    __slots__ = ("index", "uuid", "memory_limit", "cores", "compute_target", "compute_used", "share_id", "policy", "priority", "owner_kind", "owner_uid", "driver_side")
+    __slots__ = ("index", "uuid", "memory_limit", "cores", "compute_target", "compute_used", "share_id", "policy", "priority", "owner_kind", "owner_uid", "driver_side", "compute_fitting")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     UUID_FIELD_NUMBER: _ClassVar[int]
     MEMORY_LIMIT_FIELD_NUMBER: _ClassVar[int]
@@ -165,6 +165,7 @@ class SliceGpu(_message.Message):
     OWNER_KIND_FIELD_NUMBER: _ClassVar[int]
     OWNER_UID_FIELD_NUMBER: _ClassVar[int]
     DRIVER_SIDE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_FITTING_FIELD_NUMBER: _ClassVar[int]
     index: int
     uuid: str
     memory_limit: int
@@ -177,7 +178,8 @@ class SliceGpu(_message.Message):
     owner_kind: OwnerKind
     owner_uid: str
     driver_side: int
-    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., memory_limit: _Optional[int] = ..., cores: _Optional[int] = ..., compute_target: _Optional[float] = ..., compute_used: _Optional[float] = ..., share_id: _Optional[str] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., owner_kind: _Optional[_Union[OwnerKind, str]] = ..., owner_uid: _Optional[str] = ..., driver_side: _Optional[int] = ...) -> None: ...
+    compute_fitting: bool
+    def __init__(self, index: _Optional[int] = ..., uuid: _Optional[str] = ..., memory_limit: _Optional[int] = ..., cores: _Optional[int] = ..., compute_target: _Optional[float] = ..., compute_used: _Optional[float] = ..., share_id: _Optional[str] = ..., policy: _Optional[str] = ..., priority: _Optional[str] = ..., owner_kind: _Optional[_Union[OwnerKind, str]] = ..., owner_uid: _Optional[str] = ..., driver_side: _Optional[int] = ..., compute_fitting: _Optional[bool] = ...) -> None: ...
 
 class Slice(_message.Message):
     __slots__ = ("id", "container_id", "state", "gpus", "policy", "priority", "whole", "created_unix_ms", "pid", "pid_ns", "cgroup", "memory_used", "processes", "enforcement", "kind", "member_of", "share_keys", "workload", "owner_kind", "owner_uid")
