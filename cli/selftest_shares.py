@@ -30,7 +30,9 @@ from gpuslice.inventory import Gpu
 
 SHARES = (30, 70)
 SHARE_TOLERANCE = 3.0  # percentage points
-SETTLE_S = 3.0  # the controller's budgets settle before the shares are measured
+SETTLE_S = 3.0  # the controller's budgets settle before the shares are measured, or from the costs fitted:
+FIT_WAIT_S = 8.0  # where the driver gives each period to one process, the daemon first fits the two
+# slices' costs together (docs/compute.md), for at most this long
 ALONE_S, ALONE_SETTLE_S = 2.0, 0.5  # the rate alone: measured over this, after this
 WORK_WAVES, WORK_ITERS = 10, 2000  # whole waves of ~75 us on an H100; the simulator models its own
 SLICE_MEMORY = 256 << 20
@@ -96,6 +98,23 @@ def _measure(workers: list[Progress], settle: float, seconds: float) -> list[flo
     return [p.rate(start, start + int(seconds * 1e9)) for p in workers]
 
 
+def _fitted(client: AllocatorClient, names: list[str], timeout: float) -> float | None:
+    """Seconds until the daemon controls every one of these slices with its cost known: in use
+    and not fitting (where the driver gives each sample period to one process, the daemon first
+    fits the costs of slices that share a GPU, docs/compute.md), twice 0.3 s apart; None if not
+    within `timeout`."""
+    t0 = time.monotonic()
+    first = None
+    while (now := time.monotonic()) - t0 < timeout:
+        gpus = [g for n in names for g in client.get(n).gpus]
+        done = bool(gpus) and all(g.compute_used > 0 and not g.compute_fitting for g in gpus)
+        first = (first or now) if done else None
+        if first is not None and now - first >= 0.3:
+            return first - t0
+        time.sleep(0.05)
+    return None
+
+
 def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: float, reserve: int = 0) -> list[Check]:
     """The worker's rate alone on the GPU, then two workers under hard shares."""
     tag = f"GPU {gpu.index}"
@@ -108,17 +127,20 @@ def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: flo
         with (
             slice_box(client, gpu, layout, _share(SHARES[0], reserve)) as a,
             slice_box(client, gpu, layout, _share(SHARES[1], reserve)) as b,
-            running(a, SETTLE_S + seconds + 1) as pa,
-            running(b, SETTLE_S + seconds + 1) as pb,
+            running(a, FIT_WAIT_S + SETTLE_S + seconds + 1) as pa,
+            running(b, FIT_WAIT_S + SETTLE_S + seconds + 1) as pb,
         ):
-            rates = _measure([pa, pb], SETTLE_S, seconds)
+            fitted = _fitted(client, [a.name, b.name], FIT_WAIT_S)
+            rates = _measure([pa, pb], max(SETTLE_S - (fitted or 0.0), 0.5), seconds)
     except (grpc.RpcError, WorkerError, OSError, subprocess.TimeoutExpired) as e:
         why = (e.details() or "") if isinstance(e, grpc.RpcError) else str(e)
         return [failed(f"{tag} hard shares", f"{SHARES[0]} and {SHARES[1]} %", why)]
     return [
         Check(f"{tag} hard share {share} %",
               f"{share} ± {SHARE_TOLERANCE:g} % over {seconds:g} s (its work against its rate alone)",
-              f"{100 * rate / alone:.1f} % ({rate:.0f} launches/s, alone {alone:.0f})",
+              f"{100 * rate / alone:.1f} % ({rate:.0f} launches/s, alone {alone:.0f}"
+              + (f"; costs fitted in {fitted:.1f} s)" if fitted and fitted > 0.5 else
+                 f"; costs not fitted in {FIT_WAIT_S:g} s)" if fitted is None else ")"),
               abs(100 * rate / alone - share) <= SHARE_TOLERANCE)
         for share, rate in zip(SHARES, rates, strict=True)
     ]  # fmt: skip
