@@ -396,10 +396,14 @@ def generate_time_row(step: str, label: str, in_slice: float | None, direct: flo
 
 def generate_paths_row(step: str, label: str, in_slice: dict, direct: dict) -> Row:
     """Where a slower generate's time goes: a second (warm) generate, a tiny op's launch,
-    and a launch with a copy back, in the slice and without gpuslice (a fact)."""
-    keys = (("again_seconds", "warm generate", "s", 2), ("launch_us", "launch", "us", 1),
-            ("launch_and_copy_us", "launch + copy back", "us", 1))  # fmt: skip
-    parts = [f"{name} {in_slice[k]:.{d}f} {u} against {direct[k]:.{d}f} {u}" for k, name, u, d in keys
+    a launch with a copy back, a fresh cudaMalloc, and what the first run asked of the
+    driver (PyTorch's cudaMallocs, and retries after an OOM: a cache flushed at the
+    slice's limit is paid once), in the slice and without gpuslice (a fact)."""
+    keys = (("again_seconds", "warm generate", " s", 2), ("launch_us", "launch", " us", 1),
+            ("launch_and_copy_us", "launch + copy back", " us", 1), ("malloc_us", "fresh cudaMalloc", " us", 1),
+            ("num_device_alloc", "the first run's cudaMallocs", "", 0),
+            ("num_alloc_retries", "its retries after an OOM", "", 0))  # fmt: skip
+    parts = [f"{name} {in_slice[k]:.{d}f}{u} against {direct[k]:.{d}f}{u}" for k, name, u, d in keys
              if k in in_slice and k in direct]  # fmt: skip
     return check(step, f"{label}: where the time goes", "a fact: in the slice against without gpuslice",
                  "; ".join(parts) or "not measured", None)  # fmt: skip

@@ -38,6 +38,7 @@ def run(argv: list[str]) -> dict:
         out = model.generate(prompts, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
     torch.cuda.synchronize()
     took = time.monotonic() - start
+    first = torch.cuda.memory_stats()  # what the first run asked of the driver: allocations, retries after an OOM
     again = time.monotonic()
     with torch.no_grad():  # warm: what the first paid once (module loading, autotuning) is behind it
         model.generate(prompts, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
@@ -46,7 +47,9 @@ def run(argv: list[str]) -> dict:
     hold("warm", pid=os.getpid())
     return {"new_tokens": int(out.shape[1] - prompts.shape[1]), "batch": 4, "seconds": took, "again_seconds": again,
             "parameters": sum(p.numel() for p in model.parameters()), "transformers": transformers.__version__,
-            "peak_allocated": torch.cuda.max_memory_allocated(), **paths(torch)}  # fmt: skip
+            "peak_allocated": torch.cuda.max_memory_allocated(), **paths(torch),
+            **{k: int(first.get(k, 0)) for k in ("num_device_alloc", "num_device_free", "num_alloc_retries",
+                                                 "num_ooms")}}  # fmt: skip
 
 
 def paths(torch) -> dict:  # type: ignore[no-untyped-def]
@@ -66,7 +69,14 @@ def paths(torch) -> dict:  # type: ignore[no-untyped-def]
         x.add_(1)
         x[0].item()
     sync = (time.monotonic() - t) / 2000 * 1e6
-    return {"launch_us": launch, "launch_and_copy_us": sync}
+    torch.cuda.empty_cache()  # each of these then asks the driver for memory (and the slice's ledger)
+    t = time.monotonic()
+    held = [torch.empty((2 << 20) + (i << 16), dtype=torch.uint8, device="cuda") for i in range(64)]
+    torch.cuda.synchronize()
+    malloc = (time.monotonic() - t) / len(held) * 1e6
+    del held
+    torch.cuda.empty_cache()
+    return {"launch_us": launch, "launch_and_copy_us": sync, "malloc_us": malloc}
 
 
 if __name__ == "__main__":
