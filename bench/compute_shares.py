@@ -103,11 +103,6 @@ class MixResult:
         return max(abs(g - w) for per, w in zip(self.seconds, want, strict=True) for g in per)
 
 
-def run_mix(client, env: dict[str, str], boxes, m: Mix) -> list[float]:  # type: ignore[no-untyped-def]
-    """Each tenant's share over a 10 s window from once the controller has fitted their costs."""
-    return measure_mix(client, env, boxes, m).shares
-
-
 def fitted_at(client, names: list[str], by_ns: int) -> int | None:  # type: ignore[no-untyped-def]
     """When the daemon had every tenant in use and none fitting (compute_fitting: the controller
     fits the costs of slices that time-slice on a driver that gives each period to one process,

@@ -21,7 +21,6 @@ from bench.compute_shares import (
     measure_mix,
     run_handover,
     run_lending,
-    run_mix,
     run_setting_gpu,
     slice_of,
 )
@@ -60,13 +59,23 @@ def node(daemon, containers):
         a.close()
 
 
+ONE_POINT = ("30/70 hard", "30/70 elastic", "10/20/30/40", "eight slices")  # issue 46's mixes: within 1 point
+
+
 @pytest.mark.parametrize("mix", MIXES, ids=[m.name for m in MIXES])
 def test_each_tenant_gets_its_share(node, mix: Mix):
-    got = run_mix(node.client, node.env, node.boxes, mix)
+    """On the simulator's default driver, the H100's (util_stamps: busiest: each 200 ms
+    period, the GPU's use, to the process that ran most in it): the controller fits
+    the tenants' costs together within SETTLE_PER_SLICE a tenant, then each gets its
+    share over 10 s, issue 46's mixes within 1 point. With the controller before it
+    (one slice measured at a time) 10/20/30/40 read 10.8 / 16.9 / 28.7 / 33.9 %."""
+    r = measure_mix(node.client, node.env, node.boxes, mix)
     want = mix.expect or mix.cores
-    print(mix.name, "targets", want, "measured", [round(g, 2) for g in got])
-    for g, w in zip(got, want, strict=True):
-        assert abs(g - w) <= TOLERANCE, (mix.name, got, want)
+    print(mix.name, "targets", want, "measured", [round(g, 2) for g in r.shares], "costs fitted at", r.fitted_s)
+    assert r.fitted_s is not None, (mix.name, "costs not fitted in time")
+    tolerance = 1.0 if mix.name in ONE_POINT else TOLERANCE
+    for g, w in zip(r.shares, want, strict=True):
+        assert abs(g - w) <= tolerance, (mix.name, r.shares, want)
 
 
 @pytest.mark.parametrize("setting", SETTINGS[1:], ids=[s.label for s in SETTINGS[1:]])
@@ -77,21 +86,6 @@ def test_hard_shares_hold_to_a_point_at_each_period_and_driver_sampling(daemon, 
     with d.client() as client:
         got = measure_mix(client, interposer_env(d), containers, MIXES[0])
     assert got.error([30, 70]) <= 1.0, (setting.label, got.shares, got.seconds)
-
-
-H100 = next(s for s in SETTINGS if s.stamps == "busiest")
-
-
-@pytest.mark.parametrize("mix", [m for m in MIXES if m.name in ("30/70 hard", "30/70 elastic")], ids=lambda m: m.name)
-def test_two_shares_hold_where_the_driver_gives_each_period_to_the_busiest_process(daemon, containers, mix):
-    """The H100's NVML (util_stamps: busiest): per-process samples cannot tell the
-    tenants apart, and the controller reading them gave 17.3 / 56.1 % there; split
-    by launched threads x cost, two tenants get their shares."""
-    d = daemon([gpu("16Gi", **run_setting_gpu(H100))], compute_period=H100.period)
-    with d.client() as client:
-        got = run_mix(client, interposer_env(d), containers, mix)
-    print(mix.name, "on the H100's model", [round(g, 2) for g in got])
-    assert all(abs(g - w) <= 1.0 for g, w in zip(got, mix.cores, strict=True)), (mix.name, got)
 
 
 def test_elastic_slice_borrows_the_idle_gpu_and_gives_it_back(node):
