@@ -103,21 +103,6 @@ class MixResult:
         return max(abs(g - w) for per, w in zip(self.seconds, want, strict=True) for g in per)
 
 
-def fitted_at(client, names: list[str], by_ns: int) -> int | None:  # type: ignore[no-untyped-def]
-    """When the daemon had every tenant in use and none fitting (compute_fitting: the controller
-    fits the costs of slices that time-slice on a driver that gives each period to one process,
-    docs/compute.md), twice in a row 0.3 s apart; None if not by `by_ns`."""
-    first = None
-    while (now := time.monotonic_ns()) < by_ns:
-        gpus = [g for s in client.list() if s.container_id in names for g in s.gpus]
-        done = len(gpus) == len(names) and all(g.compute_used > 0 and not g.compute_fitting for g in gpus)
-        first = (first or now) if done else None
-        if first and now - first >= 3 * NS // 10:
-            return first
-        time.sleep(0.05)
-    return None
-
-
 def measure_mix(client, env: dict[str, str], boxes, m: Mix) -> MixResult:  # type: ignore[no-untyped-def]
     """Each tenant's share over a 10 s window that opens SETTLE after the last start,
     or half a second after the controller is done fitting their costs if that is
@@ -133,7 +118,8 @@ def measure_mix(client, env: dict[str, str], boxes, m: Mix) -> MixResult:  # typ
     ]  # fmt: skip
     grid = NS // 10
     last_start = max(t.started for t in tenants)
-    fitted = fitted_at(client, [t.name for t in tenants], last_start + int((SETTLE + SETTLE_PER_SLICE * n) * NS))
+    budget = last_start + int((SETTLE + SETTLE_PER_SLICE * n) * NS) - time.monotonic_ns()
+    fitted = client.compute_settled([t.name for t in tenants], budget / NS)
     opens = max(last_start + int(SETTLE * NS), (fitted or last_start + int((SETTLE + SETTLE_PER_SLICE * n) * NS))
                 + NS // 2)  # fmt: skip
     start = -(-opens // grid) * grid
@@ -169,7 +155,7 @@ def run_handover(client, env: dict[str, str], boxes) -> Handover:  # type: ignor
     first = Tenant(client, env, boxes(), "elastic-30", slice_of(30), SETTLE + 4 + budget + WINDOW + 1, "100")
     time.sleep(SETTLE + 2)
     second = Tenant(client, env, boxes(), "elastic-70", slice_of(70), 2 + budget + WINDOW + 1, "1000")
-    fitted = fitted_at(client, [first.name, second.name], second.started + int((2 + budget) * NS))
+    fitted = client.compute_settled([first.name, second.name], 2 + budget)
     t0 = first.started + int(SETTLE * NS)
     t2 = max(second.started + 2 * NS, (fitted or second.started + int((2 + budget) * NS)) + NS // 2)
     # 1 s windows sliding by 100 ms: settled once every later one is within 3 points
@@ -203,7 +189,7 @@ def run_lending(client, env: dict[str, str], boxes) -> Lending:  # type: ignore[
     seconds = LIGHT_FOR + 7
     light = Tenant(client, env, boxes(), "light-50", slice_of(50, "hard"), seconds, "100", 0, f"0.1@{LIGHT_FOR}")
     busy = Tenant(client, env, boxes(), "borrower-30", slice_of(30), seconds, "100")
-    fitted = fitted_at(client, [light.name, busy.name], busy.started + int((SETTLE + 2 * SETTLE_PER_SLICE) * NS))
+    fitted = client.compute_settled([light.name, busy.name], SETTLE + 2 * SETTLE_PER_SLICE)
     t0 = max(busy.started + int(SETTLE * NS), (fitted or 0) + NS // 2)  # from the costs fitted, where they must be
     rise = min(light.points()) + int(LIGHT_FOR * NS)  # the load tool's clock, on its 100 ms grid
     after = (rise + 3 * NS // 2, rise + 11 * NS // 2)

@@ -166,21 +166,6 @@ def _show(node: SimNode, echo) -> None:
     _show_compute(runner, daemon, echo)
 
 
-def _fitted(daemon: sim_daemon.RunningDaemon, count: int, by_ns: int) -> int | None:
-    """When (monotonic ns) the daemon had `count` slices in use and none fitting its costs,
-    twice 0.3 s apart; None if not by `by_ns`."""
-    first = None
-    with daemon.client() as c:
-        while (now := time.monotonic_ns()) < by_ns:
-            gpus = [g for s in c.list() for g in s.gpus]
-            done = len(gpus) >= count and all(g.compute_used > 0 and not g.compute_fitting for g in gpus)
-            first = (first or now) if done else None
-            if first and now - first >= 300_000_000:
-                return first
-            time.sleep(0.05)
-    return None
-
-
 def _show_compute(runner: Runner, daemon: sim_daemon.RunningDaemon, echo) -> None:
     echo(f"\n== compute shares: three containers saturating the GPU for {LOAD_SECONDS} s, hard shares ==")
     procs = {}
@@ -189,7 +174,8 @@ def _show_compute(runner: Runner, daemon: sim_daemon.RunningDaemon, echo) -> Non
         argv = [rootfs.LOAD, str(LOAD_SECONDS), "100"]
         procs[name] = runner.start(f"gpuslice-demo-{name}-{os.getpid()}", asks, argv)
         echo(f"started {name}: {', '.join(f'{k}={v}' for k, v in asks.items())}")
-    fitted = _fitted(daemon, len(COMPUTE), time.monotonic_ns() + int((MEASURE_FROM + FIT_WAIT) * 1e9))
+    with daemon.client() as c:  # all of the daemon's slices are these
+        fitted = c.compute_settled(None, MEASURE_FROM + FIT_WAIT, at_least=len(COMPUTE))
     points = {}
     for name, p in procs.items():
         out, err = p.communicate(timeout=120)

@@ -98,23 +98,6 @@ def _measure(workers: list[Progress], settle: float, seconds: float) -> list[flo
     return [p.rate(start, start + int(seconds * 1e9)) for p in workers]
 
 
-def _fitted(client: AllocatorClient, names: list[str], timeout: float) -> float | None:
-    """Seconds until the daemon controls every one of these slices with its cost known: in use
-    and not fitting (where the driver gives each sample period to one process, the daemon first
-    fits the costs of slices that share a GPU, docs/compute.md), twice 0.3 s apart; None if not
-    within `timeout`."""
-    t0 = time.monotonic()
-    first = None
-    while (now := time.monotonic()) - t0 < timeout:
-        gpus = [g for n in names for g in client.get(n).gpus]
-        done = bool(gpus) and all(g.compute_used > 0 and not g.compute_fitting for g in gpus)
-        first = (first or now) if done else None
-        if first is not None and now - first >= 0.3:
-            return first - t0
-        time.sleep(0.05)
-    return None
-
-
 def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: float, reserve: int = 0) -> list[Check]:
     """The worker's rate alone on the GPU, then two workers under hard shares."""
     tag = f"GPU {gpu.index}"
@@ -130,7 +113,9 @@ def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: flo
             running(a, FIT_WAIT_S + SETTLE_S + seconds + 1) as pa,
             running(b, FIT_WAIT_S + SETTLE_S + seconds + 1) as pb,
         ):
-            fitted = _fitted(client, [a.name, b.name], FIT_WAIT_S)
+            began = time.monotonic_ns()
+            settled = client.compute_settled([a.name, b.name], FIT_WAIT_S)
+            fitted = (settled - began) / 1e9 if settled is not None else None
             rates = _measure([pa, pb], max(SETTLE_S - (fitted or 0.0), 0.5), seconds)
     except (grpc.RpcError, WorkerError, OSError, subprocess.TimeoutExpired) as e:
         why = (e.details() or "") if isinstance(e, grpc.RpcError) else str(e)

@@ -5,6 +5,7 @@ stays that kind through whoever calls; each is a grpc.RpcError too."""
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -18,6 +19,7 @@ from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
 SOCKET_ENV = constants.ENV_SOCKET
 DEFAULT_SOCKET = constants.CONTROL_SOCKET
 T = TypeVar("T")
+SETTLED_S = 0.3  # compute_settled: seen settled twice this far apart (the controller ticks every 0.05 s)
 
 
 def socket_path(explicit: str | Path | None = None) -> str:
@@ -119,3 +121,22 @@ class AllocatorClient:
     def resize(self, container_id: str, annotations: dict[str, str]) -> pb.Slice:
         req = pb.ResizeRequest(container_id=container_id, annotations=annotations)
         return _call(self.stub.Resize, req, self.timeout)
+
+    def compute_settled(self, containers: Iterable[str] | None, timeout: float, at_least: int = 1) -> int | None:
+        """When (time.monotonic_ns) the compute controller had these containers' slices (None:
+        every slice, at least `at_least` GPUs of them) in use with their costs known: not
+        `compute_fitting` (where the driver gives each sample period to one process, the
+        daemon first fits the costs of slices that share a GPU, docs/compute.md), seen twice
+        SETTLED_S apart; None if not within `timeout` seconds."""
+        names = None if containers is None else set(containers)
+        deadline = time.monotonic_ns() + int(timeout * 1e9)
+        first = None
+        while (now := time.monotonic_ns()) < deadline:
+            gpus = [g for s in self.list() if names is None or s.container_id in names for g in s.gpus]
+            done = len(gpus) >= max(at_least, len(names or ())) and all(
+                g.compute_used > 0 and not g.compute_fitting for g in gpus)  # fmt: skip
+            first = (first or now) if done else None
+            if first is not None and now - first >= SETTLED_S * 1e9:
+                return first
+            time.sleep(0.05)
+        return None
