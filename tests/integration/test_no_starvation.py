@@ -31,10 +31,10 @@ def stalls(ends_ns: list[int], started_ns: int) -> float:
 
 
 DRIVERS = {
-    "sampled-together": {"util_sample_time": "170ms", "util_zero_samples": "false"},
-    # the H100's: each period to the busiest process; a slice whose cost is not known yet
-    # waits on an allowance while another's is measured (docs/compute.md)
-    "h100": {"util_sample_time": "200ms", "util_stamps": "busiest", "util_zero_samples": "false"},
+    "sampled-together": {"util_sample_time": "170ms", "util_stamps": "together", "util_zero_samples": "false"},
+    # the H100's, the simulator's default: each period to the busiest process; the slices' costs
+    # are fitted together first, each on part of its share meanwhile (docs/compute.md)
+    "h100": {},
 }
 
 
@@ -66,8 +66,9 @@ def test_a_generate_like_tenant_is_never_starved_beside_a_saturating_one(daemon,
 
 
 def test_a_generate_like_tenant_alone_runs_as_fast_as_without_gpuslice(daemon, containers):
-    """The H200's case: the generate was alone on the GPU, in a memory-only slice."""
-    d = daemon([gpu("16Gi", util_sample_time="170ms", util_zero_samples="false")])
+    """The H200's case: the generate was alone on the GPU, in a memory-only slice (on the
+    H100's NVML, the simulator's default)."""
+    d = daemon([gpu("16Gi")])
     client, env = d.client(), interposer_env(d)
     box = containers()
     client.reserve("generate", {"gpuslice.io/memory": "1Gi"})
