@@ -93,9 +93,13 @@ def test_two_pods_get_exactly_their_memory_and_hard_shares_and_deletion_frees_th
             out = sandbox.probe("probe")
             assert out["total"] == size * GiB and out["allocated"] == size * GiB, out
             assert out["then"] == "CUDA_ERROR_OUT_OF_MEMORY", out
-        la = pa.run("load", [rootfs.LOAD, "8", "100"], **ka)
-        lb = pb_.run("load", [rootfs.LOAD, "8", "100"], **kb)
-        used_a, used_b = share_of(pa, "load", 8), share_of(pb_, "load", 8)
+        la = pa.run("load", [rootfs.LOAD, "10", "100"], **ka)
+        lb = pb_.run("load", [rootfs.LOAD, "10", "100"], **kb)
+        # on the H100's NVML (the simulator's default) the daemon first fits the two slices' costs
+        settled = gpu_node.daemon.client().compute_settled([la, lb], 8)
+        assert settled is not None
+        since = settled + 500_000_000
+        used_a, used_b = share_of(pa, "load", 10, since), share_of(pb_, "load", 10, since)
         print(f"device plugin pods, hard 30 % and 60 % on one GPU: {used_a:.1f} % and {used_b:.1f} %")
         assert abs(used_a - 30) <= 1.0 and abs(used_b - 60) <= 1.0
         assert not {la, lb} & {s.container_id for s in gpu_node.wait_slices(5)}  # they left their ledgers

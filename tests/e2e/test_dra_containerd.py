@@ -96,14 +96,15 @@ def json_lines(pod: Pod, name: str) -> list[dict]:
     return [json.loads(t) for t in lines if t.startswith("{")]
 
 
-def share_of(pod: Pod, name: str, seconds: float) -> float:
-    """The load generator's GPU share from its own exact accounting, after 2 s of settling."""
+def share_of(pod: Pod, name: str, seconds: float, since_ns: int = 0) -> float:
+    """The load generator's GPU share from its own exact accounting, after 2 s of settling
+    (or from `since_ns`, on the monotonic clock, if later), to its end."""
     deadline = time.monotonic() + seconds + 30
     while not any(r.get("done") for r in json_lines(pod, name)):
         assert time.monotonic() < deadline, json_lines(pod, name)[-3:]
         time.sleep(0.2)
     points = [(r["t"], r["busy"]) for r in json_lines(pod, name) if "busy" in r]
-    (t0, b0), (t1, b1) = points[20], points[-1]  # from 2 s in, to the end
+    (t0, b0), (t1, b1) = next(p for p in points[20:] if p[0] >= since_ns), points[-1]
     return 100 * (b1 - b0) / (t1 - t0)
 
 
