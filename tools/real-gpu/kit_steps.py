@@ -554,7 +554,7 @@ STEPS = (
     Step("transformers", 90, transformers, False, ("torch", "transformers")),
     Step("cuda-graph", 45, cuda_graph, False, ("torch",)),
     Step("trace", 150, trace, True, ("cuda.bindings", "pynvml")),
-    Step("shares", 110, shares, False, ("torch",)),
+    Step("shares", 125, shares, False, ("torch",)),
     Step("cost", 120, cost, False, ("torch",)),
 )
 
