@@ -32,8 +32,8 @@ log = logging.getLogger(__name__)
 Key = tuple[str, int]  # (slice id, GPU index within the slice)
 Row = tuple[float, dict[Key, int]]  # a reading's GPU ns, and the threads each slice launched in it
 
-FIT_BLOCK = 3  # readings each slice's boost lasts: the first is no row (its budgets changed in it), the others one
-FIT_SKIP = 1  # a slice's first readings in a fit are not rows: its launches run ahead of the GPU
+FIT_BLOCK = 3  # readings a boost lasts: the first is no row (its budgets changed in it), the other two one
+FIT_SKIP = 1  # a slice's first reading in a fit is no row: its launches run ahead of the GPU
 FIT_EXTRA = 2  # a fit is tried once it has this many rows more than the slices it fits, each boosted in one
 FIT_ROWS = 16  # ... over at most this many of the latest
 # ... and ends once every cost's standard error moves its slice's share by at most this many
@@ -58,15 +58,14 @@ class Fit:
     rows: deque[Row] = field(default_factory=lambda: deque(maxlen=FIT_ROWS))
     readings: int = 0  # since it began
     phases: list[int] = field(default_factory=list)  # the phase of the budgets set after each reading
-
-    def phase(self) -> int:
-        """Whose boost it is (len(order): no one's), for FIT_BLOCK readings each."""
-        return (self.readings // FIT_BLOCK) % (len(self.order) + 1)
-
     scale: float = LEARN_SCALE
     estimate: dict[Key, float] = field(default_factory=dict)  # the latest fit
     pending: tuple[int, Row] | None = None  # the first reading of a boost's two, and its phase
     boosted: dict[Key, int] = field(default_factory=dict)  # rows in which each slice had its boost
+
+    def phase(self) -> int:
+        """Whose boost it is (len(order): no one's), for FIT_BLOCK readings each."""
+        return (self.readings // FIT_BLOCK) % (len(self.order) + 1)
 
 
 @dataclass
