@@ -132,7 +132,11 @@ class AllocatorClient:
         deadline = time.monotonic_ns() + int(timeout * 1e9)
         first = None
         while (now := time.monotonic_ns()) < deadline:
-            gpus = [g for s in self.list() if names is None or s.container_id in names for g in s.gpus]
+            held = {s.container_id: s for s in self.list()}
+            # a member of a ledger (a pod's containers under one allocation or claim) is controlled as the ledger
+            asked = [s for n, s in held.items() if (n in names if names is not None else not s.member_of)]
+            mine = [held.get(s.member_of, s) if s.member_of else s for s in asked]
+            gpus = [g for s in mine for g in s.gpus]
             done = len(gpus) >= max(at_least, len(names or ())) and all(
                 g.compute_used > 0 and not g.compute_fitting for g in gpus)  # fmt: skip
             first = (first or now) if done else None
