@@ -24,7 +24,7 @@ from gpuslice.paths import native_dir
 LOAD = native_dir() / "tools" / "gpuslice-cuda-load"
 WINDOW = 10.0  # seconds
 SETTLE = 2.0  # seconds from the last start before a window opens ...
-SETTLE_PER_SLICE = 2.0  # ... or, where the driver gives each period to one process, once the controller has
+SETTLE_PER_SLICE = 3.0  # ... or, where the driver gives each period to one process, once the controller has
 # fitted the tenants' costs together (docs/compute.md), for which each may take this much
 NS = 1_000_000_000
 
