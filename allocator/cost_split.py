@@ -35,7 +35,7 @@ Row = tuple[float, dict[Key, int]]  # a reading's GPU ns, and the threads each s
 FIT_BLOCK = 3  # readings a boost lasts: the first is no row (its budgets changed in it), the other two one
 FIT_SKIP = 1  # a slice's first reading in a fit is no row: its launches run ahead of the GPU
 FIT_EXTRA = 2  # a fit is tried once it has this many rows more than the slices it fits, each boosted in one
-FIT_ROWS = 16  # ... over at most this many of the latest
+FIT_ROWS = 10  # ... over at most this many of the latest
 # ... and ends once every cost's standard error moves its slice's share by at most this many
 # points: a cost off by e moves a share s by about 100 s (1 - s) e points
 FIT_POINTS = 0.25
