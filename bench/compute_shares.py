@@ -182,7 +182,7 @@ class Lending:
     given_back_ms: int  # from the rise to the end of the first 1 s window from which the light slice is within 3 points
 
 
-LIGHT_FOR = 8.0  # seconds of the light load before it saturates
+LIGHT_FOR = 12.0  # seconds of the light load before it saturates
 
 
 def run_lending(client, env: dict[str, str], boxes) -> Lending:  # type: ignore[no-untyped-def]
