@@ -79,7 +79,6 @@ class GateState:
     history: deque = field(default_factory=deque)  # (GPU ns, threads launched, window ns) per reading
     measured_ns: int = 0  # the time all readings paired so far covered
     recent: deque = field(default_factory=deque)  # busy per reading over LEND_WINDOW_S, while active
-    first_seen: float = 0.0  # when the controller first saw it
     learning: tuple[float, float] | None = None  # while its GPU's costs are fitted (CostSplit.learning)
     quiet: int = 0  # readings left after a fit whose error is not integrated: they ran on its budgets
 
@@ -207,7 +206,7 @@ class ComputeController:
             reading = self.sample(uuid)
             active = set()
             for s in on_gpu:
-                st = self.state.setdefault((s.slice_id, s.gpu), GateState(first_seen=now))
+                st = self.state.setdefault((s.slice_id, s.gpu), GateState())
                 f = files[s.slice_id]
                 self._count(st, int(f.usage.gate[s.gpu].tokens))
                 pids = f.slot_pids().values()
