@@ -272,8 +272,10 @@ class ComputeController:
         split = self.splits.setdefault(uuid, CostSplit())
         split.forget(set(keys))
         launching = [k for k in keys if self.state[k].unpaired > 0 or now - self.state[k].last_active < ACTIVE_HOLD_S]
-        # one slice alone: its processes' samples are its own (and a row of a fit, where one runs)
-        if reading.window_ns and (len(launching) > 1 or split.fit is not None):
+        # one slice alone: its processes' samples are its own (and a row of a fit, where one runs, or
+        # watched for drift, where its cost was fitted)
+        if reading.window_ns and (len(launching) > 1 or split.fit is not None or
+                                  any(k in split.costs for k in launching)):  # fmt: skip
             pids = {p for s in on_gpu for p in files[s.slice_id].slot_pids().values()}
             total = sum(b for pid, b in reading.busy_ns.items() if pid in pids)
             threads = {k: self.state[k].unpaired - self._later(self.state[k], reading.age_ns, dt) for k in launching}
@@ -284,7 +286,8 @@ class ComputeController:
                 shares[(s.slice_id, s.gpu)] = max(
                     MIN_FIT_SHARE, min(s.guarantee, st.used_avg) if light else s.guarantee
                 )
-            for k, busy_ns in split.split(total, threads, reading.window_ns, shares).items():
+            counted = not any(self.state[k].opened or self.state[k].switched for k in launching)
+            for k, busy_ns in split.split(total, threads, reading.window_ns, shares, counted).items():
                 st = self.state[k]
                 st.busy_ns, st.window_ns, st.age_ns = busy_ns, reading.window_ns, reading.age_ns
         for k in keys:

@@ -47,6 +47,15 @@ LEARN_SCALE = 0.4  # while a fit runs, each slice gets this part of its share ..
 LEARN_BOOST = 0.4  # ... and, one at a time in turn, this much more of the GPU
 LEARN_BACKOFF = 0.7  # a full GPU (costs off) scales the shares down by this, to at most
 LEARN_MIN_SCALE = 0.1
+# after a fit: what the GPU did, against the launches times the fitted costs, over DRIFT_WINDOW_NS
+# stretches; off from the first stretch by more than DRIFT of the time, the costs are fitted again
+# (a tenant whose kernels grew or shrank: the split would go on charging it at the old cost)
+DRIFT = 0.03
+DRIFT_WINDOW_NS = 2_000_000_000
+DRIFT_AFTER = 2  # the readings after a fit ran (partly) on its budgets: not watched
+DRIFT_HOLD_NS = 10_000_000_000  # a fit for drift at most once in this much watched time, ...
+DRIFT_HOLD_MAX_NS = 320_000_000_000  # ... doubled, up to this, by each one that found the costs
+DRIFT_SAME = 0.1  # ... it had (each within this): a load that reads unlike its fit, not a change
 
 
 @dataclass
@@ -62,10 +71,23 @@ class Fit:
     estimate: dict[Key, float] = field(default_factory=dict)  # the latest fit
     pending: tuple[int, Row] | None = None  # the first reading of a boost's two, and its phase
     boosted: dict[Key, int] = field(default_factory=dict)  # rows in which each slice had its boost
+    backlog: int = 0  # readings left that ran what a full one queued
 
     def phase(self) -> int:
         """Whose boost it is (len(order): no one's), for FIT_BLOCK readings each."""
         return (self.readings // FIT_BLOCK) % (len(self.order) + 1)
+
+
+@dataclass
+class Drift:
+    """What the GPU did since a fit, against what its costs say it did."""
+
+    skip: int = DRIFT_AFTER
+    baseline: float | None = None  # (GPU time - predicted) / time, over the first stretch
+    total_ns: float = 0.0
+    predicted_ns: float = 0.0
+    window_ns: int = 0
+    watched_ns: int = 0  # since the fit
 
 
 @dataclass
@@ -76,12 +98,17 @@ class CostSplit:
     fallback: float | None = None  # the GPU's time per thread launched, over the latest reading
     fit: Fit | None = None
     seen: set[Key] = field(default_factory=set)  # slices that launched in a reading before
+    drift: Drift = field(default_factory=Drift)
+    hold_ns: int = DRIFT_HOLD_NS
+    before: dict[Key, float] | None = None  # the costs a fit for drift began with
 
     def split(self, total_ns: float, threads: dict[Key, int], window_ns: int,
-              shares: dict[Key, float] | None = None) -> dict[Key, float]:  # fmt: skip
+              shares: dict[Key, float] | None = None, counted: bool = True) -> dict[Key, float]:  # fmt: skip
         """Each slice's share of `total_ns`, the GPU time of a reading covering
         `window_ns` in which the slices launched `threads`; `shares`: the part of
-        the GPU each is to get, which sets how exactly its cost is fitted."""
+        the GPU each is to get, which sets how exactly its cost is fitted;
+        `counted`: every launch in the reading went through a gate that counts
+        (none open, none just opened or closed), so drift is watched."""
         out: dict[Key, float] = dict.fromkeys(threads, 0.0)
         launched = {k: t for k, t in threads.items() if t > 0}
         if launched and all(
@@ -94,6 +121,8 @@ class CostSplit:
             self.fit = Fit()
         if self.fit is not None:
             self._learn(self.fit, total_ns, launched, window_ns, shares or {})
+        elif counted and launched and window_ns and all(k in self.costs for k in launched):
+            self._watch(total_ns, launched, window_ns)
         weight = {k: t * (self.cost(k) or 1.0) for k, t in launched.items()}  # nothing known: by threads
         whole = sum(weight.values())
         if whole > 0:
@@ -115,10 +144,15 @@ class CostSplit:
         if f is None:
             return None
         p = f.phase()
-        return f.scale, LEARN_BOOST if p < len(f.order) and f.order[p] == k else 0.0
+        # a GPU that filled up scales the boost down with the shares: a boosted slice whose cost
+        # is not known yet may launch more than the GPU holds, and no reading of its boost would count
+        boost = LEARN_BOOST if f.scale == LEARN_SCALE else LEARN_BOOST * f.scale / LEARN_SCALE
+        return f.scale, boost if p < len(f.order) and f.order[p] == k else 0.0
 
     def forget(self, keep: set[Key]) -> None:
         """Slices gone from the GPU."""
+        if set(self.costs) - keep:
+            self.drift = Drift()  # the stretch it is watched against had them
         for k in set(self.costs) - keep:
             del self.costs[k]
         self.seen &= keep
@@ -149,10 +183,12 @@ class CostSplit:
         ran = f.phases[-1] if f.phases else -1  # the phase of the budgets it ran on
         f.readings += 1
         f.phases = [*f.phases[-1:], f.phase()]
-        if ramp or mixed or not launched or not window_ns or total_ns >= SATURATED * window_ns:
+        full = bool(window_ns) and total_ns >= SATURATED * window_ns
+        if ramp or mixed or not launched or not window_ns or full or f.backlog:
             f.pending = None
-            if total_ns >= SATURATED * window_ns and not (ramp or mixed):
-                f.scale = max(LEARN_MIN_SCALE, f.scale * LEARN_BACKOFF)
+            f.backlog = max(0, f.backlog - 1)
+            if full and not (ramp or mixed):
+                self._full(f, ran)
             return
         if f.pending is None or f.pending[0] != ran:
             f.pending = (ran, (total_ns, dict(launched)))
@@ -175,10 +211,54 @@ class CostSplit:
         f.estimate, errors, used = fitted
         moves = {k: 100 * e * min(0.25, (s := shares.get(k, 0.5)) * (1 - s)) for k, e in errors.items()}
         if max(moves.values()) <= FIT_POINTS or len(f.rows) == FIT_ROWS:
-            self.costs.update(f.estimate)
-            self.fit = None
+            self._fitted(f.estimate)
             log.debug("fitted over %d of %d rows: %s", used, len(f.rows), " ".join(
                 f"{k[0][:8]}/{k[1]} {c:.4g} ±{errors[k]:.1%}" for k, c in f.estimate.items()))  # fmt: skip
+
+    def _fitted(self, estimate: dict[Key, float]) -> None:
+        if self.before is not None:  # a fit for drift: did it find other costs?
+            same = all(abs(c / self.before[k] - 1) <= DRIFT_SAME for k, c in estimate.items() if k in self.before)
+            self.hold_ns = min(DRIFT_HOLD_MAX_NS, 2 * self.hold_ns) if same else DRIFT_HOLD_NS
+            self.before = None
+        self.costs.update(estimate)
+        self.fit = None
+        self.drift = Drift()
+
+    def _watch(self, total_ns: float, launched: dict[Key, int], window_ns: int) -> None:
+        """After a fit: fit again once what the GPU does drifts off what its costs say."""
+        d = self.drift
+        if d.skip:
+            d.skip -= 1
+            return
+        d.total_ns += total_ns
+        d.predicted_ns += sum(t * self.costs[k] for k, t in launched.items())
+        d.window_ns += window_ns
+        d.watched_ns += window_ns
+        if d.window_ns < DRIFT_WINDOW_NS:
+            return
+        off = (d.total_ns - d.predicted_ns) / d.window_ns
+        d.total_ns = d.predicted_ns = 0.0
+        d.window_ns = 0
+        if d.baseline is None:
+            d.baseline = off
+        elif abs(off - d.baseline) > DRIFT and d.watched_ns >= self.hold_ns:
+            log.debug("costs drifted: the GPU did %+.1f%% of the time against the costs (%+.1f%% after the fit)",
+                      100 * off, 100 * d.baseline)  # fmt: skip
+            self.before = dict(self.costs)
+            self.fit = Fit()
+
+    @staticmethod
+    def _full(f: Fit, ran: int) -> None:
+        """A reading that filled the GPU: the shares and boosts scale down, what did not
+        fit queued and runs in the next reading (no row), and the same boost comes again."""
+        if f.scale <= LEARN_MIN_SCALE:
+            return
+        f.scale = max(LEARN_MIN_SCALE, f.scale * LEARN_BACKOFF)
+        f.backlog = 1
+        if ran >= 0:
+            block, turns = f.readings // FIT_BLOCK, len(f.order) + 1
+            f.readings = (block - (block - ran) % turns) * FIT_BLOCK
+            f.phases[-1] = f.phase()
 
     def _log(self, total_ns: float, threads: dict[Key, int], out: dict[Key, float]) -> None:
         log.debug("split %.1f ms: %s", total_ns / 1e6, " ".join(

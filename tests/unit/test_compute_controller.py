@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.allocator.compute import ComputeController
+from gpuslice.allocator.cost_split import DRIFT_WINDOW_NS
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles, constant
 from gpuslice.allocator.utilization import Reading
 
@@ -28,6 +29,7 @@ class Tenant:
     pid: int
     ns_per_thread: float = NS_PER_THREAD
     launched: int = 0  # threads this period
+    queued_ns: float = 0.0  # launched and not yet run
     ran_ns: list[float] = field(default_factory=list)  # GPU time per period
 
     def launch(self, max_threads: int) -> None:
@@ -44,8 +46,12 @@ class Tenant:
             self.launched += KERNEL
 
 
+QUEUE_AHEAD_NS = PERIOD_NS  # a tenant's launches block past this much of its own queued work
+
+
 class FakeGpu:
-    """A GPU that runs what was launched, time-sliced when it is more than a period holds."""
+    """A GPU that runs what was launched, the tenants with work queued in equal
+    turns when it is more than a period holds (a driver's time slicing)."""
 
     def __init__(self, sample_every: int = 1, period: float = PERIOD, busiest: bool = False) -> None:
         self.period, self.period_ns = period, int(period * 1e9)
@@ -67,12 +73,18 @@ class FakeGpu:
 
     def run(self, tenants: list[Tenant], busy: dict[int, bool]) -> None:
         for t in tenants:
-            # a busy tenant launches as much as the GPU could run for it alone; an idle one nothing
-            t.launch(int(self.period_ns // t.ns_per_thread) if busy[t.pid] else 0)
-        demand = {t.pid: t.launched * t.ns_per_thread for t in tenants}
-        scale = min(1.0, self.period_ns / max(1, sum(demand.values())))
+            # a busy tenant launches until its queue holds a period and QUEUE_AHEAD_NS; an idle one nothing
+            room = self.period_ns + QUEUE_AHEAD_NS - t.queued_ns
+            t.launch(int(max(0.0, room) // t.ns_per_thread) if busy[t.pid] else 0)
+            t.queued_ns += t.launched * t.ns_per_thread
+        left, waiting = float(self.period_ns), sorted(tenants, key=lambda t: t.queued_ns)
+        ran = {}
+        for i, t in enumerate(waiting):  # equal turns: one that needs less than its turn leaves the rest
+            ran[t.pid] = min(t.queued_ns, left / (len(waiting) - i))
+            left -= ran[t.pid]
         for t in tenants:
-            t.ran_ns.append(demand[t.pid] * scale)
+            t.queued_ns -= ran[t.pid]
+            t.ran_ns.append(ran[t.pid])
         for t in tenants:
             self.unread[t.pid] = self.unread.get(t.pid, 0.0) + t.ran_ns[-1]
         self.periods += 1
@@ -169,7 +181,7 @@ def test_a_new_hard_slice_learns_its_cost_within_four_periods_or_half_a_second(t
 @pytest.mark.parametrize("period", [0.2, 0.5])
 def test_hard_shares_hold_at_long_periods(tmp_path, period):
     gpu, tenants, controller = node(tmp_path, (30, True), (70, True), period=period)
-    drive(gpu, tenants, controller, 2.0)
+    drive(gpu, tenants, controller, 8 * period)  # the first refills queue more than a period holds
     assert drive(gpu, tenants, controller, 10.0) == pytest.approx([30, 70], abs=1.0)
 
 
@@ -185,7 +197,7 @@ def test_hard_shares_hold_where_the_driver_gives_each_period_to_the_busiest_proc
                                     costs=costs)  # fmt: skip
     drive(gpu, tenants, controller, 1.0)
     fitted = 1.0
-    while any(controller.fitting(t.files.slice_id, 0) for t in tenants):
+    while any(controller.fitting(t.files.slice_id, 0) for t in tenants) and fitted < 20.0:
         drive(gpu, tenants, controller, 0.2)
         fitted += 0.2
     assert fitted <= 2.0 + 0.75 * len(shares)
@@ -288,3 +300,36 @@ def test_a_daemon_polling_faster_than_the_driver_sees_each_process_on_its_own_ti
     assert all(r.window_of([8]) > 0 and r.busy_ns.get(8, 0) == 0 for r in late[1:])  # idle since, once overdue
     mid = readings[4]  # pid 7's sample between two of pid 8's: nothing new of pid 8
     assert set(mid.busy_ns) == {7} and mid.window_of([8]) == 0
+
+
+def fitting(controller: ComputeController, tenants: list[Tenant]) -> bool:
+    return any(controller.fitting(t.files.slice_id, 0) for t in tenants)
+
+
+@pytest.mark.parametrize(
+    ("shares", "change"), [((30, 70), (2.5, 1.0)), ((30, 70), (1.0, 0.4)), ((10, 20, 30, 40), (1.0, 1.0, 1.6, 1.0))]
+)
+def test_a_cost_that_changes_is_fitted_again(tmp_path, shares, change):
+    """A tenant whose kernels grow or shrink (a generate's prefill, then its
+    decode): what the GPU did no longer adds up to the launches times the fitted
+    costs, so the costs are fitted again (within two stretches of DRIFT_WINDOW_NS
+    and a fit) and the shares hold again; a load that does not change is not."""
+    gpu, tenants, controller = node(tmp_path, *((c, True) for c in shares), sample_every=4, busiest=True)
+    drive(gpu, tenants, controller, 8.0)
+    steady = 0.0
+    while steady < 20.0 and not fitting(controller, tenants):
+        assert drive(gpu, tenants, controller, 1.0) == pytest.approx(list(shares), abs=3.0)
+        steady += 1.0
+    assert steady == 20.0
+    for t, c in zip(tenants, change, strict=True):
+        t.ns_per_thread *= c
+    began = 0.0
+    while not fitting(controller, tenants) and began < 2 * DRIFT_WINDOW_NS / 1e9:
+        drive(gpu, tenants, controller, 0.2)
+        began += 0.2
+    refitted = 0.0
+    while fitting(controller, tenants) and refitted < 10.0:
+        drive(gpu, tenants, controller, 0.2)
+        refitted += 0.2
+    assert 0 < refitted <= 2.0 + 0.75 * len(shares)
+    assert drive(gpu, tenants, controller, 10.0) == pytest.approx(list(shares), abs=1.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from gpuslice.allocator.cost_split import (
+    DRIFT_HOLD_NS,
     FIT_BLOCK,
     FIT_EXTRA,
     FIT_SKIP,
@@ -138,3 +139,35 @@ def test_spans_tell_a_driver_that_samples_processes_together_from_one_that_gives
     both = Spans()
     both.covered([Sample(1, 200_000, 40), Sample(2, 200_000, 55)], 0)
     assert both.shared
+
+
+def run(split: CostSplit, true: dict, share: dict, seconds: float, scale=lambda i: 1.0) -> int:
+    """Readings of slices launching at their shares (the fit's budgets while one runs),
+    the GPU's time from the `true` costs times `scale(reading)`; the fits begun."""
+    began = 0
+    for i in range(round(seconds * 1e9 / WINDOW)):
+        threads = budgets(split, share, {k: split.cost(k) or 3.0 for k in share})
+        total = min(WINDOW, scale(i) * sum(true[k] * t for k, t in threads.items()))
+        fitting = split.fit is not None
+        split.split(total, threads, WINDOW, share)
+        began += not fitting and split.fit is not None
+    return began
+
+
+def test_costs_that_change_are_fitted_again_and_a_steady_load_is_not():
+    true, share = {A: 1.0, B: 4.0}, {A: 0.3, B: 0.6}
+    split = CostSplit()
+    assert run(split, true, share, 60.0) == 1 and split.costs == pytest.approx(true, rel=0.03)
+    true[A] = 0.5  # A's kernels got shorter: the GPU does less than its launches at the fitted costs
+    assert run(split, true, share, 10.0) == 1 and split.fit is None
+    assert split.costs == pytest.approx(true, rel=0.03) and split.hold_ns == DRIFT_HOLD_NS
+
+
+def test_a_load_that_reads_off_its_fit_by_turns_is_fitted_again_ever_less_often():
+    """What the GPU did swings by 6 % every 3 s, the costs stay: each fit for drift
+    finds the costs it had, and doubles the time before the next one may begin."""
+    true, share = {A: 1.0, B: 4.0}, {A: 0.3, B: 0.6}
+    split = CostSplit()
+    run(split, true, share, 10.0)
+    fits = run(split, true, share, 150.0, lambda i: 1.0 if (i // 15) % 2 else 0.94)
+    assert split.hold_ns >= 4 * DRIFT_HOLD_NS and 2 <= fits <= 4
