@@ -237,6 +237,7 @@ class CostSplit:
         if d.window_ns < DRIFT_WINDOW_NS:
             return
         off = (d.total_ns - d.predicted_ns) / d.window_ns
+        more = d.total_ns / d.predicted_ns if d.predicted_ns > 0 else 1.0
         d.total_ns = d.predicted_ns = 0.0
         d.window_ns = 0
         if d.baseline is None:
@@ -245,7 +246,9 @@ class CostSplit:
             log.debug("costs drifted: the GPU did %+.1f%% of the time against the costs (%+.1f%% after the fit)",
                       100 * off, 100 * d.baseline)  # fmt: skip
             self.before = dict(self.costs)
-            self.fit = Fit()
+            # where the GPU did more than the costs say, every cost starts that much higher (at
+            # least): whichever rose, the fit's first budgets then do not fill the GPU
+            self.fit = Fit(estimate={k: c * max(1.0, more) for k, c in self.costs.items()})
 
     @staticmethod
     def _full(f: Fit, ran: int) -> None:

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import click
 
+from gpuslice.allocator.cost_split import DRIFT_WINDOW_NS
 from gpuslice.cli import sim_daemon
 from gpuslice.cli.pid_namespace import PidNamespace
 from gpuslice.cli.sim_daemon import interposer_env
@@ -47,6 +48,7 @@ class Tenant:
         argv = [str(LOAD), str(seconds), mix, str(graph), *([duty] if duty else [])]
         self.proc = subprocess.Popen(box.command(argv), env=env, stdout=subprocess.PIPE, text=True)
         self._points: dict[int, int] | None = None
+        self.switched: int | None = None
 
     def points(self) -> dict[int, int]:
         """time ns -> GPU ns used so far, every 100 ms; the slice is released after."""
@@ -56,6 +58,7 @@ class Tenant:
             if self.proc.returncode != 0 or not lines or not lines[-1].get("done"):
                 raise RuntimeError(f"{self.name}: gpuslice-cuda-load failed: {lines[-3:]}")
             self._points = {x["t"]: x["busy"] for x in lines if "t" in x}
+            self.switched = next((x["switched"] for x in lines if "switched" in x), None)  # MIX@SECONDS:MIX2
             self.client.release(self.name)
         return self._points
 
@@ -204,6 +207,53 @@ def run_lending(client, env: dict[str, str], boxes) -> Lending:  # type: ignore[
     )
 
 
+@dataclass
+class Drift:
+    before: list[float]  # hard 30 / 70, % of the GPU over the 5 s before the 30 % tenant's kernels change
+    stale: list[float]  # ... over the 2 s after (the old cost charged)
+    after: list[float]  # ... over 10 s from half a second after the costs were fitted again
+    refit_ms: tuple[int, int] | None  # from the change to the fit beginning and ending
+
+
+CHANGE_AT = 14.0  # s into the 30 % tenant's load: its kernels, as long, launch half the threads
+
+
+def run_drift(client, env: dict[str, str], boxes) -> Drift:  # type: ignore[no-untyped-def]
+    """Hard 30 / 70; once their costs are fitted, the 30 % tenant's kernels change to
+    half occupancy (as long, half the threads: twice the cost per thread). The
+    controller is to notice what the GPU does drift off what the fitted costs say
+    (within two stretches of DRIFT_WINDOW_NS), fit the costs again, and hold the
+    shares again."""
+    allowance = SETTLE + 2 * SETTLE_PER_SLICE
+    notice = 2 * DRIFT_WINDOW_NS / NS + 1
+    seconds = CHANGE_AT + notice + allowance + WINDOW + 1
+    a = Tenant(client, env, boxes(), "drift-30", slice_of(30, "hard"), seconds, f"1000@{CHANGE_AT:g}:1000h")
+    b = Tenant(client, env, boxes(), "drift-70", slice_of(70, "hard"), seconds, "1000")
+    names = [a.name, b.name]
+    if client.compute_settled(names, allowance) is None:
+        raise RuntimeError("drift: the costs were not fitted in time")
+    change = a.started + int(CHANGE_AT * NS)  # within the load's setup of its own clock's start
+    began = ended = None
+    while (now := time.monotonic_ns()) < change + int((notice + allowance) * NS) and ended is None:
+        fitting = any(g.compute_fitting for s in client.list() if s.container_id in names for g in s.gpus)
+        if now > change and fitting and began is None:
+            began = now
+        elif began is not None and not fitting:
+            ended = now
+        time.sleep(0.05)
+    t = (ended or change + int(notice * NS)) + NS // 2
+    a.points()
+    if a.switched is None:
+        raise RuntimeError("drift: the 30 % tenant's kernels did not change")
+    change = -(-a.switched // (NS // 10)) * (NS // 10)  # on the load's 100 ms grid
+    return Drift(
+        before=[x.share(change - 5 * NS, change) for x in (a, b)],
+        stale=[x.share(change, change + 2 * NS) for x in (a, b)],
+        after=[x.share(t, t + int(WINDOW * NS)) for x in (a, b)],
+        refit_ms=((began - change) // 1_000_000, (ended - change) // 1_000_000) if began and ended else None,
+    )
+
+
 MIXES = [
     Mix("30/70 hard", [30, 70], ["100", "100"]),
     Mix("30/70 elastic", [30, 70], ["100", "100"], policy="elastic"),
@@ -252,6 +302,7 @@ class Column:
     mixes: dict[str, MixResult]
     handover: Handover
     lending: Lending
+    drift: Drift
 
 
 def run_setting_gpu(setting: Setting) -> dict[str, str]:
@@ -272,7 +323,9 @@ def run_setting(setting: Setting, box) -> Column:  # type: ignore[no-untyped-def
         try:
             with d.client() as client:
                 mixes = {m.name: measure_mix(client, env, box, m) for m in MIXES}
-                return Column(mixes, run_handover(client, env, box), run_lending(client, env, box))
+                return Column(
+                    mixes, run_handover(client, env, box), run_lending(client, env, box), run_drift(client, env, box)
+                )
         finally:
             d.kill()
 
@@ -334,6 +387,10 @@ def report(columns: list[Column], settings: list[Setting]) -> None:
         ("hard 50 at 10 % / elastic 30 %", lambda c: f"{c.lending.light:.1f} / {c.lending.borrower:.1f}"),
         ("both saturating %", lambda c: f"{c.lending.light_after:.1f} / {c.lending.borrower_after:.1f}"),
         ("share back within 3 from ms", lambda c: f"{c.lending.given_back_ms}"),
+        ("hard 30/70, 30's cost x2: before %", lambda c: "/".join(f"{g:.1f}" for g in c.drift.before)),
+        ("... the 2 s after %", lambda c: "/".join(f"{g:.1f}" for g in c.drift.stale)),
+        ("... fitted again from / to ms", lambda c: "/".join(map(str, c.drift.refit_ms or ("-", "-")))),
+        ("... 10 s from then %", lambda c: "/".join(f"{g:.1f}" for g in c.drift.after)),
     ]
     for name, cell in rows:
         click.echo(f"  {name:<46}" + "".join(f"{cell(c):<{w}}" for c in columns))

@@ -7,7 +7,10 @@
  * usage: gpuslice-cuda-load SECONDS MIX [GRAPH_NODES [DUTY[@UNTIL]]]
  *   MIX          lengths in microseconds, each with an optional repeat count,
  *                cycled: "100", or "10000x1,10x1000" (one 10 ms kernel, then
- *                a thousand 10 us ones)
+ *                a thousand 10 us ones); a length ending in "h" runs at half
+ *                occupancy (dynamic shared memory lets one block on an SM, not
+ *                two: as long, with half the threads); "MIX@SECONDS:MIX2" runs
+ *                MIX for SECONDS, then MIX2 (a load whose kernels change)
  *   GRAPH_NODES  launch each length as a CUDA graph of this many kernels, built
  *                with cuGraphAddKernelNode ("4") or by stream capture ("c4");
  *                "0": plain launches
@@ -74,9 +77,75 @@ static int find_accounting(void)
 
 struct kind {
     unsigned long long us, count;
+    int half; /* one block per SM (shared memory), not two */
     unsigned grid;
     CUgraphExec exec;
 };
+
+/* MIX's entries into kinds; their number, or -1 (said why). */
+static int parse_mix(char *mix, struct kind *kinds)
+{
+    int nk = 0;
+    char *save = NULL;
+    for (char *tok = strtok_r(mix, ",", &save); tok && nk < MAX_KINDS; tok = strtok_r(NULL, ",", &save)) {
+        char *end, *x = strchr(tok, 'x');
+        kinds[nk] = (struct kind){strtoull(tok, &end, 10), x ? strtoull(x + 1, NULL, 10) : 1, *end == 'h', 0, NULL};
+        if (!kinds[nk].us || !kinds[nk].count || (*end && *end != 'h' && *end != 'x')) {
+            fprintf(stderr, "gpuslice-cuda-load: bad MIX entry '%s': want MICROSECONDS[h][xCOUNT]\n", tok);
+            return -1;
+        }
+        nk++;
+    }
+    return nk;
+}
+
+/* How kinds are launched: the kernel, the simulator's wave time, blocks per wave at full and
+ * half occupancy, the shared memory of half, and as graphs of how many nodes. */
+struct launcher {
+    CUfunction fn;
+    unsigned long long wave;
+    unsigned per_wave, half_wave, half_shared, graph_nodes;
+    int captured;
+};
+
+static unsigned kind_shared(const struct launcher *l, const struct kind *k)
+{
+    return k->half ? l->half_shared : 0;
+}
+
+/* A kind's grid (as many waves as its length), and its graph where launched as one. */
+static CUresult prepare(const struct launcher *l, struct kind *k, const char **what)
+{
+    unsigned long long waves = (k->us * 1000ull + l->wave / 2) / l->wave;
+    unsigned shared = kind_shared(l, k);
+    CUresult r;
+    k->grid = (unsigned)((waves ? waves : 1) * (k->half ? l->half_wave : l->per_wave));
+    if (!l->graph_nodes)
+        return CUDA_SUCCESS;
+    CUgraph g;
+    CUgraphNode node;
+    CUstream cs;
+    CUDA_KERNEL_NODE_PARAMS_v1 p = {l->fn, k->grid, 1, 1, THREADS, 1, 1, shared, NULL, NULL};
+    if (l->captured) { /* the launches are recorded, not run: they cost nothing until the graph runs */
+        *what = "stream capture";
+        if ((r = CU(cuStreamCreate, &cs, 1u)) || (r = CU(cuStreamBeginCapture_v2, cs, 0)))
+            return r;
+        for (unsigned n = 0; n < l->graph_nodes; n++)
+            if ((r = CU(cuLaunchKernel, l->fn, k->grid, 1, 1, THREADS, 1, 1, shared, cs, NULL, NULL)))
+                return r;
+        if ((r = CU(cuStreamEndCapture, cs, &g)))
+            return r;
+    } else {
+        *what = "cuGraphAddKernelNode";
+        if ((r = CU(cuGraphCreate, &g, 0)))
+            return r;
+        for (unsigned n = 0; n < l->graph_nodes; n++)
+            if ((r = CU(cuGraphAddKernelNode, &node, g, NULL, (size_t)0, &p)))
+                return r;
+    }
+    *what = "cuGraphInstantiateWithFlags";
+    return CU(cuGraphInstantiateWithFlags, &k->exec, g, 0ull);
+}
 
 int main(int argc, char **argv)
 {
@@ -96,17 +165,21 @@ int main(int argc, char **argv)
                 argv[4]);
         return 2;
     }
-    struct kind kinds[MAX_KINDS];
-    int nk = 0;
-    for (char *tok = strtok(argv[2], ","); tok && nk < MAX_KINDS; tok = strtok(NULL, ",")) {
-        char *x = strchr(tok, 'x');
-        kinds[nk] = (struct kind){strtoull(tok, NULL, 10), x ? strtoull(x + 1, NULL, 10) : 1, 0, NULL};
-        if (!kinds[nk].us || !kinds[nk].count) {
-            fprintf(stderr, "gpuslice-cuda-load: bad MIX entry '%s': want MICROSECONDS[xCOUNT]\n", tok);
+    struct kind sets[2][MAX_KINDS];
+    int counts[2] = {0, 0};
+    double switch_after = 0; /* seconds of the first MIX, where a second follows */
+    char *second = strchr(argv[2], '@');
+    if (second) {
+        *second++ = 0;
+        switch_after = strtod(second, &second);
+        if (switch_after <= 0 || *second != ':') {
+            fprintf(stderr, "gpuslice-cuda-load: bad MIX: want MIX@SECONDS:MIX2 with SECONDS above 0\n");
             return 2;
         }
-        nk++;
+        second++;
     }
+    if ((counts[0] = parse_mix(argv[2], sets[0])) <= 0 || (second && (counts[1] = parse_mix(second, sets[1])) <= 0))
+        return 2;
     const char *lib = getenv("GPUSLICE_PROBE_LIBCUDA");
     cuda = dlopen(lib && *lib ? lib : "libcuda.so.1", RTLD_NOW);
     if (!cuda || find_accounting() != 0) {
@@ -139,33 +212,20 @@ int main(int argc, char **argv)
         return fail("calibration measured nothing", 0);
     printf("{\"wave_ns\": %llu, \"sms\": %d}\n", wave, sms);
 
-    for (int i = 0; i < nk; i++) {
-        unsigned long long waves = (kinds[i].us * 1000ull + wave / 2) / wave;
-        kinds[i].grid = (unsigned)((waves ? waves : 1) * per_wave);
-        if (graph_nodes) {
-            CUgraph g;
-            CUgraphNode node;
-            CUstream cs;
-            CUDA_KERNEL_NODE_PARAMS_v1 p = {fn, kinds[i].grid, 1, 1, THREADS, 1, 1, 0, NULL, NULL};
-            if (captured) { /* the launches are recorded, not run: they cost nothing until the graph runs */
-                if ((r = CU(cuStreamCreate, &cs, 1u)) || (r = CU(cuStreamBeginCapture_v2, cs, 0)))
-                    return fail("cuStreamBeginCapture", r);
-                for (unsigned n = 0; n < graph_nodes; n++)
-                    if ((r = CU(cuLaunchKernel, fn, kinds[i].grid, 1, 1, THREADS, 1, 1, 0, cs, NULL, NULL)))
-                        return fail("captured cuLaunchKernel", r);
-                if ((r = CU(cuStreamEndCapture, cs, &g)))
-                    return fail("cuStreamEndCapture", r);
-            } else {
-                if ((r = CU(cuGraphCreate, &g, 0)))
-                    return fail("cuGraphCreate", r);
-                for (unsigned n = 0; n < graph_nodes; n++)
-                    if ((r = CU(cuGraphAddKernelNode, &node, g, NULL, (size_t)0, &p)))
-                        return fail("cuGraphAddKernelNode", r);
-            }
-            if ((r = CU(cuGraphInstantiateWithFlags, &kinds[i].exec, g, 0ull)))
-                return fail("cuGraphInstantiateWithFlags", r);
-        }
-    }
+    /* half occupancy: shared memory for a little over half an SM, so one block fits where two did */
+    int shared_per_sm = 0, half_fit = 0;
+    if ((r = CU(cuDeviceGetAttribute, &shared_per_sm, CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR, dev)))
+        return fail("shared memory per SM", r);
+    struct launcher l = {fn, wave, per_wave, 0, (unsigned)shared_per_sm / 2u, graph_nodes, captured};
+    if ((r = CU(cuFuncSetAttribute, fn, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)l.half_shared)) ||
+        (r = CU(cuOccupancyMaxActiveBlocksPerMultiprocessor, &half_fit, fn, THREADS, (size_t)l.half_shared)))
+        return fail("half occupancy", r);
+    l.half_wave = (unsigned)half_fit * (unsigned)sms;
+    const char *what = NULL;
+    for (int set = 0; set < 2; set++)
+        for (int i = 0; i < counts[set]; i++)
+            if ((r = prepare(&l, &sets[set][i], &what)))
+                return fail(what, r);
 
     unsigned long long start = now_ns(), stop = start + (unsigned long long)(seconds * 1e9);
     unsigned long long reported = start / REPORT_NS * REPORT_NS, total = 0, launches = 0;
@@ -173,11 +233,18 @@ int main(int argc, char **argv)
     unsigned long long next_launch = start;
     printf("{\"t\": %llu, \"busy\": 0}\n", reported);
     fflush(stdout);
+    unsigned long long switch_at = counts[1] ? start + (unsigned long long)(switch_after * 1e9) : stop;
+    struct kind *kinds = sets[0];
+    int nk = counts[0];
     for (int i = 0;; i = (i + 1) % nk) {
         for (unsigned long long c = 0; c < kinds[i].count; c++) {
             unsigned long long now = now_ns();
             if (now >= stop)
                 goto done;
+            if (now >= switch_at && kinds == sets[0]) { /* the load's kernels change */
+                kinds = sets[1], nk = counts[1], i = 0, c = 0;
+                printf("{\"switched\": %llu}\n", now);
+            }
             /* a 100 ms period is final once its last bucket is past */
             while (now >= reported + REPORT_NS + BUCKET_NS) {
                 total += busy_ns(0, reported, reported + REPORT_NS);
@@ -192,7 +259,8 @@ int main(int argc, char **argv)
                 next_launch += (unsigned long long)(kinds[i].us * 1000.0 * (graph_nodes ? graph_nodes : 1) / duty);
             }
             r = kinds[i].exec ? CU(cuGraphLaunch, kinds[i].exec, NULL)
-                              : CU(cuLaunchKernel, fn, kinds[i].grid, 1, 1, THREADS, 1, 1, 0, NULL, NULL, NULL);
+                              : CU(cuLaunchKernel, fn, kinds[i].grid, 1, 1, THREADS, 1, 1, kind_shared(&l, &kinds[i]),
+                                   NULL, NULL, NULL);
             if (r)
                 return fail("launch", r);
             launches++;

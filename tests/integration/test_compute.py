@@ -19,11 +19,13 @@ from bench.compute_shares import (
     Mix,
     Tenant,
     measure_mix,
+    run_drift,
     run_handover,
     run_lending,
     run_setting_gpu,
     slice_of,
 )
+from gpuslice.allocator.cost_split import DRIFT_WINDOW_NS
 from gpuslice.allocator.slice_files import SliceFiles
 from tests.harness import interposer_env
 from tests.harness.machine import Agent, gpu, needs_root
@@ -256,3 +258,16 @@ def test_resize_moves_the_share(node):
     after = t.share(resized + 2 * NS, resized + 6 * NS)
     print(f"hard slice resized from 30 to 60 %: {before:.1f} % before, {after:.1f} % after")
     assert abs(before - 30) <= TOLERANCE and abs(after - 60) <= TOLERANCE
+
+
+def test_a_tenant_whose_kernels_change_is_held_to_its_share_again(node):
+    """Hard 30 / 70 with their costs fitted; then the 30 % tenant's kernels, as long,
+    launch half the threads (half occupancy: twice the cost per thread). Charged at
+    the old cost it would get about half the GPU; the controller notices what the
+    GPU does drift off the fitted costs, fits them again, and the shares hold to a
+    point again."""
+    r = run_drift(node.client, node.env, node.boxes)
+    print("drift: before", r.before, "2 s after", r.stale, "refit", r.refit_ms, "after", r.after)
+    assert r.before == pytest.approx([30, 70], abs=1.0)
+    assert r.refit_ms is not None and r.refit_ms[0] <= 2 * DRIFT_WINDOW_NS // 1_000_000 + 1000
+    assert r.after == pytest.approx([30, 70], abs=1.0)
