@@ -40,15 +40,25 @@ class Tenant:
     """A slice held by a box, running gpuslice-cuda-load in it."""
 
     def __init__(self, client, env: dict[str, str], box: Box, name: str, annotations: dict[str, str],  # type: ignore[no-untyped-def]
-                 seconds: float, mix: str, graph: int | str = 0, duty: str = "") -> None:  # fmt: skip
+                 seconds: float, mix: str, graph: int | str = 0, duty: str = "",
+                 stoppable: bool = False) -> None:  # fmt: skip
         self.client, self.name = client, name
         client.reserve(name, annotations)
         client.bind(name, box.init_pid)
         self.started = time.monotonic_ns()
         argv = [str(LOAD), str(seconds), mix, str(graph), *([duty] if duty else [])]
-        self.proc = subprocess.Popen(box.command(argv), env=env, stdout=subprocess.PIPE, text=True)
+        stdin = subprocess.PIPE if stoppable else subprocess.DEVNULL  # stoppable: see stop_at
+        self.proc = subprocess.Popen(box.command(argv), env=env, stdin=stdin, stdout=subprocess.PIPE, text=True)
         self._points: dict[int, int] | None = None
         self.switched: int | None = None
+
+    def stop_at(self, t_ns: int) -> None:
+        """End the load once its point at t_ns (time.monotonic_ns) is out: it stops at
+        the end of stdin, checked as it reports, every 100 ms."""
+        time.sleep(max(0.0, (t_ns - time.monotonic_ns()) / NS + 0.25))
+        if self.proc.stdin:
+            self.proc.stdin.close()
+            self.proc.stdin = None  # communicate() then reads stdout alone
 
     def points(self) -> dict[int, int]:
         """time ns -> GPU ns used so far, every 100 ms; the slice is released after."""
@@ -116,7 +126,7 @@ def measure_mix(client, env: dict[str, str], boxes, m: Mix) -> MixResult:  # typ
     graphs, prios = m.graphs or [0] * n, m.priorities or ["normal"] * n
     tenants = [
         Tenant(client, env, boxes(), f"{m.name}-{i}", slice_of(m.cores[i], m.policy, prios[i]), seconds,
-               m.kernels[i], graphs[i])
+               m.kernels[i], graphs[i], stoppable=True)
         for i in range(n)
     ]  # fmt: skip
     grid = NS // 10
@@ -126,6 +136,8 @@ def measure_mix(client, env: dict[str, str], boxes, m: Mix) -> MixResult:  # typ
     opens = max(last_start + int(SETTLE * NS), (fitted or last_start + int((SETTLE + SETTLE_PER_SLICE * n) * NS))
                 + NS // 2)  # fmt: skip
     start = -(-opens // grid) * grid
+    for t in tenants:  # the window is what is measured: no tenant runs longer
+        t.stop_at(start + int(WINDOW * NS))
     want = m.expect or m.cores
     last = -(-last_start // grid) * grid
     steps = (start - last) // grid + int(WINDOW - 1) * 10  # 1 s windows from the last start to the window's end

@@ -17,10 +17,15 @@
  *   DUTY         a light load: launch only this fraction of the GPU's time
  *                ("0.1"), for the first UNTIL seconds ("0.1@8") and then as
  *                fast as the launch gate lets it
+ * A pipe on stdin ends the load early when it closes (checked every 100 ms): a
+ * caller that has measured what it wanted need not wait out SECONDS.
  * out: JSON lines {"t": NS, "busy": NS} (CLOCK_MONOTONIC, 100 ms apart), then
  *      {"done": true, "launches": N} */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +41,15 @@
 #define THREADS 1024          /* 2 blocks per SM: a wave is 2 x SMs blocks */
 
 static const char PTX[] = ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry spin()\n{\n ret;\n}\n";
+
+/* Whether stdin is a pipe whose writer closed it (a pipe only: a terminal or
+ * /dev/null never ends the load). */
+static int stdin_closed(int piped)
+{
+    struct pollfd p = {0, POLLIN, 0};
+    char c;
+    return piped && poll(&p, 1, 0) == 1 && (p.revents & POLLHUP || (p.revents & POLLIN && read(0, &c, 1) == 0));
+}
 
 static void *cuda;
 #define CU(name, ...) ((CUresult(*)())dlsym(cuda, #name))(__VA_ARGS__)
@@ -227,6 +241,8 @@ int main(int argc, char **argv)
             if ((r = prepare(&l, &sets[set][i], &what)))
                 return fail(what, r);
 
+    struct stat in;
+    int piped = fstat(0, &in) == 0 && S_ISFIFO(in.st_mode);
     unsigned long long start = now_ns(), stop = start + (unsigned long long)(seconds * 1e9);
     unsigned long long reported = start / REPORT_NS * REPORT_NS, total = 0, launches = 0;
     unsigned long long light_until = duty > 0 ? (duty_for > 0 ? start + (unsigned long long)(duty_for * 1e9) : stop) : 0;
@@ -251,6 +267,8 @@ int main(int argc, char **argv)
                 reported += REPORT_NS;
                 printf("{\"t\": %llu, \"busy\": %llu}\n", reported, total);
                 fflush(stdout);
+                if (stdin_closed(piped))
+                    goto done;
             }
             if (now < light_until) { /* a light load: this launch's GPU time, spread out */
                 if (next_launch + REPORT_NS < now)
