@@ -152,6 +152,7 @@ class ComputeController:
         self.state: dict[tuple[str, int], GateState] = {}
         self.splits: dict[str, CostSplit] = {}  # per GPU UUID, where its driver gives each period to one process
         self.one_per_period: dict[str, bool] = {}  # per GPU UUID: what its driver's readings showed last
+        self.fits: dict[tuple[str, str], int] = {}  # (GPU UUID, "join" or "drift"): the fits of costs begun
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last = clock()
@@ -287,9 +288,13 @@ class ComputeController:
                     MIN_FIT_SHARE, min(s.guarantee, st.used_avg) if light else s.guarantee
                 )
             counted = not any(self.state[k].opened or self.state[k].switched for k in launching)
+            was_fitting = split.fit is not None
             for k, busy_ns in split.split(total, threads, reading.window_ns, shares, counted).items():
                 st = self.state[k]
                 st.busy_ns, st.window_ns, st.age_ns = busy_ns, reading.window_ns, reading.age_ns
+            if split.fit is not None and not was_fitting:
+                why = (uuid, "drift" if split.before is not None else "join")
+                self.fits[why] = self.fits.get(why, 0) + 1
         for k in keys:
             st = self.state[k]
             learning = split.learning(k)

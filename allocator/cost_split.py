@@ -48,12 +48,15 @@ LEARN_BOOST = 0.4  # ... and, one at a time in turn, this much more of the GPU
 LEARN_BACKOFF = 0.7  # a full GPU (costs off) scales the shares down by this, to at most
 LEARN_MIN_SCALE = 0.1
 # after a fit: what the GPU did, against the launches times the fitted costs, over DRIFT_WINDOW_NS
-# stretches; off from the first stretch by more than DRIFT of the time, the costs are fitted again
-# (a tenant whose kernels grew or shrank: the split would go on charging it at the old cost)
+# stretches; off from the first ones by more than DRIFT of the time in DRIFT_STRIKES stretches in a row,
+# the same way, the costs are fitted again (a tenant whose kernels grew or shrank: the split would
+# go on charging it at the old cost). One stretch off is a transient: a queue filling as a load rises.
 DRIFT = 0.03
-DRIFT_WINDOW_NS = 2_000_000_000
-DRIFT_AFTER = 2  # the readings after a fit ran (partly) on its budgets: not watched
-DRIFT_HOLD_NS = 10_000_000_000  # a fit for drift at most once in this much watched time, ...
+DRIFT_WINDOW_NS = 1_000_000_000
+DRIFT_STRIKES = 2
+DRIFT_BASELINE = 2  # stretches that make the baseline (a load may read unlike its fit, steadily), ...
+DRIFT_SETTLE_NS = 1_000_000_000  # ... after this much time: the first readings after a fit still settle
+DRIFT_HOLD_NS = 10_000_000_000  # a fit for drift after one for drift: at least this much watched time on, ...
 DRIFT_HOLD_MAX_NS = 320_000_000_000  # ... doubled, up to this, by each one that found the costs
 DRIFT_SAME = 0.1  # ... it had (each within this): a load that reads unlike its fit, not a change
 
@@ -82,12 +85,17 @@ class Fit:
 class Drift:
     """What the GPU did since a fit, against what its costs say it did."""
 
-    skip: int = DRIFT_AFTER
-    baseline: float | None = None  # (GPU time - predicted) / time, over the first stretch
+    settled_ns: int = 0  # watched so far, while the readings after the fit settle
+    offs: list[float] = field(default_factory=list)  # (GPU time - predicted) / time: the baseline's stretches
+    strikes: int = 0  # stretches in a row off the baseline, the same way (its sign)
     total_ns: float = 0.0
     predicted_ns: float = 0.0
     window_ns: int = 0
     watched_ns: int = 0  # since the fit
+
+    @property
+    def baseline(self) -> float | None:
+        return sum(self.offs) / len(self.offs) if len(self.offs) >= DRIFT_BASELINE else None
 
 
 @dataclass
@@ -100,6 +108,7 @@ class CostSplit:
     seen: set[Key] = field(default_factory=set)  # slices that launched in a reading before
     drift: Drift = field(default_factory=Drift)
     hold_ns: int = DRIFT_HOLD_NS
+    after_drift: bool = False  # the last fit was one for drift
     before: dict[Key, float] | None = None  # the costs a fit for drift began with
 
     def split(self, total_ns: float, threads: dict[Key, int], window_ns: int,
@@ -220,6 +229,9 @@ class CostSplit:
             same = all(abs(c / self.before[k] - 1) <= DRIFT_SAME for k, c in estimate.items() if k in self.before)
             self.hold_ns = min(DRIFT_HOLD_MAX_NS, 2 * self.hold_ns) if same else DRIFT_HOLD_NS
             self.before = None
+            self.after_drift = True
+        else:
+            self.after_drift = False
         self.costs.update(estimate)
         self.fit = None
         self.drift = Drift()
@@ -227,8 +239,8 @@ class CostSplit:
     def _watch(self, total_ns: float, launched: dict[Key, int], window_ns: int) -> None:
         """After a fit: fit again once what the GPU does drifts off what its costs say."""
         d = self.drift
-        if d.skip:
-            d.skip -= 1
+        if d.settled_ns < DRIFT_SETTLE_NS:
+            d.settled_ns += window_ns
             return
         d.total_ns += total_ns
         d.predicted_ns += sum(t * self.costs[k] for k, t in launched.items())
@@ -240,11 +252,16 @@ class CostSplit:
         more = d.total_ns / d.predicted_ns if d.predicted_ns > 0 else 1.0
         d.total_ns = d.predicted_ns = 0.0
         d.window_ns = 0
-        if d.baseline is None:
-            d.baseline = off
-        elif abs(off - d.baseline) > DRIFT and d.watched_ns >= self.hold_ns:
+        baseline = d.baseline
+        if baseline is None:
+            d.offs.append(off)
+            return
+        way = (off > baseline + DRIFT) - (off < baseline - DRIFT)
+        d.strikes = d.strikes + way if way and (d.strikes > 0) == (way > 0) else way
+        held = self.after_drift and d.watched_ns < self.hold_ns
+        if abs(d.strikes) >= DRIFT_STRIKES and not held:
             log.debug("costs drifted: the GPU did %+.1f%% of the time against the costs (%+.1f%% after the fit)",
-                      100 * off, 100 * d.baseline)  # fmt: skip
+                      100 * off, 100 * baseline)  # fmt: skip
             self.before = dict(self.costs)
             # where the GPU did more than the costs say, every cost starts that much higher (at
             # least): whichever rose, the fit's first budgets then do not fill the GPU
@@ -276,14 +293,17 @@ def robust_fit(rows: list[Row], keys: list[Key], window_ns: int) -> Fitted | Non
     """least_squares over the rows, less those far off the first fit: a reading
     whose threads were paired with the wrong one (a tick late on a busy node) is
     off by a part of a period, and the one after by as much the other way."""
-    fitted = least_squares(rows, keys)
+    # a driver's integer percent rounds each reading by up to half a percent of it: the rows'
+    # error is at least that, however well a few rows happen to agree (two of a row's readings)
+    floor = 2 * (0.01 * window_ns / 2) ** 2 / 12
+    fitted = least_squares(rows, keys, floor)
     if fitted is None:
         return None
     off = [abs(r[0] - sum(fitted[0][k] * r[1].get(k, 0) for k in keys)) for r in rows]
     limit = max(OUTLIER * sorted(off)[len(off) // 2], OUTLIER_FLOOR * window_ns)
     kept = [r for r, o in zip(rows, off, strict=True) if o <= limit]
     if len(kept) < len(rows) and len(kept) >= 2 * len(keys) + FIT_EXTRA:
-        fitted = least_squares(kept, keys) or fitted
+        fitted = least_squares(kept, keys, floor) or fitted
     else:
         kept = rows
     if min(fitted[0].values()) <= 0:
@@ -291,10 +311,14 @@ def robust_fit(rows: list[Row], keys: list[Key], window_ns: int) -> Fitted | Non
     return fitted[0], fitted[1], len(kept)
 
 
-def least_squares(rows: list[Row], keys: list[Key]) -> tuple[dict[Key, float], dict[Key, float]] | None:
+Costs = tuple[dict[Key, float], dict[Key, float]]  # costs, and their relative errors
+
+
+def least_squares(rows: list[Row], keys: list[Key], floor: float = 0.0) -> Costs | None:
     """The costs c that best fit total = sum(threads[k] * c[k]) over the rows, and
-    each one's standard error relative to it (from the residuals); None where the
-    rows cannot tell the slices apart."""
+    each one's standard error relative to it (from the residuals, or where they
+    say less, the rows' known variance `floor`); None where the rows cannot tell
+    the slices apart."""
     n = len(keys)
     # columns scaled to their mean, so that the normal equations are well conditioned
     scale = [sum(r[1].get(k, 0) for r in rows) / len(rows) or 1.0 for k in keys]
@@ -316,7 +340,7 @@ def least_squares(rows: list[Row], keys: list[Key]) -> tuple[dict[Key, float], d
     c = [a[i][2 * n] for i in range(n)]
     free = len(rows) - n
     ssr = sum((r[0] - sum(ci * xi for ci, xi in zip(c, x, strict=True))) ** 2 for x, r in zip(xs, rows, strict=True))
-    var = ssr / free if free > 0 else float("inf")
+    var = max(ssr / free, floor) if free > 0 else float("inf")
     costs = {k: c[i] / scale[i] for i, k in enumerate(keys)}
     errors = {k: (var * a[i][n + i]) ** 0.5 / abs(c[i]) if c[i] else float("inf") for i, k in enumerate(keys)}
     return costs, errors

@@ -83,8 +83,13 @@ class SliceCollector(Collector):
         yield from self._gpus()
         yield from self._slices()
 
-    def _gpus(self) -> Iterator[GaugeMetricFamily]:
+    def _gpus(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         labels = ["node", "gpu", "uuid"]
+        fits = CounterMetricFamily(
+            "gpuslice_gpu_compute_fits",
+            "fits of the costs of the slices on the GPU begun: as one joined, or as what the GPU did drifted off them",
+            labels=[*labels, "reason"],
+        )
         total = GaugeMetricFamily("gpuslice_gpu_memory_total_bytes", "GPU memory", labels=labels)
         reserved = GaugeMetricFamily("gpuslice_gpu_memory_reserved_bytes", "GPU memory held by slices", labels=labels)
         cores = GaugeMetricFamily("gpuslice_gpu_cores_reserved", "compute shares held (percent)", labels=labels)
@@ -95,7 +100,9 @@ class SliceCollector(Collector):
             reserved.add_metric(values, c.memory_reserved)
             cores.add_metric(values, c.cores_reserved)
             slices.add_metric(values, c.slices)
-        yield from (total, reserved, cores, slices)
+            for reason in ("join", "drift"):
+                fits.add_metric([*values, reason], self.compute.fits.get((c.uuid, reason), 0) if self.compute else 0)
+        yield from (total, reserved, cores, slices, fits)
 
     def _slices(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         per_gpu = [*SLICE, "gpu"]

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import click
 
-from gpuslice.allocator.cost_split import DRIFT_WINDOW_NS
+from gpuslice.allocator.cost_split import DRIFT_STRIKES, DRIFT_WINDOW_NS
 from gpuslice.cli import sim_daemon
 from gpuslice.cli.pid_namespace import PidNamespace
 from gpuslice.cli.sim_daemon import interposer_env
@@ -234,10 +234,10 @@ def run_drift(client, env: dict[str, str], boxes) -> Drift:  # type: ignore[no-u
     """Hard 30 / 70; once their costs are fitted, the 30 % tenant's kernels change to
     half occupancy (as long, half the threads: twice the cost per thread). The
     controller is to notice what the GPU does drift off what the fitted costs say
-    (within two stretches of DRIFT_WINDOW_NS), fit the costs again, and hold the
-    shares again."""
+    (within DRIFT_STRIKES + 1 stretches of DRIFT_WINDOW_NS), fit the costs again,
+    and hold the shares again."""
     allowance = SETTLE + 2 * SETTLE_PER_SLICE
-    notice = 2 * DRIFT_WINDOW_NS / NS + 1
+    notice = (DRIFT_STRIKES + 1) * DRIFT_WINDOW_NS / NS + 1
     seconds = CHANGE_AT + notice + allowance + WINDOW + 1
     a = Tenant(client, env, boxes(), "drift-30", slice_of(30, "hard"), seconds, f"1000@{CHANGE_AT:g}:1000h")
     b = Tenant(client, env, boxes(), "drift-70", slice_of(70, "hard"), seconds, "1000")

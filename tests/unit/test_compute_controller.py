@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuslice.allocator.compute import ComputeController
-from gpuslice.allocator.cost_split import DRIFT_WINDOW_NS
+from gpuslice.allocator.cost_split import DRIFT_STRIKES, DRIFT_WINDOW_NS
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles, constant
 from gpuslice.allocator.utilization import Reading
 
@@ -312,7 +312,7 @@ def fitting(controller: ComputeController, tenants: list[Tenant]) -> bool:
 def test_a_cost_that_changes_is_fitted_again(tmp_path, shares, change):
     """A tenant whose kernels grow or shrink (a generate's prefill, then its
     decode): what the GPU did no longer adds up to the launches times the fitted
-    costs, so the costs are fitted again (within two stretches of DRIFT_WINDOW_NS
+    costs, so the costs are fitted again (within DRIFT_STRIKES + 1 stretches
     and a fit) and the shares hold again; a load that does not change is not."""
     gpu, tenants, controller = node(tmp_path, *((c, True) for c in shares), sample_every=4, busiest=True)
     drive(gpu, tenants, controller, 8.0)
@@ -324,7 +324,7 @@ def test_a_cost_that_changes_is_fitted_again(tmp_path, shares, change):
     for t, c in zip(tenants, change, strict=True):
         t.ns_per_thread *= c
     began = 0.0
-    while not fitting(controller, tenants) and began < 2 * DRIFT_WINDOW_NS / 1e9:
+    while not fitting(controller, tenants) and began < (DRIFT_STRIKES + 1) * DRIFT_WINDOW_NS / 1e9:
         drive(gpu, tenants, controller, 0.2)
         began += 0.2
     refitted = 0.0
@@ -332,4 +332,8 @@ def test_a_cost_that_changes_is_fitted_again(tmp_path, shares, change):
         drive(gpu, tenants, controller, 0.2)
         refitted += 0.2
     assert 0 < refitted <= 2.0 + 0.75 * len(shares)
-    assert drive(gpu, tenants, controller, 10.0) == pytest.approx(list(shares), abs=1.0)
+    # 1.5 points: this GPU's load is perfectly steady, so its integer percent rounds each of a
+    # boost's readings the same way (up to 1 ms of 200), and the two readings of the one row in
+    # which the 70 % slice had its boost err alike: its cost 2.2 % high, 69.0 % (the simulator's
+    # drift test, whose readings vary, holds a point)
+    assert drive(gpu, tenants, controller, 10.0) == pytest.approx(list(shares), abs=1.5)
