@@ -29,6 +29,7 @@ from bench.compute_shares import (
 )
 from gpuslice.allocator.cost_split import DRIFT_STRIKES, DRIFT_WINDOW_NS
 from gpuslice.allocator.slice_files import SliceFiles
+from gpuslice.cli import sim_daemon
 from tests.harness import interposer_env
 from tests.harness.machine import Agent, gpu, needs_root
 
@@ -37,8 +38,8 @@ TOLERANCE = 3.0  # percentage points over 10 s windows
 
 
 class Node:
-    def __init__(self, daemon, containers) -> None:  # type: ignore[no-untyped-def]
-        self.d = daemon([gpu("16Gi")])
+    def __init__(self, daemon, containers, **config) -> None:  # type: ignore[no-untyped-def]
+        self.d = daemon([gpu("16Gi")], **config)
         self.client = self.d.client()
         self.env = interposer_env(self.d)
         self.boxes = containers
@@ -262,12 +263,13 @@ def test_resize_moves_the_share(node):
     assert abs(before - 30) <= TOLERANCE and abs(after - 60) <= TOLERANCE
 
 
-def test_a_tenant_whose_kernels_change_is_held_to_its_share_again(node):
+def test_a_tenant_whose_kernels_change_is_held_to_its_share_again(daemon, containers):
     """Hard 30 / 70 with their costs fitted; then the 30 % tenant's kernels, as long,
     launch half the threads (half occupancy: twice the cost per thread). Charged at
     the old cost it would get about half the GPU; the controller notices what the
     GPU does drift off the fitted costs, fits them again, and the shares hold to a
     point again."""
+    node = Node(daemon, containers, metrics={"port": sim_daemon.free_port()})
     r = run_drift(node.client, node.env, node.boxes)
     print("drift: before", r.before, "2 s after", r.stale, "refit", r.refit_ms, "after", r.after)
     assert r.before == pytest.approx([30, 70], abs=1.0)
