@@ -337,3 +337,19 @@ def test_a_cost_that_changes_is_fitted_again(tmp_path, shares, change):
     # which the 70 % slice had its boost err alike: its cost 2.2 % high, 69.0 % (the simulator's
     # drift test, whose readings vary, holds a point)
     assert drive(gpu, tenants, controller, 10.0) == pytest.approx(list(shares), abs=1.5)
+
+
+def test_an_elastic_slice_left_alone_with_its_gate_open_is_not_fitted_again(tmp_path):
+    """After two elastic slices' costs are fitted, one goes idle and the other's gate
+    opens (the whole GPU is its share): its launches are no longer counted, so what
+    the GPU does is not held against its cost, and no fit for drift begins; the
+    idle one returns and both hold their shares without one either."""
+    gpu, tenants, controller = node(tmp_path, (30, False), (70, False), sample_every=4, busiest=True)
+    a, b = tenants
+    drive(gpu, tenants, controller, 8.0)
+    assert not fitting(controller, tenants) and controller.fits == {(UUID, "join"): 1}
+    alone = drive(gpu, tenants, controller, 20.0, busy={a.pid: True, b.pid: False})
+    assert alone[0] > 95
+    drive(gpu, tenants, controller, 8.0)
+    assert drive(gpu, tenants, controller, 10.0) == pytest.approx([30, 70], abs=1.0)
+    assert controller.fits == {(UUID, "join"): 1}
