@@ -42,6 +42,7 @@ BEST_EFFORT_WEIGHT = 0.01  # a slice without a share, against ones with (1-100 %
 BEST_EFFORT_FLOOR = 0.01  # ... which still progresses when every share is taken
 MIN_FIT_SHARE = 0.05  # a share smaller than this (best effort) has its cost fitted as if it were this
 AFTER_FIT_READINGS = 2  # the readings after a fit ran (partly) on its budgets: no error is integrated
+TARGET_MOVED = 0.05  # a slice's target moving this much restarts the watch for drift on its GPU (CostSplit.settle)
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
 TIERS = ("high", "normal", "low")
 
@@ -244,6 +245,10 @@ class ComputeController:
                 started = targets(on_gpu, active | idle, needs)
                 for sid in idle:
                     goal[sid] = started[sid]
+            split = self.splits.get(uuid)
+            if split and any(abs(goal[s.slice_id] - self.state[(s.slice_id, s.gpu)].target) > TARGET_MOVED
+                             for s in on_gpu):  # fmt: skip
+                split.settle()
             known = sorted(r for s in on_gpu if (r := self.state[(s.slice_id, s.gpu)].ns_per_thread()) is not None)
             prior = known[len(known) // 2] if known else None
             for s in on_gpu:

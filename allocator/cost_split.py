@@ -59,6 +59,7 @@ DRIFT_SETTLE_NS = 1_000_000_000  # ... after this much time: the first readings 
 DRIFT_HOLD_NS = 10_000_000_000  # a fit for drift after one for drift: at least this much watched time on, ...
 DRIFT_HOLD_MAX_NS = 320_000_000_000  # ... doubled, up to this, by each one that found the costs
 DRIFT_SAME = 0.1  # ... it had (each within this): a load that reads unlike its fit, not a change
+DRIFT_SIGMAS = 2  # a stretch is off only by more than its launches' costs' standard errors allow, this many times
 
 
 @dataclass
@@ -90,6 +91,7 @@ class Drift:
     strikes: int = 0  # stretches in a row off the baseline, the same way (its sign)
     total_ns: float = 0.0
     predicted_ns: float = 0.0
+    slack_ns: float = 0.0  # what the costs' standard errors allow the prediction to be off
     window_ns: int = 0
     watched_ns: int = 0  # since the fit
 
@@ -109,6 +111,7 @@ class CostSplit:
     drift: Drift = field(default_factory=Drift)
     hold_ns: int = DRIFT_HOLD_NS
     after_drift: bool = False  # the last fit was one for drift
+    errors: dict[Key, float] = field(default_factory=dict)  # each fitted cost's relative standard error
     before: dict[Key, float] | None = None  # the costs a fit for drift began with
 
     def split(self, total_ns: float, threads: dict[Key, int], window_ns: int,
@@ -164,6 +167,7 @@ class CostSplit:
             self.drift = Drift()  # the stretch it is watched against had them
         for k in set(self.costs) - keep:
             del self.costs[k]
+            self.errors.pop(k, None)
         self.seen &= keep
         f = self.fit
         if f is not None and not set(f.order) <= keep:
@@ -220,11 +224,17 @@ class CostSplit:
         f.estimate, errors, used = fitted
         moves = {k: 100 * e * min(0.25, (s := shares.get(k, 0.5)) * (1 - s)) for k, e in errors.items()}
         if max(moves.values()) <= FIT_POINTS or len(f.rows) == FIT_ROWS:
-            self._fitted(f.estimate)
+            self._fitted(f.estimate, errors)
             log.debug("fitted over %d of %d rows: %s", used, len(f.rows), " ".join(
                 f"{k[0][:8]}/{k[1]} {c:.4g} ±{errors[k]:.1%}" for k, c in f.estimate.items()))  # fmt: skip
 
-    def _fitted(self, estimate: dict[Key, float]) -> None:
+    def settle(self) -> None:
+        """The slices' targets on this GPU moved (a load rose, one went idle, a share came
+        back): the readings while queues and credits follow are not held against the costs."""
+        d = self.drift
+        d.settled_ns, d.strikes, d.total_ns, d.predicted_ns, d.slack_ns, d.window_ns = 0, 0, 0.0, 0.0, 0.0, 0
+
+    def _fitted(self, estimate: dict[Key, float], errors: dict[Key, float]) -> None:
         if self.before is not None:  # a fit for drift: did it find other costs?
             same = all(abs(c / self.before[k] - 1) <= DRIFT_SAME for k, c in estimate.items() if k in self.before)
             self.hold_ns = min(DRIFT_HOLD_MAX_NS, 2 * self.hold_ns) if same else DRIFT_HOLD_NS
@@ -233,6 +243,7 @@ class CostSplit:
         else:
             self.after_drift = False
         self.costs.update(estimate)
+        self.errors.update(errors)
         self.fit = None
         self.drift = Drift()
 
@@ -244,19 +255,24 @@ class CostSplit:
             return
         d.total_ns += total_ns
         d.predicted_ns += sum(t * self.costs[k] for k, t in launched.items())
+        d.slack_ns += DRIFT_SIGMAS * sum(t * self.costs[k] * self.errors.get(k, 0.0) for k, t in launched.items())
         d.window_ns += window_ns
         d.watched_ns += window_ns
         if d.window_ns < DRIFT_WINDOW_NS:
             return
         off = (d.total_ns - d.predicted_ns) / d.window_ns
         more = d.total_ns / d.predicted_ns if d.predicted_ns > 0 else 1.0
-        d.total_ns = d.predicted_ns = 0.0
+        slack = d.slack_ns / d.window_ns
+        d.total_ns = d.predicted_ns = d.slack_ns = 0.0
         d.window_ns = 0
         baseline = d.baseline
         if baseline is None:
             d.offs.append(off)
             return
-        way = (off > baseline + DRIFT) - (off < baseline - DRIFT)
+        # a light slice's cost is fitted only as exactly as its light use needed: once it runs
+        # more, its error shows, and is no drift
+        allowed = DRIFT + slack
+        way = (off > baseline + allowed) - (off < baseline - allowed)
         d.strikes = d.strikes + way if way and (d.strikes > 0) == (way > 0) else way
         held = self.after_drift and d.watched_ns < self.hold_ns
         if abs(d.strikes) >= DRIFT_STRIKES and not held:
