@@ -231,8 +231,7 @@ class CostSplit:
     def settle(self) -> None:
         """The slices' targets on this GPU moved (a load rose, one went idle, a share came
         back): the readings while queues and credits follow are not held against the costs."""
-        d = self.drift
-        d.settled_ns, d.strikes, d.total_ns, d.predicted_ns, d.slack_ns, d.window_ns = 0, 0, 0.0, 0.0, 0.0, 0
+        self.drift = Drift(offs=self.drift.offs, watched_ns=self.drift.watched_ns)  # the baseline kept
 
     def _fitted(self, estimate: dict[Key, float], errors: dict[Key, float]) -> None:
         if self.before is not None:  # a fit for drift: did it find other costs?
