@@ -300,6 +300,7 @@ class ComputeController:
             if split.fit is not None and not was_fitting:
                 why = (uuid, "drift" if split.before is not None else "join")
                 self.fits[why] = self.fits.get(why, 0) + 1
+                log.info("%s: fitting the costs of %d slices (%s)", uuid, len(launching), why[1])
         for k in keys:
             st = self.state[k]
             learning = split.learning(k)

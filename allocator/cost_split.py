@@ -76,6 +76,8 @@ class Fit:
     pending: tuple[int, Row] | None = None  # the first reading of a boost's two, and its phase
     boosted: dict[Key, int] = field(default_factory=dict)  # rows in which each slice had its boost
     backlog: int = 0  # readings left that ran what a full one queued
+    elapsed_ns: int = 0  # the readings' time since it began
+    full: int = 0  # readings that filled the GPU
 
     def phase(self) -> int:
         """Whose boost it is (len(order): no one's), for FIT_BLOCK readings each."""
@@ -195,11 +197,13 @@ class CostSplit:
         mixed = len(f.phases) < 2 or f.phases[-1] != f.phases[-2]
         ran = f.phases[-1] if f.phases else -1  # the phase of the budgets it ran on
         f.readings += 1
+        f.elapsed_ns += window_ns
         f.phases = [*f.phases[-1:], f.phase()]
         full = bool(window_ns) and total_ns >= SATURATED * window_ns
         if ramp or mixed or not launched or not window_ns or full or f.backlog:
             f.pending = None
             f.backlog = max(0, f.backlog - 1)
+            f.full += full
             if full and not (ramp or mixed):
                 self._full(f, ran)
             return
@@ -225,8 +229,10 @@ class CostSplit:
         moves = {k: 100 * e * min(0.25, (s := shares.get(k, 0.5)) * (1 - s)) for k, e in errors.items()}
         if max(moves.values()) <= FIT_POINTS or len(f.rows) == FIT_ROWS:
             self._fitted(f.estimate, errors)
-            log.debug("fitted over %d of %d rows: %s", used, len(f.rows), " ".join(
-                f"{k[0][:8]}/{k[1]} {c:.4g} ±{errors[k]:.1%}" for k, c in f.estimate.items()))  # fmt: skip
+            # what an operator (and a failed test) reads to see how long fitting took and why
+            log.info("costs fitted over %d of %d rows, %d readings (%d full) in %.1f s: %s", used, len(f.rows),
+                     f.readings, f.full, f.elapsed_ns / 1e9, " ".join(
+                         f"{k[0][:8]}/{k[1]} {c:.4g} ±{errors[k]:.1%}" for k, c in f.estimate.items()))  # fmt: skip
 
     def settle(self) -> None:
         """The slices' targets on this GPU moved (a load rose, one went idle, a share came
@@ -275,7 +281,7 @@ class CostSplit:
         d.strikes = d.strikes + way if way and (d.strikes > 0) == (way > 0) else way
         held = self.after_drift and d.watched_ns < self.hold_ns
         if abs(d.strikes) >= DRIFT_STRIKES and not held:
-            log.debug("costs drifted: the GPU did %+.1f%% of the time against the costs (%+.1f%% after the fit)",
+            log.info("costs drifted: the GPU did %+.1f%% of the time against the costs (%+.1f%% after the fit)",
                       100 * off, 100 * baseline)  # fmt: skip
             self.before = dict(self.costs)
             # where the GPU did more than the costs say, every cost starts that much higher (at

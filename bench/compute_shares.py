@@ -25,8 +25,10 @@ from gpuslice.paths import native_dir
 LOAD = native_dir() / "tools" / "gpuslice-cuda-load"
 WINDOW = 10.0  # seconds
 SETTLE = 2.0  # seconds from the last start before a window opens ...
-SETTLE_PER_SLICE = 3.0  # ... or, where the driver gives each period to one process, once the controller has
-# fitted the tenants' costs together (docs/compute.md), for which each may take this much
+SETTLE_PER_SLICE = 4.0  # ... or, where the driver gives each period to one process, once the controller has
+# fitted the tenants' costs together (docs/compute.md), for which each may take this much: a fit whose
+# rows are noisy (a busy node's late ticks, 10 ms kernels across a reading's edge) ends only at FIT_ROWS
+# rows, FIT_BLOCK readings each: 6 s and its ramp on a driver that samples each 200 ms
 NS = 1_000_000_000
 
 
@@ -221,13 +223,15 @@ def run_lending(client, env: dict[str, str], boxes) -> Lending:  # type: ignore[
 
 @dataclass
 class Drift:
-    before: list[float]  # hard 30 / 70, % of the GPU over the 5 s before the 30 % tenant's kernels change
+    before: list[float]  # hard 30 / 70, % of the GPU over the 10 s before the 30 % tenant's kernels change
     stale: list[float]  # ... over the 2 s after (the old cost charged)
     after: list[float]  # ... over 10 s from half a second after the costs were fitted again
     refit_ms: tuple[int, int] | None  # from the change to the fit beginning and ending
 
 
-CHANGE_AT = 14.0  # s into the 30 % tenant's load: its kernels, as long, launch half the threads
+# s into the 30 % tenant's load: its kernels, as long, launch half the threads; before that, its
+# costs fitted and a 10 s window
+CHANGE_AT = SETTLE + 2 * SETTLE_PER_SLICE + WINDOW + 0.5
 
 
 def run_drift(client, env: dict[str, str], boxes) -> Drift:  # type: ignore[no-untyped-def]
@@ -239,10 +243,12 @@ def run_drift(client, env: dict[str, str], boxes) -> Drift:  # type: ignore[no-u
     allowance = SETTLE + 2 * SETTLE_PER_SLICE
     notice = (DRIFT_STRIKES + 1) * DRIFT_WINDOW_NS / NS + 1
     seconds = CHANGE_AT + notice + allowance + WINDOW + 1
-    a = Tenant(client, env, boxes(), "drift-30", slice_of(30, "hard"), seconds, f"1000@{CHANGE_AT:g}:1000h")
-    b = Tenant(client, env, boxes(), "drift-70", slice_of(70, "hard"), seconds, "1000")
+    a = Tenant(client, env, boxes(), "drift-30", slice_of(30, "hard"), seconds, f"1000@{CHANGE_AT:g}:1000h",
+               stoppable=True)  # fmt: skip
+    b = Tenant(client, env, boxes(), "drift-70", slice_of(70, "hard"), seconds, "1000", stoppable=True)
     names = [a.name, b.name]
-    if client.compute_settled(names, allowance) is None:
+    fitted = client.compute_settled(names, allowance)
+    if fitted is None:
         raise RuntimeError("drift: the costs were not fitted in time")
     change = a.started + int(CHANGE_AT * NS)  # within the load's setup of its own clock's start
     began = ended = None
@@ -254,12 +260,15 @@ def run_drift(client, env: dict[str, str], boxes) -> Drift:  # type: ignore[no-u
             ended = now
         time.sleep(0.05)
     t = (ended or change + int(notice * NS)) + NS // 2
+    for x in (a, b):  # the "after" window is what is measured: no tenant runs longer
+        x.stop_at(t + int(WINDOW * NS))
     a.points()
     if a.switched is None:
         raise RuntimeError("drift: the 30 % tenant's kernels did not change")
     change = -(-a.switched // (NS // 10)) * (NS // 10)  # on the load's 100 ms grid
+    opens = max(change - int(WINDOW * NS), fitted + NS // 2)  # the former, as fitted is within the allowance
     return Drift(
-        before=[x.share(change - 5 * NS, change) for x in (a, b)],
+        before=[x.share(opens, change) for x in (a, b)],
         stale=[x.share(change, change + 2 * NS) for x in (a, b)],
         after=[x.share(t, t + int(WINDOW * NS)) for x in (a, b)],
         refit_ms=((began - change) // 1_000_000, (ended - change) // 1_000_000) if began and ended else None,
