@@ -35,7 +35,7 @@ Row = tuple[float, dict[Key, int]]  # a reading's GPU ns, and the threads each s
 FIT_BLOCK = 3  # readings a boost lasts: the first is no row (its budgets changed in it), the other two one
 FIT_SKIP = 1  # a slice's first reading in a fit is no row: its launches run ahead of the GPU
 FIT_EXTRA = 2  # a fit is tried once it has this many rows more than the slices it fits, each boosted in one
-FIT_ROWS = 10  # ... over at most this many of the latest
+FIT_ROWS = 16  # ... over at most this many of the latest
 # ... and ends once every cost's standard error moves its slice's share by at most this many
 # points: a cost off by e moves a share s by about 100 s (1 - s) e points
 FIT_POINTS = 0.25
@@ -234,6 +234,8 @@ class CostSplit:
         if max(moves.values()) <= FIT_POINTS or len(f.rows) == FIT_ROWS:
             self._fitted(f.estimate, errors)
             # what an operator (and a failed test) reads to see how long fitting took and why
+            log.debug("fit rows (ms: threads): %s", " ".join(
+                f"{r[0] / 1e6:.2f}:" + ",".join(str(r[1].get(k, 0)) for k in keys) for r in f.rows))  # fmt: skip
             log.info("costs fitted over %d of %d rows, %d readings (%d full) in %.1f s: %s", used, len(f.rows),
                      f.readings, f.full, f.elapsed_ns / 1e9, " ".join(
                          f"{k[0][:8]}/{k[1]} {c:.4g} ±{errors[k]:.1%}" for k, c in f.estimate.items()))  # fmt: skip

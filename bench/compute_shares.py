@@ -25,10 +25,10 @@ from gpuslice.paths import native_dir
 LOAD = native_dir() / "tools" / "gpuslice-cuda-load"
 WINDOW = 10.0  # seconds
 SETTLE = 2.0  # seconds from the last start before a window opens ...
-SETTLE_PER_SLICE = 4.0  # ... or, where the driver gives each period to one process, once the controller has
+SETTLE_PER_SLICE = 6.0  # ... or, where the driver gives each period to one process, once the controller has
 # fitted the tenants' costs together (docs/compute.md), for which each may take this much: a fit whose
 # rows are noisy (a busy node's late ticks, 10 ms kernels across a reading's edge) ends only at FIT_ROWS
-# rows, FIT_BLOCK readings each: 6 s and its ramp on a driver that samples each 200 ms
+# rows, FIT_BLOCK readings each: 9.6 s and its ramp on a driver that samples each 200 ms
 NS = 1_000_000_000
 
 

@@ -57,11 +57,13 @@ class Node:
 
 
 @pytest.fixture(autouse=True)
-def fit_log(daemon):
-    """Shown with a failure: when each daemon began and ended fitting costs, and why."""
+def fit_log(daemon, monkeypatch):
+    """Shown with a failure: when each daemon began and ended fitting costs, why, and the rows."""
+    monkeypatch.setenv("GPUSLICE_DEBUG", "gpuslice.allocator.cost_split")  # the daemons it starts inherit it
     yield
     for rd in daemon.running:
-        print(f"{rd.dir.name}:", *(ln for ln in rd.log().splitlines() if "fitt" in ln or "drifted" in ln), sep="\n  ")
+        lines = [ln for ln in rd.log().splitlines() if "fitt" in ln or "drifted" in ln or "fit rows" in ln]
+        print(f"{rd.dir.name}:", *lines, sep="\n  ")
 
 
 @pytest.fixture
