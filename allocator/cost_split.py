@@ -233,9 +233,10 @@ class CostSplit:
         moves = {k: wide * 100 * e * min(0.25, (s := shares.get(k, 0.5)) * (1 - s)) for k, e in errors.items()}
         if max(moves.values()) <= FIT_POINTS or len(f.rows) == FIT_ROWS:
             self._fitted(f.estimate, errors)
+            if log.isEnabledFor(logging.DEBUG):  # the rows are joined only for a daemon that logs them
+                log.debug("fit rows (ms: threads): %s", " ".join(
+                    f"{r[0] / 1e6:.2f}:" + ",".join(str(r[1].get(k, 0)) for k in keys) for r in f.rows))  # fmt: skip
             # what an operator (and a failed test) reads to see how long fitting took and why
-            log.debug("fit rows (ms: threads): %s", " ".join(
-                f"{r[0] / 1e6:.2f}:" + ",".join(str(r[1].get(k, 0)) for k in keys) for r in f.rows))  # fmt: skip
             log.info("costs fitted over %d of %d rows, %d readings (%d full) in %.1f s: %s", used, len(f.rows),
                      f.readings, f.full, f.elapsed_ns / 1e9, " ".join(
                          f"{k[0][:8]}/{k[1]} {c:.4g} ±{errors[k]:.1%}" for k, c in f.estimate.items()))  # fmt: skip
