@@ -122,6 +122,15 @@ def test_shares_within_three_points_pass_and_a_loose_one_fails():
     assert "1 s windows 29.0-31.5" in good[0].observed
 
 
+def test_an_elastic_share_given_back_is_judged_by_throughput_and_nvml_is_a_fact():
+    """On an H200 NVML read the lone elastic tenant at 82.8 % while its matmul loop, which
+    synchronizes every 4 products, leaves gaps of its own: its rate against its rate alone decides."""
+    good = ks.given_back_rows("shares", [80.0, 85.0], [95.0, 97.0, 93.0], 100.0)
+    bad = ks.given_back_rows("shares", [99.0, 99.0], [80.0, 85.0], 100.0)
+    assert verdicts(good) == ["INFO", "PASS"] and verdicts(bad) == ["INFO", "FAIL"]
+    assert "per second 93.0-97.0" in good[1].observed
+
+
 def test_cost_is_judged_on_the_fastest_run_of_each_side_interleaved():
     direct = [{"step_ms": 10.0, "launch_ns": 5000.0}, {"step_ms": 10.4, "launch_ns": 5030.0}]
     cheap = [{"step_ms": 10.1, "launch_ns": 5010.0}, {"step_ms": 10.9, "launch_ns": 5400.0}]
