@@ -1,6 +1,6 @@
-"""The H100's recorded NVML answers (tests/data/real-gpu/h100-2026-11-26/trace.json,
-the kit's `trace` step, driver 580.159.04) fed to the daemon's measurement code
-(utilization.Spans) as the daemon would have read them."""
+"""The H100's and H200's recorded NVML answers (tests/data/real-gpu/h100-2026-11-26
+and h200-2026-11-27, trace.json: the kit's `trace` step, driver 580.159.04) fed to
+the daemon's measurement code (utilization.Spans) as the daemon would have read them."""
 
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from gpuslice.allocator.utilization import Sample, Spans
 
 pytestmark = pytest.mark.unit
 
-TRACE = Path(__file__).parents[1] / "data" / "real-gpu" / "h100-2026-11-26" / "trace.json"
+RUNS = Path(__file__).parents[1] / "data" / "real-gpu"
+H100, H200 = "h100-2026-11-26", "h200-2026-11-27"
 
 
-def phase(name: str) -> dict:
-    return next(p for p in json.loads(TRACE.read_text())["phases"] if p["phase"] == name)
+def phase(name: str, run: str = H100) -> dict:
+    trace = RUNS / run / "trace.json"
+    return next(p for p in json.loads(trace.read_text())["phases"] if p["phase"] == name)
 
 
 def replay(p: dict) -> tuple[Spans, dict[int, float], float]:
@@ -34,8 +36,9 @@ def replay(p: dict) -> tuple[Spans, dict[int, float], float]:
     return spans, busy, (seen - start) / 1000
 
 
-def test_the_h100_gives_each_period_to_one_process_and_the_reading_sees_it():
-    spans, busy, window = replay(phase("two tenants back to back, ungated"))
+@pytest.mark.parametrize("run", [H100, H200])
+def test_the_h100_and_h200_give_each_period_to_one_process_and_the_reading_sees_it(run: str) -> None:
+    spans, busy, window = replay(phase("two tenants back to back, ungated", run))
     assert not spans.shared and not spans.interleaved  # Reading.per_process is false: the split applies
     assert 198_000 <= spans.period_us <= 202_000  # one sample per 200 ms period
     assert sum(busy.values()) / window == pytest.approx(0.99, abs=0.03)  # the GPU's use, all of it
@@ -52,8 +55,9 @@ def test_read_per_process_the_hard_30_tenant_vanishes_while_the_gpu_total_is_rig
     assert 0.60 <= low + high <= 0.75  # what the GPU did: the two tenants' own clocks add to 70.4 %
 
 
-def test_alone_each_sample_is_the_process_s_own():
+@pytest.mark.parametrize("run", [H100, H200])
+def test_alone_each_sample_is_the_process_s_own(run: str) -> None:
     for name, duty in (("alone, 25 % duty, 5 ms kernels", 0.25), ("alone, 75 % duty, 5 ms kernels", 0.75)):
-        _, busy, window = replay(phase(name))
+        _, busy, window = replay(phase(name, run))
         (use,) = (b / window for b in busy.values())
         assert use == pytest.approx(duty, abs=0.04), name
