@@ -14,6 +14,7 @@ from tests.harness import REPO
 
 sys.path.insert(0, str(REPO / "tools" / "real-gpu"))
 
+import kit_accounting
 import kit_report
 import kit_steps as ks
 from kit_slices import Outcome, Sample
@@ -242,3 +243,26 @@ def test_the_trace_summary_says_whether_tenants_are_stamped_together_or_each_on_
     alone = kit_trace.summary({**record([]), "pids": [1], "results": [{"busy_fraction": 1.0}]})
     assert alone[0]["stamps_shared"] is None
     assert "of its stamps shared with another tenant's" in kit_trace.rows({**record([130]), "phase": "p"})[0].observed
+
+
+def test_accounting_turns_two_reads_into_each_tenant_s_share_and_says_why_there_is_none(monkeypatch):
+    """NVML accounting, a third view of who ran (run 4: the split gave the 30 % tenant 30.2 %
+    of the time, its throughput said 26.3 %): lifetime percent x time, read at both ends."""
+    assert kit_accounting.shares([1000.0, None, 0.0], [3000.0, 500.0, 9000.0], 10.0) == [20.0, None, 90.0]
+    row = ks.accounted_row("shares", "hard 30 %", 29.96, None)
+    assert row.verdict == "INFO" and row.observed == "30.0 %"
+    assert ks.accounted_row("s", "x", None, "accounting unavailable: Not Supported").observed.endswith("Supported")
+
+    def refuse(*_a):  # type: ignore[no-untyped-def]
+        raise kit_accounting.pynvml.NVMLError(kit_accounting.pynvml.NVML_ERROR_NO_PERMISSION)
+
+    monkeypatch.setattr(kit_accounting.pynvml, "nvmlDeviceGetHandleByUUID", lambda u: u)
+    monkeypatch.setattr(kit_accounting.pynvml, "nvmlDeviceGetAccountingMode", lambda h: 0)
+    monkeypatch.setattr(kit_accounting.pynvml, "nvmlDeviceSetAccountingMode", refuse)
+    with kit_accounting.accounting("GPU-x") as why:
+        assert why is not None and why.startswith("accounting unavailable")
+    turned = []
+    monkeypatch.setattr(kit_accounting.pynvml, "nvmlDeviceSetAccountingMode", lambda h, m: turned.append(m))
+    with kit_accounting.accounting("GPU-x") as why:
+        assert why is None and turned == [kit_accounting.pynvml.NVML_FEATURE_ENABLED]
+    assert turned[-1] == 0  # put back as it was found

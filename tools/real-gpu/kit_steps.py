@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import kit_accounting
 import kit_trace
 from kit_report import Row, StepResult, check, skipped
 from kit_slices import RECLAIM_S, Gate, Outcome, Probe, ProbeError, Sample, run_probe, wait_released, without_interposer
@@ -135,6 +136,12 @@ def given_back_rows(step: str, nvml: list[float], rates: list[float], alone: flo
               f"{statistics.fmean(thr):.1f} % (per second {min(thr):.1f}-{max(thr):.1f})",
               statistics.fmean(thr) >= 90),
     ]  # fmt: skip
+
+
+def accounted_row(step: str, label: str, share: float | None, why: str | None) -> Row:
+    """A tenant's GPU time over the judged seconds by NVML's accounting (kit_accounting): a fact."""
+    observed = f"{share:.1f} %" if share is not None else (why or "no accounting stats for its process")
+    return check(step, f"{label}: NVML accounting", "a fact: its GPU time by the driver's count", observed, None)
 
 
 def share_rows(step: str, label: str, target: float, windows: list[float], rates: list[float], alone: float,
@@ -495,9 +502,12 @@ class Pair:
     per_second: list[list[int]]  # each tenant's products per second, from its start
     given: slice | None = None  # the seconds judged once the first tenant idles
     after: list[list[float]] = field(default_factory=list)
+    accounted: list[float | None] = field(default_factory=list)  # each one's % over the span, NVML accounting
+    accounting: str | None = None  # why there is none
 
     def facts(self) -> dict:
-        return {"busy": self.busy, "after_idle": self.after, "per_second": self.per_second, "fitted_s": self.fit_s}
+        return {"busy": self.busy, "after_idle": self.after, "per_second": self.per_second, "fitted_s": self.fit_s,
+                "accounted": self.accounted, "accounting": self.accounting}  # fmt: skip
 
 
 def _pair(kit: Kit, targets: tuple[int, ...], policy: str, idle_first: bool = False) -> Pair:
@@ -506,6 +516,7 @@ def _pair(kit: Kit, targets: tuple[int, ...], policy: str, idle_first: bool = Fa
     seconds = 36.0 if idle_first else FIT_WAIT + 23.0
     idle = [IDLE_AT if idle_first and i == 0 else 0.0 for i in range(len(targets))]
     with contextlib.ExitStack() as stack:
+        unaccounted = stack.enter_context(kit_accounting.accounting(kit.gpu.uuid))  # before the tenants start
         boxes = [stack.enter_context(slice_box(kit.client, kit.gpu, kit.layout, {**_hard(t), request.POLICY: policy}))
                  for t in targets]  # fmt: skip
         probes, pids = _tenants(kit, boxes, seconds, idle)
@@ -517,14 +528,21 @@ def _pair(kit: Kit, targets: tuple[int, ...], policy: str, idle_first: bool = Fa
             fit_s = (settled / 1e9 - started) if settled is not None else None
             first = max(3, math.ceil((fit_s if fit_s is not None else FIT_WAIT) + 1))
             span = slice(first, int(IDLE_AT) - 1 if idle_first else first + 20)
+            time.sleep(max(0.0, started + span.start - time.monotonic()))
+            before, at = kit_accounting.gpu_ms(kit.gpu.uuid, pids), time.monotonic()
             busy = _windows(kit.gpu.uuid, pids, span.start, span.stop, started)
+            accounted = kit_accounting.shares(before, kit_accounting.gpu_ms(kit.gpu.uuid, pids), time.monotonic() - at)
             given = slice(int(IDLE_AT) + 2, int(IDLE_AT) + 12) if idle_first else None
             after = _windows(kit.gpu.uuid, pids, given.start, given.stop, started) if given else []
             results = [p.message(time.monotonic() + 60)["result"]["per_second"] for p in probes]
         finally:
             for p in probes:
                 p.kill()
-    return Pair(fit_s, span, busy, results, given, after)
+    return Pair(fit_s, span, busy, results, given, after, accounted, unaccounted)
+
+
+def _at(values: list[float | None], i: int) -> float | None:
+    return values[i] if i < len(values) else None
 
 
 def _alone(kit: Kit) -> float:
@@ -550,6 +568,7 @@ def shares(kit: Kit) -> StepResult:
             for i, target in enumerate((30, 70)):
                 rows += share_rows(step, f"{policy} {target} %", target, [w[i] for w in pair.busy],
                                    pair.per_second[i][pair.span], alone)  # fmt: skip
+                rows.append(accounted_row(step, f"{policy} {target} %", _at(pair.accounted, i), pair.accounting))
             if pair.given:
                 rows += given_back_rows(step, [w[1] for w in pair.after], pair.per_second[1][pair.given], alone)
     except FAILURES as e:
@@ -577,6 +596,7 @@ def share_bias(kit: Kit) -> StepResult:
             for i, target in enumerate(targets):
                 rows += share_rows(step, f"{label}: #{i + 1}, {target} %", target, [w[i] for w in pair.busy],
                                    pair.per_second[i][pair.span], alone, points)  # fmt: skip
+                rows.append(accounted_row(step, f"{label}: #{i + 1}", _at(pair.accounted, i), pair.accounting))
     except FAILURES as e:
         failed, more = _failed(step, "two tenants' shares, order and equal", "run in slices", e)
         rows += failed
