@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+import kit_accounting
 import pynvml
 from kit_report import Row, check
 from kit_slices import Probe, without_interposer
@@ -100,6 +101,7 @@ class Sampler:
 def run_phase(kit, phase: Phase, seconds: float) -> dict:  # type: ignore[no-untyped-def]
     """One phase: its tenants in boxes (slices when gated), started together, sampled throughout."""
     with contextlib.ExitStack() as stack:
+        unaccounted = stack.enter_context(kit_accounting.accounting(kit.gpu.uuid))  # before its tenants start
         probes = []
         for i, duty in enumerate(phase.duties):
             ask = {request.MEMORY: str(2 << 30)}
@@ -113,6 +115,8 @@ def run_phase(kit, phase: Phase, seconds: float) -> dict:  # type: ignore[no-unt
             probes.append(probe)
         ready = [p.message(time.monotonic() + p.timeout) for p in probes]
         sampler = Sampler(kit.gpu.uuid)
+        pids = [p.pid for p in probes]
+        before, at = kit_accounting.gpu_ms(kit.gpu.uuid, pids), time.monotonic()
         started_us = _now_us()
         sampler.start()
         for p in probes:
@@ -120,6 +124,8 @@ def run_phase(kit, phase: Phase, seconds: float) -> dict:  # type: ignore[no-unt
         for p in probes:
             p.message(time.monotonic() + seconds + 60)  # each holds once done, alive
         polls = sampler.stop()
+        # the driver's own count of each one's GPU time: whether it tells time-sliced tenants apart
+        accounted = kit_accounting.shares(before, kit_accounting.gpu_ms(kit.gpu.uuid, pids), time.monotonic() - at)
         time.sleep(2 * POLL_S)  # the driver's last sample period closes
         whole = sampler.poll(started_us)  # the driver's whole record since the phase began
         for p in probes:
@@ -128,7 +134,7 @@ def run_phase(kit, phase: Phase, seconds: float) -> dict:  # type: ignore[no-unt
     return {"phase": phase.name, "kernel_us": phase.kernel_us, "duties": list(phase.duties),
             "cores": list(phase.cores), "started_us": started_us, "seconds": seconds,
             "pids": [p.pid for p in probes], "ready": ready, "results": results, "polls": polls,
-            "whole": whole}  # fmt: skip
+            "whole": whole, "accounted": accounted, "accounting": unaccounted}  # fmt: skip
 
 
 def summary(record: dict) -> list[dict]:
@@ -136,7 +142,8 @@ def summary(record: dict) -> list[dict]:
     out = []
     seen = {(p, ts): sm for poll in record["polls"] for p, ts, sm, _ in poll.get("samples", [])}
     seen.update({(p, ts): sm for p, ts, sm, _ in record["whole"].get("samples", [])})  # polled or in the record
-    for pid, result in zip(record["pids"], record["results"], strict=True):
+    accounted = record.get("accounted") or [None] * len(record["pids"])  # traces from before run 4 have none
+    for pid, result, acct in zip(record["pids"], record["results"], accounted, strict=True):
         mine = sorted((ts, sm) for (p, ts), sm in seen.items() if p == pid)
         stamps = [ts for ts, _ in mine]
         gaps = [(b - a) / 1000 for a, b in itertools.pairwise(stamps)]
@@ -148,6 +155,7 @@ def summary(record: dict) -> list[dict]:
                 "sample_gap_ms": round(statistics.median(gaps), 1) if gaps else None,
                 "sm_mean": round(statistics.fmean(sm for _, sm in mine), 1) if mine else None,
                 "sm_zero": sum(sm == 0 for _, sm in mine),
+                "accounted_percent": round(acct, 1) if acct is not None else None,
             }
         )
     not_found = sum(p.get("error") == "NVMLError_NotFound" for p in record["polls"])
@@ -169,5 +177,7 @@ def rows(record: dict) -> list[Row]:
                          f"{t['sample_gap_ms']} ms, smUtil mean {t['sm_mean']} ({t['sm_zero']} at 0); "
                          f"{t['not_found']} of {t['polls']} polls NOT_FOUND"
                          + (f"; {t['stamps_shared']} of its stamps shared with another tenant's"
-                            if t["stamps_shared"] is not None else ""), None))  # fmt: skip
+                            if t["stamps_shared"] is not None else "")
+                         + (f"; NVML accounting {t['accounted_percent']} %"
+                            if t["accounted_percent"] is not None else ""), None))  # fmt: skip
     return got
