@@ -25,7 +25,12 @@ DECL = {
 # nvidia-smi asks NVML for nvmlInternalGetExportTable and fails ("Function Not Found")
 # against a library that lacks it (public reports on NVML shims: CFSworks/nvml_fix #2,
 # cuda_hook #8, #15)
-INTERNAL = {"nvml.h": ["nvmlInternalGetExportTable"]}
+# ... and the names an older nvml.h declared that driver 580's library still exports (an H200's
+# kit run listed these two as the driver's and not the interposer's: nvidia-smi of a release
+# that still calls them would get "Function Not Found" in a slice)
+INTERNAL = {
+    "nvml.h": ["nvmlInternalGetExportTable", "nvmlGetBlacklistDeviceCount", "nvmlGetBlacklistDeviceInfoByIndex"]
+}
 VARIANTS = {
     "cuda.h": [[], ["-DCUDA_API_PER_THREAD_DEFAULT_STREAM"], ["-D__CUDA_API_VERSION_INTERNAL"]],
     "nvml.h": [[], ["-DNVML_NO_UNVERSIONED_FUNC_DEFS"]],
