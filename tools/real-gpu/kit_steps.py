@@ -545,11 +545,24 @@ def _at(values: list[float | None], i: int) -> float | None:
     return values[i] if i < len(values) else None
 
 
-def _alone(kit: Kit) -> float:
-    """A matmul tenant's products per second alone on the GPU, in a memory-only slice."""
+def _alone(kit: Kit) -> tuple[float, float]:
+    """A matmul tenant alone on the GPU, in a memory-only slice: its products per second, and
+    how busy NVML saw the GPU meanwhile (its loop's synchronizations leave gaps: with it, what a
+    pair did per busy second tells a tenant slowed while time-sliced from a split that is off)."""
     with slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(4 * GiB)}) as box:
-        out = run_probe(kit.client, box, kit.gpu.uuid, "matmul_loop.py", ["6"], box.env, kit.timeout(120))
-    return statistics.fmean(out.result["per_second"][1:-1])
+        probes, pids = _tenants(kit, [box], 6.0, [0.0])
+        started = time.monotonic()
+        try:
+            busy = _windows(kit.gpu.uuid, pids, 1, 5, started)
+            per_second = probes[0].message(time.monotonic() + 60)["result"]["per_second"]
+        finally:
+            probes[0].kill()
+    return statistics.fmean(per_second[1:-1]), statistics.fmean(w[0] for w in busy)
+
+
+def _alone_row(step: str, rate: float, busy: float) -> Row:
+    return check(step, "a matmul tenant alone", "a fact: its rate, and the GPU's use by NVML",
+                 f"{rate:.1f} products/s; NVML {busy:.1f} %", None)  # fmt: skip
 
 
 def _fit_row(step: str, label: str, pair: Pair) -> Row:
@@ -560,7 +573,9 @@ def _fit_row(step: str, label: str, pair: Pair) -> Row:
 def shares(kit: Kit) -> StepResult:
     step, facts, rows = "shares", {}, []
     try:
-        alone = facts["alone_per_s"] = _alone(kit)
+        alone, facts["alone_busy"] = _alone(kit)
+        facts["alone_per_s"] = alone
+        rows.append(_alone_row(step, alone, facts["alone_busy"]))
         for policy in ("hard", "elastic"):
             pair = _pair(kit, (30, 70), policy, idle_first=policy == "elastic")
             facts[policy] = pair.facts()
@@ -586,7 +601,9 @@ def share_bias(kit: Kit) -> StepResult:
     tenants at 10/20/30/40 are held to 2 points (issue 46)."""
     step, facts, rows = "share-bias", {}, []
     try:
-        alone = facts["alone_per_s"] = _alone(kit)
+        alone, facts["alone_busy"] = _alone(kit)
+        facts["alone_per_s"] = alone
+        rows.append(_alone_row(step, alone, facts["alone_busy"]))
         for targets in ((70, 30), (50, 50), (10, 20, 30, 40)):
             label = f"hard {'/'.join(map(str, targets))}, in that order"
             pair = _pair(kit, targets, "hard")
