@@ -396,40 +396,49 @@ def transformers(kit: Kit) -> StepResult:
             accounting_row(step, label, warm, kit.reserve),
         ]  # fmt: skip
 
-    def direct_run() -> dict:  # the same generate on the driver directly, in a box of its own
+    def run(interposed: bool) -> dict:  # the same generate in a box of its own, through gpuslice or not
         with slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(kit.limit)}) as box:
-            argv, env = [str(kit.limit), str(new)], without_interposer(box.env)
+            argv, env = [str(kit.limit), str(new)], box.env if interposed else without_interposer(box.env)
             return run_probe(kit.client, box, kit.gpu.uuid, "transformers_generate.py", argv, env, kit.timeout(300),
-                             reclaim=False).result  # fmt: skip
+                             reclaim=interposed).result  # fmt: skip
 
     # a machine's first generate reads the libraries and kernels from disk: whichever runs first pays
     # it (an H200's first kit call: x1.40 with the slice's run first, x1.07 in a later call), so
-    # one run without gpuslice, not compared, goes before the two that are
+    # one run without gpuslice, not compared, goes before those that are
     try:
-        first: float | str = direct_run()["seconds"]
-    except FAILURES as e:  # the two compared still run, and say what fails
+        first: float | str = run(False)["seconds"]
+    except FAILURES as e:  # the compared ones still run, and say what fails
         first = _why(e)
     rows, facts = memory_case(kit, step, label, "transformers_generate.py", [str(new)], {}, judge)
-    in_slice = facts.get("result", {}).get("seconds")
+    # then each side in turn, the fastest of each compared: the same generate without gpuslice took
+    # 3.57 s in one call and 4.30 s in the next on the H200, so one run a side decides nothing
+    in_slice = [t for t in [facts.get("result", {}).get("seconds")] if t is not None]
+    direct: list[float] = []
     try:
-        result = direct_run()
+        result = run(False)
+        direct.append(result["seconds"])
+        in_slice.append(run(True)["seconds"])
+        direct.append(run(False)["seconds"])
     except FAILURES as e:
         failed, more = _failed(step, f"{label}: without gpuslice", "runs", e)
         return StepResult(step, rows + failed, 0, {**facts, **more})
-    direct = result["seconds"]
-    facts["direct_seconds"], facts["direct"], facts["first_seconds"] = direct, result, first
-    rows.append(check(step, f"{label}: the machine's first", "a fact: without gpuslice, before the two compared",
+    facts["direct_seconds"], facts["in_slice_seconds"], facts["direct"] = direct, in_slice, result
+    facts["first_seconds"] = first
+    rows.append(check(step, f"{label}: the machine's first", "a fact: without gpuslice, before those compared",
                       f"{first:.2f} s" if isinstance(first, float) else str(first), None))  # fmt: skip
     rows.append(generate_time_row(step, label, in_slice, direct))
     rows.append(generate_paths_row(step, label, facts.get("result", {}), result))
     return StepResult(step, rows, 0, facts)
 
 
-def generate_time_row(step: str, label: str, in_slice: float | None, direct: float) -> Row:
-    observed = f"{in_slice:.2f} s in the slice, {direct:.2f} s without: x{in_slice / direct:.2f}" if in_slice else (
-        f"no time in the slice; {direct:.2f} s without")  # fmt: skip
-    return check(step, f"{label}: time", "≤ 1.1 x its time without gpuslice", observed,
-                 in_slice is not None and in_slice <= 1.1 * direct)  # fmt: skip
+def generate_time_row(step: str, label: str, in_slice: list[float], direct: list[float]) -> Row:
+    """The fastest generate in a slice against the fastest without gpuslice, each run listed."""
+    runs = f" (runs {', '.join(f'{t:.2f}' for t in in_slice)} against {', '.join(f'{t:.2f}' for t in direct)})"
+    best = min(direct)
+    observed = (f"{min(in_slice):.2f} s in the slice, {best:.2f} s without: x{min(in_slice) / best:.2f}{runs}"
+                if in_slice else f"no time in the slice; {best:.2f} s without")  # fmt: skip
+    return check(step, f"{label}: time", "≤ 1.1 x its time without gpuslice (the fastest of each)", observed,
+                 bool(in_slice) and min(in_slice) <= 1.1 * best)  # fmt: skip
 
 
 def generate_paths_row(step: str, label: str, in_slice: dict, direct: dict) -> Row:
@@ -675,7 +684,7 @@ STEPS = (
     Step("cupy", 60, cupy, False, ("cupy",)),
     Step("jax", 90, jax, False, ("jax",)),
     Step("nccl", 60, nccl, False, ("torch",)),
-    Step("transformers", 110, transformers, False, ("torch", "transformers")),
+    Step("transformers", 130, transformers, False, ("torch", "transformers")),
     Step("cuda-graph", 45, cuda_graph, False, ("torch",)),
     Step("trace", 150, trace, True, ("cuda.bindings", "pynvml")),
     Step("shares", 150, shares, False, ("torch",)),
