@@ -269,3 +269,89 @@ def test_accounting_turns_two_reads_into_each_tenant_s_share_and_says_why_there_
     with kit_accounting.accounting("GPU-x") as why:
         assert why is None and turned == [kit_accounting.pynvml.NVML_FEATURE_ENABLED]
     assert turned[-1] == 0  # put back as it was found
+
+
+def test_the_share_steps_run_their_tenants_and_judge_each_after_the_fit(monkeypatch):
+    """The shares and share-bias steps need PyTorch, so they run only on a real GPU: their
+    whole path runs here on stand-ins (slices, tenants, NVML), so a GPU minute is not what
+    finds a slip. Tenants do their share of an alone rate of 100 products a second."""
+    import contextlib
+
+    made: list[tuple[str, str]] = []
+
+    @contextlib.contextmanager
+    def box(client, gpu, layout, ask):  # type: ignore[no-untyped-def]
+        made.append((ask.get(ks.request.CORES, "-"), ask.get(ks.request.POLICY, "-")))
+        yield type("B", (), {"name": f"box{len(made)}", "env": {}})()
+
+    class Tenant:  # its share, none once it idles, 95 % once another's idling lends it the GPU
+        def __init__(self, share: float, idle_at: float, lent_at: float) -> None:
+            rate = [100 * share, 0.0 if idle_at else 100 * share, 95.0 if lent_at else 100 * share]
+            self.rates = [0] + [round(rate[0 if t < (idle_at or lent_at or 99) else 1 if idle_at else 2])
+                                for t in range(1, 45)]  # fmt: skip
+
+        def message(self, deadline):  # type: ignore[no-untyped-def]
+            return {"result": {"per_second": self.rates}}
+
+        def kill(self) -> None:
+            pass
+
+    def tenants(kit, boxes, seconds, idle):  # type: ignore[no-untyped-def]
+        cores = [made[-len(boxes) + i][0] for i in range(len(boxes))]
+        shares = [1.0 if c == "-" else int(c) / 100 for c in cores]
+        lent = max(idle)
+        tenants = [Tenant(s, i, 0.0 if i else lent) for s, i in zip(shares, idle, strict=True)]
+        return tenants, list(range(100, 100 + len(boxes)))
+
+    clock = [1000.0]
+    monkeypatch.setattr(ks, "slice_box", box)
+    monkeypatch.setattr(ks, "_tenants", tenants)
+    monkeypatch.setattr(ks, "_windows", lambda uuid, pids, first, last, started: [[50.0] * len(pids)] * (last - first))
+    monkeypatch.setattr(ks.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(ks.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(kit_accounting, "accounting", lambda uuid: contextlib.nullcontext("accounting unavailable"))
+    monkeypatch.setattr(kit_accounting, "gpu_ms", lambda uuid, pids: [None] * len(pids))
+    client = type("C", (), {"compute_settled": lambda self, names, wait: int((clock[0] + 4.2) * 1e9)})()
+    kit = type("K", (), {"client": client, "gpu": type("G", (), {"uuid": "GPU-x"})(), "layout": None})()
+    for step in (ks.shares, ks.share_bias):
+        made.clear()
+        result = step(kit)  # type: ignore[arg-type]
+        bad = [r for r in result.rows if r.verdict == "FAIL"]
+        assert not bad, bad
+        assert any("fit of their costs" in r.name and r.observed == "4.2 s" for r in result.rows)
+        assert any(r.name.endswith("NVML accounting") and r.observed == "accounting unavailable" for r in result.rows)
+    assert made == [("-", "-"), ("70", "hard"), ("30", "hard"), ("50", "hard"), ("50", "hard"),
+                    ("10", "hard"), ("20", "hard"), ("30", "hard"), ("40", "hard")]  # fmt: skip
+
+
+def test_the_generate_is_timed_after_the_machine_s_first_the_fastest_of_each_side(monkeypatch):
+    """The machine's first generate (without gpuslice) is not compared; then the slice's memory
+    case, and one more run a side in turn: the fastest of each decides (run 4's call 1 read
+    x1.40 with the slice's run first on a fresh machine, x1.07 in a later call)."""
+    import contextlib
+
+    order: list[str] = []
+    times = iter([9.0, 4.3, 3.9, 4.0])  # the first, without, in the slice, without
+
+    @contextlib.contextmanager
+    def box(client, gpu, layout, ask):  # type: ignore[no-untyped-def]
+        yield type("B", (), {"name": "b", "env": {"LD_LIBRARY_PATH": "/wrap"}})()
+
+    def probe(client, b, uuid, script, argv, env, timeout, reclaim=True):  # type: ignore[no-untyped-def]
+        order.append("slice" if reclaim else "without")
+        return Outcome({"seconds": next(times)})
+
+    def case(kit, step, label, script, args, env, judge=None):  # type: ignore[no-untyped-def]
+        order.append("memory case")
+        return [], {"result": {"seconds": 5.0}}
+
+    monkeypatch.setattr(ks, "slice_box", box)
+    monkeypatch.setattr(ks, "run_probe", probe)
+    monkeypatch.setattr(ks, "memory_case", case)
+    kit = type("K", (), {"limit": 4 << 30, "client": None, "gpu": type("G", (), {"uuid": "GPU-x"})(),
+                         "layout": None, "timeout": lambda self, s: s})()  # fmt: skip
+    result = ks.transformers(kit)  # type: ignore[arg-type]
+    assert order == ["without", "memory case", "without", "slice", "without"]
+    first, timed = (r for r in result.rows if r.name.endswith(("machine's first", ": time")))
+    assert first.observed == "9.00 s" and timed.verdict == "PASS"
+    assert timed.observed.startswith("3.90 s in the slice, 4.00 s without: x0.97 (runs 5.00, 3.90 against 4.30, 4.00)")
