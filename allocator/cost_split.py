@@ -24,6 +24,7 @@ cost off by the same factor for every slice changes nothing."""
 from __future__ import annotations
 
 import logging
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -62,7 +63,8 @@ DRIFT_BASELINE = 2  # stretches that make the baseline (a load may read unlike i
 DRIFT_SETTLE_NS = 1_000_000_000  # ... after this much time: the first readings after a fit still settle
 DRIFT_HOLD_NS = 10_000_000_000  # a fit for drift after one for drift: at least this much watched time on, ...
 DRIFT_HOLD_MAX_NS = 320_000_000_000  # ... doubled, up to this, by each one that found the costs
-DRIFT_SAME = 0.15  # ... it had (each within this): a load that reads unlike its fit, not a change
+DRIFT_SAME = 0.1  # ... it had (each within this, all scaled alike: only the costs' ratios split the
+# GPU; a GPU whose clocks moved scales them all): a load that reads unlike its fit, not a change
 DRIFT_SIGMAS = 2  # a stretch is off only by more than its launches' costs' standard errors allow, this many times
 
 
@@ -252,7 +254,7 @@ class CostSplit:
 
     def _fitted(self, estimate: dict[Key, float], errors: dict[Key, float]) -> None:
         if self.before is not None:  # a fit for drift: did it find other costs?
-            same = all(abs(c / self.before[k] - 1) <= DRIFT_SAME for k, c in estimate.items() if k in self.before)
+            same = _same(self.before, estimate)
             self.hold_ns = min(DRIFT_HOLD_MAX_NS, 2 * self.hold_ns) if same else DRIFT_HOLD_NS
             self.before = None
             self.after_drift = True
@@ -316,6 +318,15 @@ class CostSplit:
         log.debug("split %.1f ms: %s", total_ns / 1e6, " ".join(
             f"{k[0][:8]}/{k[1]} threads {t} cost {self.cost(k) or 0.0:.4g}{' fitting' if self.fit else ''}"
             f" {out[k] / 1e6:.1f} ms" for k, t in threads.items()))  # fmt: skip
+
+
+def _same(before: dict[Key, float], after: dict[Key, float]) -> bool:
+    """Whether a fit found the costs it had, all scaled alike (the split is the same)."""
+    ratios = [c / before[k] for k, c in after.items() if before.get(k, 0) > 0]
+    if not ratios:
+        return False
+    scale = statistics.median(ratios)
+    return all(abs(r / scale - 1) <= DRIFT_SAME for r in ratios)
 
 
 # Student's t at one standard error's coverage (84.1 %), by degrees of freedom: how much wider a
