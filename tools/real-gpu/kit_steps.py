@@ -686,7 +686,7 @@ STEPS = (
     Step("nccl", 60, nccl, False, ("torch",)),
     Step("transformers", 130, transformers, False, ("torch", "transformers")),
     Step("cuda-graph", 45, cuda_graph, False, ("torch",)),
-    Step("trace", 150, trace, True, ("cuda.bindings", "pynvml")),
+    Step("trace", 175, trace, True, ("cuda.bindings", "pynvml")),
     Step("shares", 150, shares, False, ("torch",)),
     Step("share-bias", 160, share_bias, False, ("torch",)),
     Step("cost", 120, cost, False, ("torch",)),

@@ -39,6 +39,10 @@ class Phase:
 
 PHASES = (
     Phase("alone, back to back, 5 ms kernels", 5000, (1.0,)),
+    # 50 us kernels at 25 / 50 / 75 % duty read a fifth below their own clock on the H100 and the
+    # H200: whether short kernels back to back read low too (what a tenant of them is charged)
+    Phase("alone, back to back, 50 us kernels", 50, (1.0,)),
+    Phase("alone, back to back, 10 us kernels", 10, (1.0,)),
     *(Phase(f"alone, {int(d * 100)} % duty, {label} kernels", us, (d,))
       for us, label in ((50, "50 us"), (5000, "5 ms")) for d in (0.25, 0.5, 0.75)),
     Phase("two tenants back to back, ungated", 5000, (1.0, 1.0)),
