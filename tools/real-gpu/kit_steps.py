@@ -651,7 +651,7 @@ def trace(kit: Kit) -> StepResult:
     """The driver's raw per-process samples under known loads (kit_trace.py), kept as trace.json."""
     step, seconds = "trace", 1.5 if kit.sim else 6.0
     phases, rows = [], []
-    for phase in kit_trace.PHASES:
+    for phase in (p for p in kit_trace.PHASES if not kit.sim or p.name in kit_trace.ON_SIM):
         try:
             record = kit_trace.run_phase(kit, phase, seconds)
         except FAILURES as e:
