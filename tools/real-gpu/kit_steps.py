@@ -512,7 +512,7 @@ class Pair:
     given: slice | None = None  # the seconds judged once the first tenant idles
     after: list[list[float]] = field(default_factory=list)
     accounted: list[float | None] = field(default_factory=list)  # each one's % over the span, NVML accounting
-    accounting: str | None = None  # why there is none
+    accounting: str | None = None  # why it has none
 
     def facts(self) -> dict:
         return {"busy": self.busy, "after_idle": self.after, "per_second": self.per_second, "fitted_s": self.fit_s,
@@ -548,10 +548,6 @@ def _pair(kit: Kit, targets: tuple[int, ...], policy: str, idle_first: bool = Fa
             for p in probes:
                 p.kill()
     return Pair(fit_s, span, busy, results, given, after, accounted, unaccounted)
-
-
-def _at(values: list[float | None], i: int) -> float | None:
-    return values[i] if i < len(values) else None
 
 
 def _alone(kit: Kit) -> tuple[float, float]:
@@ -592,7 +588,7 @@ def shares(kit: Kit) -> StepResult:
             for i, target in enumerate((30, 70)):
                 rows += share_rows(step, f"{policy} {target} %", target, [w[i] for w in pair.busy],
                                    pair.per_second[i][pair.span], alone)  # fmt: skip
-                rows.append(accounted_row(step, f"{policy} {target} %", _at(pair.accounted, i), pair.accounting))
+                rows.append(accounted_row(step, f"{policy} {target} %", pair.accounted[i], pair.accounting))
             if pair.given:
                 rows += given_back_rows(step, [w[1] for w in pair.after], pair.per_second[1][pair.given], alone)
     except FAILURES as e:
@@ -622,7 +618,7 @@ def share_bias(kit: Kit) -> StepResult:
             for i, target in enumerate(targets):
                 rows += share_rows(step, f"{label}: #{i + 1}, {target} %", target, [w[i] for w in pair.busy],
                                    pair.per_second[i][pair.span], alone, points)  # fmt: skip
-                rows.append(accounted_row(step, f"{label}: #{i + 1}", _at(pair.accounted, i), pair.accounting))
+                rows.append(accounted_row(step, f"{label}: #{i + 1}", pair.accounted[i], pair.accounting))
     except FAILURES as e:
         failed, more = _failed(step, "two tenants' shares, order and equal", "run in slices", e)
         rows += failed
@@ -651,7 +647,7 @@ def trace(kit: Kit) -> StepResult:
     """The driver's raw per-process samples under known loads (kit_trace.py), kept as trace.json."""
     step, seconds = "trace", 1.5 if kit.sim else 6.0
     phases, rows = [], []
-    for phase in (p for p in kit_trace.PHASES if not kit.sim or p.name in kit_trace.ON_SIM):
+    for phase in (p for p in kit_trace.PHASES if not kit.sim or p.on_sim):
         try:
             record = kit_trace.run_phase(kit, phase, seconds)
         except FAILURES as e:
