@@ -80,6 +80,30 @@ def test_costs_are_fitted_together_from_readings_in_which_one_slice_at_a_time_la
     )
 
 
+def test_a_slice_boosted_in_one_row_that_read_high_is_not_fitted_from_it_alone():
+    """Four slices of one kernel at hard 10 / 20 / 30 / 40 (a fresh clone's CI): the
+    fourth's first boost read 4 % more than was launched, a transient. A cost fixed by
+    that one row leaves it no residual, so the fit saw no error and ended with it 4 %
+    high (38.5 % of 40); a fit of few slices waits for a second boost of each."""
+    D = ("d", 0)
+    share = {A: 0.1, B: 0.2, C: 0.3, D: 0.4}
+    split = CostSplit()
+    threads = {k: round(s * WINDOW / 1.0) for k, s in share.items()}
+    high = 0  # readings of D's first boost
+    for _ in range(120):
+        total = float(sum(threads.values()))  # the kernel costs 1 ns a thread in every slice
+        boost = split.fit is not None and (split.learning(D) or (0, 0))[1] > 0
+        if boost and high < FIT_BLOCK:
+            high += 1
+            total *= 1.04
+        split.split(total, threads, WINDOW, share)
+        if split.fit is None:
+            break
+        threads = budgets(split, share, {k: 1.0 for k in share})
+    assert split.fit is None and high == FIT_BLOCK
+    assert split.costs[D] / split.costs[A] == pytest.approx(1.0, abs=0.01)
+
+
 def test_while_a_fit_runs_the_gpu_is_not_full_and_each_slice_gets_its_boost_in_turn():
     split = CostSplit()
     split.split(100.0, {A: 10, B: 10}, WINDOW)
