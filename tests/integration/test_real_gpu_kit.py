@@ -42,7 +42,7 @@ def rows_of(report: dict, step: str) -> dict[str, dict]:
     return {r["name"]: r for r in report["rows"] if r["step"] == step}
 
 
-@pytest.mark.measure  # the selftest inside measures shares over seconds
+@pytest.mark.measure  # the trace step measures seconds of load
 def test_the_kit_on_the_simulator_passes_its_driver_steps_and_skips_the_frameworks_with_the_reason(kit_dirs):
     rc, out, report = kit(kit_dirs)
     assert rc == 0, out
@@ -51,7 +51,9 @@ def test_the_kit_on_the_simulator_passes_its_driver_steps_and_skips_the_framewor
     config = (kit_dirs["work"] / "daemon.yaml").read_text()
     assert f"context_reserve: {300 << 20}" in config  # ... and charged by the daemon per context
     selftest = rows_of(report, "selftest")
-    assert selftest["GPU 0 mem to the limit"]["verdict"] == selftest["GPU 0 hard share 70 %"]["verdict"] == "PASS"
+    for name in ("mem to the limit", "SIGKILL gives memory back"):
+        assert selftest[f"GPU 0 {name}"]["verdict"] == "PASS", name
+    assert not any("share" in name for name in selftest)  # on the simulator: test_selftest.py's
     assert all(r["verdict"] in ("PASS", "INFO") for r in selftest.values())
     api = rows_of(report, "driver-api")
     for path in ("cuMemAlloc", "cuMemCreate (VMM)"):

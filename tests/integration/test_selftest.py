@@ -57,14 +57,14 @@ def test_every_check_runs_and_passes_on_a_right_node(daemon, tmp_path):
     assert d.client().list() == []  # every temporary slice released
 
 
+# what an H100 with driver 580 answered (tests/data/real-gpu/h100-2026-11-26), one sample per 200 ms
+# period, the GPU's use, to the process that ran most in it, is the simulator's default, on which
+# test_every_check_runs_and_passes_on_a_right_node measures both GPUs' shares (the selftest read by
+# NVML gave 0.0 / 69.6 % on it, as the H100 gave 6.6 / 27.1 % and the H200 16.2 / 42.0 %)
 DRIVERS = {
     # each process sampled on its own clock, 170 ms periods, no sample for a period under 1 %:
     # the reading before 36a7ce4 read 20.2 / 29.8 % on it
     "own-clocks": {"util_sample_time": "170ms", "util_stamps": "per_process", "util_zero_samples": "false"},
-    # what an H100 with driver 580 answered (tests/data/real-gpu/h100-2026-11-26): one sample per
-    # 200 ms period, the GPU's use, to the process that ran most in it; the selftest read by NVML
-    # gave 0.0 / 69.6 % on it, as the H100 gave 6.6 / 27.1 % (and the H200 16.2 / 42.0 %)
-    "h100": {"util_sample_time": "200ms", "util_stamps": "busiest", "util_zero_samples": "false"},
 }
 
 
