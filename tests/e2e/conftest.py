@@ -11,7 +11,6 @@ import importlib.util
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,10 +103,10 @@ def _start_rootfs(out) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
-def builds(request: pytest.FixtureRequest) -> Builds:
+def builds(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Builds:
     items = request.session.items
     wanted = {n for item in items for n in ("image", "rootfs") if n in getattr(item, "fixturenames", ())}
-    return Builds(wanted, Path(tempfile.mkdtemp(prefix="gpuslice-e2e-builds-")))
+    return Builds(wanted, tmp_path_factory.mktemp("builds"))
 
 
 @pytest.fixture(scope="session")
