@@ -44,13 +44,16 @@ class Build:
     log: Path
     done: str | None = None  # what it made, once waited for
 
+    def finish(self) -> None:
+        try:
+            self.proc.wait(timeout=BUILD_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
     def wait(self) -> str:
         if self.done is None:
-            try:
-                self.proc.wait(timeout=BUILD_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            self.finish()
             out = self.log.read_text()
             assert self.proc.returncode == 0, out[-3000:]
             self.done = out.strip().splitlines()[-1] if out.strip() else ""
@@ -69,8 +72,8 @@ class Builds:
         for n in sorted(self.wanted | {name}):
             if n not in self.running:
                 self.running[n] = self._start(n)
-        for b in self.running.values():  # the first use waits for every build: no test runs beside one
-            b.wait()
+        for b in self.running.values():  # the first use waits for every build (a failed one fails its
+            b.finish()  # own tests): no test runs beside one
         return self.running[name].wait()
 
     def _start(self, name: str) -> Build:
