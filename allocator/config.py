@@ -34,6 +34,8 @@ SCHEMA = {
         "compute_period": {"type": "number", "minimum": 0.01, "maximum": 5},
         "driver_memory_period": {"type": "number", "minimum": 0.05, "maximum": 60},
         "reservation_timeout": {"type": "number", "exclusiveMinimum": 0},
+        # past the hook's and shim's own wait for the answer a deadline would outlive its client
+        "runtime_request_timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": constants.RUNTIME_TIMEOUT_S},
         "memory_oversubscription": {"type": "number", "minimum": 1, "maximum": 16},
         "context_reserve": {"type": ["string", "integer"]},
         "nvml": {"enum": ["driver", "sim"]},
@@ -65,6 +67,8 @@ class Config:
     compute_period: float = 0.05  # seconds between launch-budget refills (docs/compute.md)
     driver_memory_period: float = 1.0  # seconds between reads of the driver's per-process memory
     reservation_timeout: float = 300.0
+    # a runtime socket request's whole arrival and answer: a client dripping a byte now and then is cut off
+    runtime_request_timeout: float = float(constants.RUNTIME_TIMEOUT_S)
     memory_oversubscription: float = 1.0
     context_reserve: int = 0  # bytes the interposer charges per CUDA context
     nvml: str = "driver"
@@ -118,6 +122,7 @@ def load(path: str | Path | None) -> Config:
         compute_period=float(data.get("compute_period", d.compute_period)),
         driver_memory_period=float(data.get("driver_memory_period", d.driver_memory_period)),
         reservation_timeout=float(data.get("reservation_timeout", d.reservation_timeout)),
+        runtime_request_timeout=float(data.get("runtime_request_timeout", d.runtime_request_timeout)),
         memory_oversubscription=float(data.get("memory_oversubscription", d.memory_oversubscription)),
         context_reserve=reserve,
         nvml=data.get("nvml", d.nvml),

@@ -134,7 +134,8 @@ class Daemon:
         slice_server = SliceSocketServer(self.cfg.slice_socket, self.manager, self.watcher)
         slice_server.start()
         host = container_start.Host(self.cfg.host_root, Registry(self.cfg.cdi_dirs))
-        runtime_server = RuntimeSocketServer(constants.runtime_socket_beside(self.cfg.socket), self.manager, host)
+        runtime_server = RuntimeSocketServer(constants.runtime_socket_beside(self.cfg.socket), self.manager, host,
+                                             self.cfg.runtime_request_timeout)  # fmt: skip
         runtime_server.start()
         self._sockets = sockets = [slice_server, runtime_server]
         threading.Thread(target=self._sweeper, args=(sockets, health_servicer), name="sweeper", daemon=True).start()

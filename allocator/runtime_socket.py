@@ -51,7 +51,9 @@ class RuntimeSocketServer(UnixSocketServer):
     # root's hooks and shims, one per container start: a burst queues, never a reset
     max_pending = per_uid_queue = 4096
 
-    def __init__(self, path: Path, manager: SliceManager, host: container_start.Host | None = None) -> None:
+    def __init__(self, path: Path, manager: SliceManager, host: container_start.Host | None = None,
+                 deadline_s: float = TIMEOUT_S) -> None:  # fmt: skip
+        self.deadline_s = deadline_s
         self.manager = manager
         self.host = host or container_start.Host()
         self.verbs: dict[str, Callable[[Request], str]] = {
