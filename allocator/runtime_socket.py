@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 MAX_REQUEST = constants.RUNTIME_REQUEST_MAX
 # errors whose line names the container or annotation itself; the others are said after the call's context
 SAID_ALREADY = (request.RequestError, oci.OciError, SpecError)
-TIMEOUT_S = float(constants.RUNTIME_TIMEOUT_S)
 
 
 class Request:
@@ -46,16 +45,16 @@ class Request:
 
 class RuntimeSocketServer(UnixSocketServer):
     name = "runtime-socket"
-    deadline_s = TIMEOUT_S  # for the whole request: a client sending a byte now and then is cut off
     max_request = MAX_REQUEST
     # root's hooks and shims, one per container start: a burst queues, never a reset
     max_pending = per_uid_queue = 4096
 
-    def __init__(self, path: Path, manager: SliceManager, host: container_start.Host | None = None,
-                 deadline_s: float = TIMEOUT_S) -> None:  # fmt: skip
+    def __init__(self, path: Path, manager: SliceManager, host: container_start.Host, deadline_s: float) -> None:
+        # the config's runtime_request_timeout, for the whole request: a client sending a byte now and
+        # then is cut off
         self.deadline_s = deadline_s
         self.manager = manager
-        self.host = host or container_start.Host()
+        self.host = host
         self.verbs: dict[str, Callable[[Request], str]] = {
             "createRuntime": self._create_runtime,
             "poststop": self._poststop,

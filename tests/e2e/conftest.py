@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness import REPO, debian
+from tests.harness import REPO, debian, package_argv
 
 ROOTFS_CACHE = REPO / "build" / "systemd-rootfs"
 BUILD_TIMEOUT = 900
@@ -80,7 +80,7 @@ class Builds:
         log = self.work / f"{name}.log"
         with open(log, "w") as out:
             if name == "image":
-                argv = [sys.executable, str(REPO / "packaging/build.py"), "image", str(self.work / "image")]
+                argv = package_argv("image", self.work / "image")
                 proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, text=True)
             else:
                 proc = _start_rootfs(out)

@@ -37,12 +37,16 @@ def wait_until_ready(proc: subprocess.Popen, log: Path, ready, name: str, second
 _BUILT: dict[str, Path] = {}  # kind -> what this session built of it (the tree does not change under a run)
 
 
+def package_argv(kind: str, out: Path) -> list[str]:
+    """`packaging/build.py KIND OUT`: it prints the file it made last."""
+    return [sys.executable, str(REPO / "packaging/build.py"), kind, str(out)]
+
+
 def build_package(kind: str, out: Path) -> Path:
     """`packaging/build.py KIND OUT` (deb, rpm, sim-deb, sim-rpm, image): the file it made,
     built once a session (the .deb compiles the C parts: 24 s) and copied to each OUT."""
     if kind not in _BUILT or not _BUILT[kind].is_file():
-        argv = [sys.executable, str(REPO / "packaging/build.py"), kind, str(out)]
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+        r = subprocess.run(package_argv(kind, out), capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
         _BUILT[kind] = Path(r.stdout.strip().splitlines()[-1])
     built = _BUILT[kind]
