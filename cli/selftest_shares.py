@@ -24,7 +24,7 @@ import grpc
 from gpuslice import request
 from gpuslice.cli.selftest_node import Layout
 from gpuslice.cli.selftest_report import Check, failed
-from gpuslice.cli.selftest_slices import Box, WorkerError, explained, slice_box
+from gpuslice.cli.selftest_slices import Box, Halt, WorkerError, explained, slice_box
 from gpuslice.client import AllocatorClient
 from gpuslice.inventory import Gpu
 
@@ -91,32 +91,34 @@ def running(box: Box, seconds: float) -> Iterator[Progress]:
         p.stop()
 
 
-def _measure(workers: list[Progress], settle: float, seconds: float) -> list[float]:
+def _measure(workers: list[Progress], settle: float, seconds: float, halt: Halt) -> list[float]:
     """Each worker's rate over `seconds`, after `settle`."""
     start = time.monotonic_ns() + int(settle * 1e9)
-    time.sleep(settle + seconds)
+    halt.wait(settle + seconds)
     return [p.rate(start, start + int(seconds * 1e9)) for p in workers]
 
 
-def share_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: float, reserve: int = 0) -> list[Check]:
+def share_checks(
+    client: AllocatorClient, gpu: Gpu, layout: Layout, seconds: float, halt: Halt, reserve: int = 0
+) -> list[Check]:
     """The worker's rate alone on the GPU, then two workers under hard shares."""
     tag = f"GPU {gpu.index}"
     try:
         with (
-            slice_box(client, gpu, layout, {request.MEMORY: str(SLICE_MEMORY + reserve)}) as box,
+            slice_box(client, gpu, layout, {request.MEMORY: str(SLICE_MEMORY + reserve)}, halt) as box,
             running(box, ALONE_SETTLE_S + ALONE_S + 1) as p,
         ):
-            (alone,) = _measure([p], ALONE_SETTLE_S, ALONE_S)
+            (alone,) = _measure([p], ALONE_SETTLE_S, ALONE_S, halt)
         with (
-            slice_box(client, gpu, layout, _share(SHARES[0], reserve)) as a,
-            slice_box(client, gpu, layout, _share(SHARES[1], reserve)) as b,
+            slice_box(client, gpu, layout, _share(SHARES[0], reserve), halt) as a,
+            slice_box(client, gpu, layout, _share(SHARES[1], reserve), halt) as b,
             running(a, FIT_WAIT_S + SETTLE_S + seconds + 1) as pa,
             running(b, FIT_WAIT_S + SETTLE_S + seconds + 1) as pb,
         ):
             began = time.monotonic_ns()
             settled = client.compute_settled([a.name, b.name], FIT_WAIT_S)
             fitted = (settled - began) / 1e9 if settled is not None else None
-            rates = _measure([pa, pb], max(SETTLE_S - (fitted or 0.0), 0.5), seconds)
+            rates = _measure([pa, pb], max(SETTLE_S - (fitted or 0.0), 0.5), seconds, halt)
     except (grpc.RpcError, WorkerError, OSError, subprocess.TimeoutExpired) as e:
         why = (e.details() or "") if isinstance(e, grpc.RpcError) else str(e)
         return [failed(f"{tag} hard shares", f"{SHARES[0]} and {SHARES[1]} %", why)]

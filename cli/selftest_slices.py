@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -39,6 +40,44 @@ LAUNCH_BUDGET_NS = 20.0  # DESIGN: an intercepted launch under budget adds at mo
 
 class WorkerError(RuntimeError):
     pass
+
+
+class Halted(WorkerError):
+    pass
+
+
+class Halt:
+    """Stops the checks of every GPU at once, from the thread the signal reached: the
+    pid namespaces in use are killed (their probes die with them), none is made after,
+    and a wait for a measuring window ends early, so each GPU's thread unwinds
+    through its slices' releases within seconds."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._lock = threading.Lock()
+        self._live: list[PidNamespace] = []
+
+    def namespace(self) -> PidNamespace:
+        with self._lock:  # a namespace made beside a halt would outlive it
+            if self.event.is_set():
+                raise Halted("stopped")
+            ns = PidNamespace()
+            self._live.append(ns)
+            return ns
+
+    def forget(self, ns: PidNamespace) -> None:
+        with self._lock:
+            self._live.remove(ns)
+
+    def wait(self, seconds: float) -> None:
+        if self.event.wait(seconds):
+            raise Halted("stopped")
+
+    def __call__(self) -> None:
+        with self._lock:
+            self.event.set()
+            for ns in self._live:
+                ns.proc.kill()
 
 
 # cuInit's 304 on a real driver has two known causes (public reports; the first seen on an H200)
@@ -95,9 +134,11 @@ def worker_pid(proc: subprocess.Popen[str]) -> int:
 
 
 @contextmanager
-def slice_box(client: AllocatorClient, gpu: Gpu, layout: Layout, annotations: dict[str, str]) -> Iterator[Box]:
+def slice_box(
+    client: AllocatorClient, gpu: Gpu, layout: Layout, annotations: dict[str, str], halt: Halt | None = None
+) -> Iterator[Box]:
     name = f"gpuslice-selftest-{gpu.index}-{uuid.uuid4().hex[:8]}"
-    ns = PidNamespace()
+    ns = halt.namespace() if halt else PidNamespace()
     try:
         if layout.view is not None:
             container_view.enter(ns, layout.view)
@@ -108,17 +149,21 @@ def slice_box(client: AllocatorClient, gpu: Gpu, layout: Layout, annotations: di
         finally:
             client.release(name)
     finally:
+        if halt:
+            halt.forget(ns)
         ns.stop()
 
 
-def memory_checks(client: AllocatorClient, gpu: Gpu, layout: Layout, limit: int, reserve: int = 0) -> list[Check]:
+def memory_checks(
+    client: AllocatorClient, gpu: Gpu, layout: Layout, limit: int, halt: Halt, reserve: int = 0
+) -> list[Check]:
     """`reserve`: the daemon's context_reserve, which each worker's one context costs the slice."""
     tag = f"GPU {gpu.index}"
     if limit < reserve + 4 * CHUNK:
         return [failed(f"{tag} slice", f"a {format_bytes(limit)} slice runs the checks",
                        f"--memory must be at least context_reserve ({format_bytes(reserve)}) + 256Mi")]  # fmt: skip
     try:
-        with slice_box(client, gpu, layout, {request.MEMORY: str(limit)}) as box:
+        with slice_box(client, gpu, layout, {request.MEMORY: str(limit)}, halt) as box:
             enforcement = client.get(box.name).enforcement
             limits = next((g.driver_limits for g in client.inventory().gpus if g.uuid == gpu.uuid), "")
             if limits and limits != "supported":

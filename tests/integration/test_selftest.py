@@ -121,12 +121,14 @@ def test_a_spec_for_another_driver_stops_before_any_slice(daemon, tmp_path):
 
 
 def test_stopped_halfway_it_releases_its_slices(daemon, tmp_path):
-    d = daemon([gpu("16Gi")])
+    """Both GPUs' checks run at once, each in its own thread; the signal reaches one
+    thread, and every GPU's slices go, long before their 60 s windows would end."""
+    d = daemon([gpu("16Gi"), gpu("16Gi")])
     argv = [sys.executable, "-m", "gpuslice.cli", "selftest", "--config", str(d.config), "--cdi-spec",
-            str(spec_for(d, tmp_path)), "--seconds", "30"]  # fmt: skip
+            str(spec_for(d, tmp_path)), "--seconds", "60"]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while len(d.client().list()) < 2:  # the two share slices: the memory checks are done
+    deadline = time.monotonic() + 90
+    while len(d.client().list()) < 4:  # each GPU's two share slices: the memory checks are done
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
     proc.send_signal(signal.SIGTERM)
