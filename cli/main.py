@@ -1,39 +1,55 @@
 """The `gpuslice` command: the composition root, the one place that may import
 every component (core, cdi, the daemon) to wire them to a command line. Each
-command family is its own module (cli/cmd_*.py); their errors become one line
+command family is its own module (cli/cmd_*.py), imported only when one of its
+commands runs (or help lists them): the daemon does not load the cluster
+integrations, nor `gpuslice status` the daemon. Their errors become one line
 and an exit status in one place (cli/app.py)."""
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from gpuslice import __version__
-from gpuslice.cli import app, cmd_cdi, cmd_install, cmd_kube, cmd_node, cmd_sim
+from gpuslice.cli import app
+
+# each command's name, and the module and function that make it
+COMMANDS = {
+    "gpus": ("cmd_node", "gpus"),
+    "daemon": ("cmd_node", "daemon"),
+    "status": ("cmd_node", "status"),
+    "cdi": ("cmd_cdi", "cdi_group"),
+    "selftest": ("cmd_node", "selftest_cmd"),
+    "kubelet-plugin": ("cmd_kube", "kubelet_plugin"),
+    "device-plugin": ("cmd_kube", "device_plugin_cmd"),
+    "scheduler-extender": ("cmd_kube", "scheduler_extender"),
+    "node-agent": ("cmd_kube", "node_agent_cmd"),
+    "admission-webhook": ("cmd_kube", "admission_webhook"),
+    "install": ("cmd_install", "install_cmd"),
+    "uninstall": ("cmd_install", "uninstall_cmd"),
+    "sim": ("cmd_sim", "sim_group"),
+    "demo": ("cmd_node", "demo"),
+}
 
 
-@app.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Main(app.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attribute = COMMANDS[name]
+        command: click.Command = getattr(importlib.import_module(f"gpuslice.cli.{module}"), attribute)
+        return command
+
+
+@click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="gpuslice")
 def main() -> None:
     """gpuslice: share NVIDIA GPUs among containers with hard memory limits and compute shares."""
 
-
-for command in (
-    cmd_node.gpus,
-    cmd_node.daemon,
-    cmd_node.status,
-    cmd_cdi.cdi_group,
-    cmd_node.selftest_cmd,
-    cmd_kube.kubelet_plugin,
-    cmd_kube.device_plugin_cmd,
-    cmd_kube.scheduler_extender,
-    cmd_kube.node_agent_cmd,
-    cmd_kube.admission_webhook,
-    cmd_install.install_cmd,
-    cmd_install.uninstall_cmd,
-    cmd_sim.sim_group,
-    cmd_node.demo,
-):
-    main.add_command(command)
 
 if __name__ == "__main__":
     main()

@@ -21,7 +21,10 @@ ROOT = REPO
 def walk(cmd: click.Command, path: tuple[str, ...] = ()):
     yield path
     if isinstance(cmd, click.Group):
-        for name, sub in cmd.commands.items():
+        ctx = click.Context(cmd)
+        for name in cmd.list_commands(ctx):
+            sub = cmd.get_command(ctx, name)
+            assert sub is not None and sub.name == name, (path, name)  # the lazy table names each command right
             yield from walk(sub, (*path, name))
 
 
