@@ -77,7 +77,7 @@ class Halt:
         with self._lock:
             self.event.set()
             for ns in self._live:
-                ns.proc.kill()
+                ns.stop()
 
 
 # cuInit's 304 on a real driver has two known causes (public reports; the first seen on an H200)
