@@ -55,7 +55,10 @@ case "$what" in
         .venv/bin/ruff format --check .
         tools/typecheck.sh
         set +e
-        .venv/bin/python -m pytest "${@:2}"
+        # three workers (pytest-xdist): most tests wait on simulated GPUs and
+        # daemons, not the CPU; e2e/ runs on one of them, each other module
+        # whole on one (tests/conftest.py); `-n 0` after it runs them in turn
+        .venv/bin/python -m pytest -n 3 "${@:2}"
         rc=$?
         # pytest's 5 is "no tests ran": never green
         [ "$rc" = 5 ] && echo "dev.sh: pytest collected no tests" >&2

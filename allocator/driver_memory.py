@@ -75,14 +75,20 @@ class Reconciler:
                     files.set_driver_side(g, 0)
                     self._say_if_over(files, g)
                 del self.charged[sid]
-        for files in in_use:
+        # each process's charges before the driver is read, and after: a free between the two
+        # reads would otherwise count as the driver's own until the next period (and refuse
+        # allocations that fit); the larger charge never counts what a process freed meanwhile
+        before = [{(slot, g): f.proc_used(slot, g) for slot in f.slot_pids() for g in range(f.gpu_count())}
+                  for f in in_use]  # fmt: skip
+        for files, charged in zip(in_use, before, strict=True):
             pids = files.slot_pids()
             for g in range(files.gpu_count()):
                 uuid = files.gpu_uuid(g)
                 counts = readings.get(uuid)
                 if counts is None:
                     counts = readings[uuid] = self.read(uuid)
-                extra = sum(max(0, counts.get(pid, 0) - files.proc_used(slot, g)) for slot, pid in pids.items())
+                extra = sum(max(0, counts.get(pid, 0) - max(charged.get((slot, g), 0), files.proc_used(slot, g)))
+                            for slot, pid in pids.items())  # fmt: skip
                 files.set_driver_side(g, extra)
                 if extra:
                     self.charged[files.slice_id] = files

@@ -8,12 +8,15 @@ timing-sensitive ones within a tier."""
 
 from __future__ import annotations
 
+import atexit
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from _pytest.pathlib import LOCK_TIMEOUT, make_numbered_dir_with_cleanup
 
 import gpuslice_sim
 from tests.harness.machine import Agent, Container, DaemonFactory, SimMachine, gpu
@@ -74,12 +77,46 @@ def agents() -> Iterator:
         a.close()
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    """Temporary directories under a short root: the tests bind unix sockets
+    below tmp_path (108 bytes at most, NUL included), and pytest-xdist adds a
+    `popen-gwN` level to pytest's own /tmp/pytest-of-USER/pytest-N. The root
+    keeps the last three runs, as pytest's does; a worker gets its
+    controller's directory and needs none of its own."""
+    if config.option.basetemp or hasattr(config, "workerinput"):
+        return
+    root = Path(tempfile.gettempdir()) / f"gs-{os.getuid()}"
+    root.mkdir(mode=0o700, exist_ok=True)
+    if root.lstat().st_uid != os.getuid():
+        raise pytest.UsageError(f"{root} belongs to another user: remove it, or pass --basetemp")
+    run = make_numbered_dir_with_cleanup(
+        root=root, prefix="r", keep=3, lock_timeout=LOCK_TIMEOUT, mode=0o700, register=atexit.register
+    )
+    config.option.basetemp = str(run / "t")  # pytest empties a given basetemp; the run's lock stays beside it
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         tier = Path(str(item.path)).parent.name
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: a test belongs in one of tests/{{{','.join(TIERS)}}}/")
         item.add_marker(getattr(pytest.mark, tier))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
+    """Under pytest-xdist (dev.sh test runs three workers) all of e2e/ goes to
+    one worker, in order: its tests share the machine's runtimes, packages and
+    systemd. Any other test goes to whichever worker is free; each has its
+    own temporary directory, simulated machine and daemon."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/e2e" if nodeid.startswith("tests/e2e/") else nodeid
+
+    return ByUnit(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -355,3 +355,124 @@ def test_the_generate_is_timed_after_the_machine_s_first_the_fastest_of_each_sid
     first, timed = (r for r in result.rows if r.name.endswith(("machine's first", ": time")))
     assert first.observed == "9.00 s" and timed.verdict == "PASS"
     assert timed.observed.startswith("3.90 s in the slice, 4.00 s without: x0.97 (runs 5.00, 3.90 against 4.30, 4.00)")
+
+
+def test_the_mps_step_runs_clients_at_their_thread_limits_and_judges_their_throughput(monkeypatch):
+    """The `mps` step needs PyTorch and MPS, so a real GPU: its path runs here on stand-ins. A
+    client's work follows its thread limit; the daemon lists the clients it serves."""
+    import contextlib
+
+    import kit_mps
+
+    envs: list[dict] = []
+
+    @contextlib.contextmanager
+    def box(client, gpu, layout, ask):  # type: ignore[no-untyped-def]
+        assert ask == {ks.request.MEMORY: str(4 * GiB)}  # memory-only: no gate of ours beside MPS
+        yield type("B", (), {"name": "box", "env": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "X": "1"}})()
+
+    class Client:
+        def __init__(self, box, script, args, env, timeout, gate):  # type: ignore[no-untyped-def]
+            envs.append(env)
+            self.pid, self.said, self.timeout = 100 + len(envs), 0, timeout
+            live.add(self.pid)
+            threads = int(env.get(kit_mps.THREADS, 100))
+            self.rates = [round(threads * 1.2)] * int(float(args[0]))  # 120 a second alone
+
+        def message(self, deadline):  # type: ignore[no-untyped-def]
+            self.said += 1
+            return {"hold": "ready"} if self.said == 1 else {"result": {"per_second": self.rates}}
+
+        def answer(self) -> None:
+            pass
+
+        def kill(self) -> None:
+            live.discard(self.pid)
+
+    class Daemon:
+        pipe = "/tmp/pipes"
+        client_env = kit_mps.Mps.client_env
+
+        def clients(self) -> list[int]:  # those it serves now; none where they ran without it
+            return [] if fell_back else sorted(live)
+
+        def log_tail(self) -> str:
+            return ""
+
+    live: set[int] = set()
+    fell_back = False
+    monkeypatch.setattr(ks, "slice_box", box)
+    monkeypatch.setattr(ks, "Probe", Client)
+    monkeypatch.setattr(ks, "_windows", lambda uuid, pids, first, last, started: [[40.0] * len(pids)] * (last - first))
+    monkeypatch.setattr(ks, "_alone", lambda kit: (125.0, 97.0))
+    monkeypatch.setattr(kit_mps, "control_binary", lambda: "/usr/bin/nvidia-cuda-mps-control")
+    monkeypatch.setattr(kit_mps, "running", lambda control, uuid: contextlib.nullcontext(Daemon()))
+    kit = type("K", (), {"client": None, "gpu": type("G", (), {"uuid": "GPU-x"})(), "layout": None,
+                         "timeout": lambda self, cap: cap, "gate": lambda self, b: None})()  # fmt: skip
+
+    def run() -> dict[str, kit_report.Row]:
+        envs.clear()
+        return {r.name: r for r in ks.mps(kit).rows}  # type: ignore[arg-type]
+
+    rows = run()
+    assert [e.get(kit_mps.THREADS) for e in envs] == [None, "30", "70"]  # the box's own value never reaches it
+    assert all(e["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/pipes" and e["X"] == "1" for e in envs)
+    assert rows["alone: MPS clients"].verdict == rows["threads 30/70 %: MPS clients"].verdict == "PASS"
+    assert rows["a matmul tenant alone under MPS"].observed == "120.0 products/s, 96.0 % of its rate without MPS"
+    assert rows["threads 30/70 %: 30 %: throughput"].verdict == "PASS"
+    assert rows["threads 30/70 %: 70 %: throughput"].observed.startswith("70.0 %")
+    assert rows["threads 30/70 %: together"].observed == "100.0 %"
+    assert not live  # every client killed
+
+    fell_back = True  # the clients could not reach the daemon, and ran without MPS
+    rows = run()
+    assert rows["alone: MPS clients"].verdict == rows["threads 30/70 %: MPS clients"].verdict == "FAIL"
+
+    monkeypatch.setattr(kit_mps, "control_binary", lambda: None)
+    assert [(r.verdict, r.observed) for r in ks.mps(kit).rows] == [  # type: ignore[arg-type]
+        ("SKIP", "nvidia-cuda-mps-control is not on this machine's PATH")]  # fmt: skip
+
+
+def test_the_kits_mps_daemon_is_its_own_and_gone_when_the_step_ends(tmp_path, monkeypatch):
+    """kit_mps.running against a stand-in control program that keeps the real one's
+    interface (-f in the foreground; commands on stdin, answers on stdout): the daemon
+    gets the kit's GPU and private pipes, answers before the step goes on, is quit and
+    waited for, and one that exits at once is one error line with its own words."""
+    import kit_mps
+
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text(f"""#!{sys.executable}
+import os, sys, time, pathlib
+pipe = pathlib.Path(os.environ["CUDA_MPS_PIPE_DIRECTORY"])
+if sys.argv[1:] == ["-f"]:
+    if os.environ.get("FAIL"):
+        print("cannot open the GPU"); sys.exit(3)
+    (pipe / "env").write_text(os.environ["CUDA_VISIBLE_DEVICES"])
+    (pipe / "control").touch()
+    while (pipe / "control").exists():
+        time.sleep(0.05)
+    sys.exit(0)
+if not (pipe / "control").exists():
+    sys.exit(1)
+cmd = sys.stdin.readline().split()
+if cmd == ["quit"]:
+    (pipe / "control").unlink()
+elif cmd == ["get_server_list"]:
+    print(4242)
+elif cmd == ["get_client_list", "4242"]:
+    print("7\\n8")
+""")
+    control.chmod(0o755)
+    with kit_mps.running(str(control), "GPU-abc") as mps:
+        assert (mps.pipe / "env").read_text() == "GPU-abc"
+        assert mps.servers() == [4242] and mps.clients() == [7, 8]
+        assert mps.client_env({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}, 30) == {
+            "CUDA_MPS_PIPE_DIRECTORY": str(mps.pipe), "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}  # fmt: skip
+        pipe = mps.pipe
+    assert not pipe.exists()  # quit, waited for, its directories gone
+    monkeypatch.setenv("FAIL", "1")
+    with (
+        pytest.raises(kit_mps.MpsError, match=r"-f exited 3: cannot open the GPU$"),
+        kit_mps.running(str(control), "GPU-abc"),
+    ):
+        pass

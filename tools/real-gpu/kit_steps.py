@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 import kit_accounting
+import kit_mps
 import kit_trace
 from kit_report import Row, StepResult, check, skipped
 from kit_slices import RECLAIM_S, Gate, Outcome, Probe, ProbeError, Sample, run_probe, wait_released, without_interposer
@@ -645,6 +646,90 @@ def cost(kit: Kit) -> StepResult:
     return StepResult(step, cost_rows(step, gated, direct), 0, {"gated": gated, "direct": direct})
 
 
+MPS_SECONDS = 12.0  # each MPS tenant's run; seconds 2 to 10 of it are judged
+MPS_PAIR = (30, 70)
+
+
+def mps_client_row(step: str, label: str, clients: int, tenants: int) -> Row:
+    return check(step, f"{label}: MPS clients", f"the control daemon serves all {tenants} (it lists them)",
+                 f"{clients} listed", clients == tenants)  # fmt: skip
+
+
+def mps_alone_row(step: str, rate: float, without: float) -> Row:
+    ratio = f"{100 * rate / without:.1f} % of its rate without MPS" if without else "no rate without MPS"
+    return check(step, "a matmul tenant alone under MPS", "a fact: its rate, against its rate without MPS",
+                 f"{rate:.1f} products/s, {ratio}", None)  # fmt: skip
+
+
+def mps_sum_row(step: str, label: str, rates: list[list[int]], alone: float) -> Row:
+    total = sum(statistics.fmean(r) for r in rates) / alone * 100 if alone else 0.0
+    return check(step, f"{label}: together", "a fact: both tenants' work against one alone under MPS",
+                 f"{total:.1f} %", None)  # fmt: skip
+
+
+MpsRun = tuple[list[list[int]], list[list[float]], int]  # products per second, NVML windows, clients listed
+
+
+def _mps_run(kit: Kit, mps: kit_mps.Mps, threads: tuple[int | None, ...]) -> MpsRun:
+    """Matmul tenants in memory-only slices, clients of the kit's MPS daemon at `threads`
+    percent of the GPU's threads (None: no limit): each one's products per second, NVML's
+    use per process per 1 s window of the judged seconds, and how many clients the daemon listed."""
+    with contextlib.ExitStack() as stack:
+        boxes = [stack.enter_context(slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(4 * GiB)}))
+                 for _ in threads]  # fmt: skip
+        probes: list[Probe] = []
+        try:
+            for b, t in zip(boxes, threads, strict=True):  # one by one: a client that fails leaves none running
+                probes.append(Probe(b, "matmul_loop.py", [str(MPS_SECONDS)], mps.client_env(b.env, t),
+                                    kit.timeout(120), kit.gate(b)))  # fmt: skip
+            for p in probes:
+                p.message(time.monotonic() + p.timeout)  # ready: connected, its matrices made
+            for p in probes:
+                p.answer()
+            started = time.monotonic()
+            clients = len(mps.clients())
+            busy = _windows(kit.gpu.uuid, [p.pid for p in probes], 2, int(MPS_SECONDS) - 2, started)
+            rates = [p.message(time.monotonic() + 60)["result"]["per_second"][2 : int(MPS_SECONDS) - 2]
+                     for p in probes]  # fmt: skip
+        finally:
+            for p in probes:
+                p.kill()
+    return rates, busy, clients
+
+
+def mps(kit: Kit) -> StepResult:
+    """MPS-backed hard shares, measured before gpuslice offers them (issue 46, optional): a
+    tenant alone under MPS against one without, then two at 30 and 70 % of the GPU's
+    threads (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), by their own throughput (kit_mps.py)."""
+    step, facts, rows = "mps", {}, []
+    control = kit_mps.control_binary()
+    if control is None:
+        return StepResult(step, [skipped(step, "MPS", f"{kit_mps.CONTROL} is not on this machine's PATH")], 0)
+    try:
+        without, _ = _alone(kit)
+        facts["without_mps_per_s"] = without
+        with kit_mps.running(control, kit.gpu.uuid) as daemon:
+            try:
+                (alone_rates,), _, clients = _mps_run(kit, daemon, (None,))
+                alone = statistics.fmean(alone_rates)
+                facts.update(alone_per_s=alone, alone_clients=clients)
+                rows += [mps_client_row(step, "alone", clients, 1), mps_alone_row(step, alone, without)]
+                label = f"threads {'/'.join(map(str, MPS_PAIR))} %"
+                rates, busy, clients = _mps_run(kit, daemon, MPS_PAIR)
+                facts[label] = {"per_second": rates, "busy": busy, "clients": clients}
+                rows.append(mps_client_row(step, label, clients, len(MPS_PAIR)))
+                for i, target in enumerate(MPS_PAIR):
+                    rows += share_rows(step, f"{label}: {target} %", target, [w[i] for w in busy], rates[i], alone)
+                rows.append(mps_sum_row(step, label, rates, alone))
+            finally:
+                facts["control_log"] = daemon.log_tail()
+    except (*FAILURES, kit_mps.MpsError) as e:
+        failed, more = _failed(step, "MPS tenants", "run as clients of an MPS daemon", e)
+        rows += failed
+        facts.update(more)
+    return StepResult(step, rows, 0, facts)
+
+
 def trace(kit: Kit) -> StepResult:
     """The driver's raw per-process samples under known loads (kit_trace.py), kept as trace.json."""
     step, seconds = "trace", 1.5 if kit.sim else 6.0
@@ -688,6 +773,7 @@ STEPS = (
     Step("shares", 150, shares, False, ("torch",)),
     Step("share-bias", 160, share_bias, False, ("torch",)),
     Step("cost", 120, cost, False, ("torch",)),
+    Step("mps", 70, mps, False, ("torch",)),
 )
 
 
