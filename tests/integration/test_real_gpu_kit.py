@@ -63,7 +63,7 @@ def test_the_kit_on_the_simulator_passes_its_driver_steps_and_skips_the_framewor
     assert view["NVML inside the slice: processes"]["verdict"] == "PASS"
     assert view["NVML inside the slice: memory"]["verdict"] == "PASS"
     assert view["SIGKILL gives the holder's memory back"]["verdict"] == "PASS"
-    for step in ("pytorch", "cupy", "jax", "nccl", "transformers", "cuda-graph", "shares", "share-bias", "cost"):
+    for step in ("pytorch", "cupy", "jax", "nccl", "transformers", "cuda-graph", "shares", "share-bias", "cost", "mps"):
         (row,) = rows_of(report, step).values()
         assert row["verdict"] == "SKIP" and "cudart does not run on the simulator" in row["observed"]
     md = (kit_dirs["out"] / "report.md").read_text()
