@@ -56,8 +56,9 @@ case "$what" in
         tools/typecheck.sh
         set +e
         # three workers (pytest-xdist): most tests wait on simulated GPUs and
-        # daemons, not the CPU; e2e/ runs on one of them, each other module
-        # whole on one (tests/conftest.py); `-n 0` after it runs them in turn
+        # daemons, not the CPU; all of e2e/ runs on one of them, in order, any
+        # other test wherever a worker is free (tests/conftest.py); `-n 0`
+        # after it runs them in turn
         .venv/bin/python -m pytest -n 3 "${@:2}"
         rc=$?
         # pytest's 5 is "no tests ran": never green

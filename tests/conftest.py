@@ -88,8 +88,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     root = Path(tempfile.gettempdir()) / f"gs-{os.getuid()}"
     root.mkdir(mode=0o700, exist_ok=True)
-    if root.lstat().st_uid != os.getuid():
-        raise pytest.UsageError(f"{root} belongs to another user: remove it, or pass --basetemp")
+    if root.is_symlink() or root.lstat().st_uid != os.getuid():
+        raise pytest.UsageError(f"{root} is a link or another user's: remove it, or pass --basetemp")
     run = make_numbered_dir_with_cleanup(
         root=root, prefix="r", keep=3, lock_timeout=LOCK_TIMEOUT, mode=0o700, register=atexit.register
     )
