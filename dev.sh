@@ -55,11 +55,10 @@ case "$what" in
         .venv/bin/ruff format --check .
         tools/typecheck.sh
         set +e
-        # three workers (pytest-xdist): most tests wait on simulated GPUs and
-        # daemons, not the CPU; all of e2e/ runs on one of them, in order, any
-        # other test wherever a worker is free (tests/conftest.py); `-n 0`
-        # after it runs them in turn
-        .venv/bin/python -m pytest -n 3 "${@:2}"
+        # one process, the tests in turn: the measured ones (shares, fits) lose
+        # their points beside other tests' load; `-n 3` after it runs the rest
+        # on three workers (tests/conftest.py), e.g. -n 3 -m "not measure"
+        .venv/bin/python -m pytest "${@:2}"
         rc=$?
         # pytest's 5 is "no tests ran": never green
         [ "$rc" = 5 ] && echo "dev.sh: pytest collected no tests" >&2

@@ -106,7 +106,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
-    """Under pytest-xdist (dev.sh test runs three workers) all of e2e/ goes to
+    """Under pytest-xdist (`./dev.sh test -n 3`, a developer's loop) all of e2e/ goes to
     one worker, in order: its tests share the machine's runtimes, packages and
     systemd. Any other test goes to whichever worker is free; each has its
     own temporary directory, simulated machine and daemon."""
