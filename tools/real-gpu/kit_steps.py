@@ -486,15 +486,21 @@ def cuda_graph(kit: Kit) -> StepResult:
     ], 0, {"result": result, "sm_use": use})  # fmt: skip
 
 
-def _tenants(kit: Kit, boxes: list, seconds: float, idle_after: list[float]) -> tuple[list[Probe], list[int]]:
-    probes = [
-        Probe(b, "matmul_loop.py", [str(seconds), str(i)], b.env, kit.timeout(180), kit.gate(b))
-        for b, i in zip(boxes, idle_after, strict=True)
-    ]
-    for p in probes:
-        p.message(time.monotonic() + p.timeout)
-    for p in probes:
-        p.answer()
+def _tenants(kit: Kit, boxes: list, seconds: float, idle_after: list[float],
+             envs: list[dict[str, str]] | None = None) -> tuple[list[Probe], list[int]]:  # fmt: skip
+    """Matmul tenants, one a box (its environment, or `envs`), all ready, then all let go."""
+    probes: list[Probe] = []
+    try:
+        for b, i, env in zip(boxes, idle_after, envs or [b.env for b in boxes], strict=True):
+            probes.append(Probe(b, "matmul_loop.py", [str(seconds), str(i)], env, kit.timeout(180), kit.gate(b)))
+        for p in probes:
+            p.message(time.monotonic() + p.timeout)
+        for p in probes:
+            p.answer()
+    except BaseException:  # one that fails to start or to get ready leaves none of them running
+        for p in probes:
+            p.kill()
+        raise
     return probes, [p.pid for p in probes]
 
 
@@ -677,18 +683,12 @@ def _mps_run(kit: Kit, mps: kit_mps.Mps, threads: tuple[int | None, ...]) -> Mps
     with contextlib.ExitStack() as stack:
         boxes = [stack.enter_context(slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(4 * GiB)}))
                  for _ in threads]  # fmt: skip
-        probes: list[Probe] = []
+        envs = [mps.client_env(b.env, t) for b, t in zip(boxes, threads, strict=True)]
+        probes, pids = _tenants(kit, boxes, MPS_SECONDS, [0.0] * len(threads), envs)
         try:
-            for b, t in zip(boxes, threads, strict=True):  # one by one: a client that fails leaves none running
-                probes.append(Probe(b, "matmul_loop.py", [str(MPS_SECONDS)], mps.client_env(b.env, t),
-                                    kit.timeout(120), kit.gate(b)))  # fmt: skip
-            for p in probes:
-                p.message(time.monotonic() + p.timeout)  # ready: connected, its matrices made
-            for p in probes:
-                p.answer()
             started = time.monotonic()
             clients = len(mps.clients())
-            busy = _windows(kit.gpu.uuid, [p.pid for p in probes], 2, int(MPS_SECONDS) - 2, started)
+            busy = _windows(kit.gpu.uuid, pids, 2, int(MPS_SECONDS) - 2, started)
             rates = [p.message(time.monotonic() + 60)["result"]["per_second"][2 : int(MPS_SECONDS) - 2]
                      for p in probes]  # fmt: skip
         finally:
