@@ -55,10 +55,10 @@ case "$what" in
         .venv/bin/ruff format --check .
         tools/typecheck.sh
         set +e
-        # one process, the tests in turn: the measured ones (shares, fits) lose
-        # their points beside other tests' load; `-n 3` after it runs the rest
-        # on three workers (tests/conftest.py), e.g. -n 3 -m "not measure"
-        .venv/bin/python -m pytest "${@:2}"
+        # three workers: most tests wait rather than compute; the measuring
+        # ones run last and alone (tests/harness/scheduling.py); -n 0 after
+        # it runs everything in one process, in turn
+        .venv/bin/python -m pytest -n 3 "${@:2}"
         rc=$?
         # pytest's 5 is "no tests ran": never green
         [ "$rc" = 5 ] && echo "dev.sh: pytest collected no tests" >&2

@@ -19,6 +19,7 @@ import yaml
 from _pytest.pathlib import LOCK_TIMEOUT, make_numbered_dir_with_cleanup
 
 import gpuslice_sim
+from tests.harness import scheduling
 from tests.harness.machine import Agent, Container, DaemonFactory, SimMachine, gpu
 
 TIERS = ("unit", "integration", "e2e")
@@ -96,27 +97,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config.option.basetemp = str(run / "t")  # pytest empties a given basetemp; the run's lock stays beside it
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = Path(str(item.path)).parent.name
         if tier not in TIERS:
             raise pytest.UsageError(f"{item.nodeid}: a test belongs in one of tests/{{{','.join(TIERS)}}}/")
         item.add_marker(getattr(pytest.mark, tier))
+    scheduling.write_ids(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # type: ignore[no-untyped-def]
+    scheduling.name_ids_file(node, Path(node.config.option.basetemp))
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
-    """Under pytest-xdist (`./dev.sh test -n 3`, a developer's loop) all of e2e/ goes to
-    one worker, in order: its tests share the machine's runtimes, packages and
-    systemd. Any other test goes to whichever worker is free; each has its
-    own temporary directory, simulated machine and daemon."""
-    from xdist.scheduler import LoadScopeScheduling
-
-    class ByUnit(LoadScopeScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            return "tests/e2e" if nodeid.startswith("tests/e2e/") else nodeid
-
-    return ByUnit(config, log)
+    """`dev.sh test` runs on pytest-xdist's workers: the measuring tests last and
+    alone, every e2e test on one worker in order (tests/harness/scheduling.py)."""
+    return scheduling.MeasureLast(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -206,6 +206,7 @@ def test_loader_cache_finds_the_interposer_without_ld_library_path(node, root_fs
     assert out["total"] == 512 * MiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
 
 
+@pytest.mark.measure  # a share measured over seconds: last and alone under xdist
 def test_the_demo_runs_three_containers_on_one_gpu():
     r = subprocess.run(
         [sys.executable, "-m", "gpuslice.cli", "demo", "--mode", "containers"],

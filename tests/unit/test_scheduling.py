@@ -1,0 +1,109 @@
+"""The suite's worker scheduling (tests/harness/scheduling.py), run by real
+pytest-xdist on a small suite of its own: each test logs when and where it
+ran, and the log shows what ran beside what."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.harness import scheduling
+
+pytestmark = pytest.mark.unit
+
+CONFTEST = f"""
+import importlib.util
+import pytest
+
+spec = importlib.util.spec_from_file_location("suite_scheduling", {str(Path(scheduling.__file__))!r})
+scheduling = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(scheduling)
+
+
+def pytest_collection_modifyitems(config, items):
+    scheduling.write_ids(config, items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    from pathlib import Path
+    scheduling.name_ids_file(node, Path(node.config.option.basetemp))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    return scheduling.MeasureLast(config, log)
+"""
+
+LOGGED = """
+import os, time
+import pytest
+
+def logged(name, seconds):
+    start = time.monotonic()
+    time.sleep(seconds)
+    with open(os.environ["RUN_LOG"], "a") as f:
+        f.write(f"{{name}} {{os.environ['PYTEST_XDIST_WORKER']}} {{start}} {{time.monotonic()}}\\n")
+"""
+
+
+def suite(root: Path) -> None:
+    (root / "pytest.ini").write_text("[pytest]\nmarkers =\n    measure: timing-sensitive\n")
+    (root / "conftest.py").write_text(CONFTEST)
+    for d in ("tests", "tests/e2e", "tests/integration"):
+        (root / d).mkdir(exist_ok=True)
+        (root / d / "__init__.py").write_text("")
+    e2e = [f"def test_e{i}():\n    logged('e{i}', 0.3)\n" for i in range(4)]
+    e2e.insert(2, "@pytest.mark.measure\ndef test_e_measured():\n    logged('em', 0.1)\n")
+    (root / "tests/e2e/test_e.py").write_text(LOGGED.format() + "\n".join(e2e))
+    quick = [f"def test_i{i}():\n    logged('i{i}', {0.1 + 0.1 * (i % 3)})\n" for i in range(8)]
+    (root / "tests/integration/test_i.py").write_text(LOGGED.format() + "\n".join(quick))
+    measured = [f"def test_m{i}():\n    logged('m{i}', 0.1)\n" for i in range(3)]
+    (root / "tests/integration/test_m.py").write_text(
+        LOGGED.format() + "pytestmark = pytest.mark.measure\n" + "\n".join(measured)
+    )
+
+
+def run(root: Path, *args: str) -> list[tuple[str, str, float, float]]:
+    log = root / "run.log"
+    log.unlink(missing_ok=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "3", *args],
+        cwd=root,
+        env={"PATH": "/usr/bin:/bin", "RUN_LOG": str(log)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [line.split() for line in log.read_text().splitlines()]
+    return [(n, w, float(s), float(e)) for n, w, s, e in rows]
+
+
+def test_measuring_tests_run_last_alone_on_one_worker_in_order_and_e2e_on_one_worker(tmp_path):
+    suite(tmp_path)
+    rows = run(tmp_path, "--basetemp", str(tmp_path / "t"))
+    measured = [r for r in rows if r[0] in {"em", "m0", "m1", "m2"}]
+    others = [r for r in rows if r not in measured]
+    assert len(rows) == 16 and len(measured) == 4
+    assert min(r[2] for r in measured) >= max(r[3] for r in others)  # after every other test had ended
+    assert len({r[1] for r in measured}) == 1  # on one worker
+    assert [r[0] for r in sorted(measured, key=lambda r: r[2])] == ["em", "m0", "m1", "m2"]  # collection order
+    e2e = sorted((r for r in others if r[0].startswith("e")), key=lambda r: r[2])
+    assert len({r[1] for r in e2e}) == 1 and [r[0] for r in e2e] == ["e0", "e1", "e2", "e3"]
+    assert len({r[1] for r in others}) >= 2  # the rest spread over the workers
+
+
+def test_a_run_of_measuring_tests_only_runs_them_and_ends(tmp_path):
+    suite(tmp_path)
+    rows = run(tmp_path, "--basetemp", str(tmp_path / "t"), "-m", "measure")
+    assert sorted(r[0] for r in rows) == ["em", "m0", "m1", "m2"] and len({r[1] for r in rows}) == 1
+
+
+def test_a_run_without_measuring_tests_is_plain_load_scheduling(tmp_path):
+    suite(tmp_path)
+    rows = run(tmp_path, "--basetemp", str(tmp_path / "t"), "-m", "not measure")
+    assert len(rows) == 12 and len({r[1] for r in rows}) >= 2
