@@ -69,7 +69,7 @@ class MeasureLast(LoadScopeScheduling):
         path = Path(node.workerinput[KEY])
         if not path.exists():
             raise RuntimeError(f"{node.gateway.id} wrote no {path}: is tests/conftest.py's collection hook in place?")
-        return frozenset(path.read_text().split())
+        return frozenset(path.read_text().splitlines())
 
     def _hold_measure(self) -> None:
         if MEASURE in self.workqueue:

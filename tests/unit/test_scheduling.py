@@ -61,7 +61,9 @@ def suite(root: Path) -> None:
     (root / "tests/e2e/test_e.py").write_text(LOGGED.format() + "\n".join(e2e))
     quick = [f"def test_i{i}():\n    logged('i{i}', {0.1 + 0.1 * (i % 3)})\n" for i in range(8)]
     (root / "tests/integration/test_i.py").write_text(LOGGED.format() + "\n".join(quick))
-    measured = [f"def test_m{i}():\n    logged('m{i}', 0.1)\n" for i in range(3)]
+    measured = [f"def test_m{i}():\n    logged('m{i}', 0.1)\n" for i in range(2)]
+    # an id with a space, as the compute mixes' ids have
+    measured.append("@pytest.mark.parametrize('x', ['30/70 hard'])\ndef test_m2(x):\n    logged('m2', 0.1)\n")
     (root / "tests/integration/test_m.py").write_text(
         LOGGED.format() + "pytestmark = pytest.mark.measure\n" + "\n".join(measured)
     )
