@@ -118,7 +118,15 @@ class MeasureLast(LoadScopeScheduling):
         return self.held is not None or super().has_pending
 
     def remove_node(self, node: WorkerController) -> str | None:
-        crashed = super().remove_node(node)
+        """A worker gone: xdist reports the test it died in as failed, and that
+        test is not run again (xdist's own scope scheduling would give it to
+        the next worker, and the next, until too many had crashed); the rest of
+        its tests go back in the queue."""
+        workload = self.assigned_work[node]
+        crashed = next((t for unit in workload.values() for t, done in unit.items() if not done), None)
+        if crashed is not None:
+            workload[self._split_scope(crashed)][crashed] = True
+        super().remove_node(node)
         if node is self.measurer:
             self.measurer = None
         self._advance()

@@ -69,7 +69,8 @@ def suite(root: Path) -> None:
     )
 
 
-def run(root: Path, *args: str) -> list[tuple[str, str, float, float]]:
+def run(root: Path, *args: str, rc: int = 0) -> tuple[list[tuple[str, str, float, float]], str]:
+    """Each test's (name, worker, start, end) as it logged them, and pytest's output."""
     log = root / "run.log"
     log.unlink(missing_ok=True)
     r = subprocess.run(
@@ -80,14 +81,14 @@ def run(root: Path, *args: str) -> list[tuple[str, str, float, float]]:
         text=True,
         timeout=120,
     )
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == rc, r.stdout + r.stderr
     rows = [line.split() for line in log.read_text().splitlines()]
-    return [(n, w, float(s), float(e)) for n, w, s, e in rows]
+    return [(n, w, float(s), float(e)) for n, w, s, e in rows], r.stdout
 
 
 def test_measuring_tests_run_last_alone_on_one_worker_in_order_and_e2e_on_one_worker(tmp_path):
     suite(tmp_path)
-    rows = run(tmp_path, "--basetemp", str(tmp_path / "t"))
+    rows, _ = run(tmp_path, "--basetemp", str(tmp_path / "t"))
     measured = [r for r in rows if r[0] in {"em", "m0", "m1", "m2"}]
     others = [r for r in rows if r not in measured]
     assert len(rows) == 16 and len(measured) == 4
@@ -101,11 +102,23 @@ def test_measuring_tests_run_last_alone_on_one_worker_in_order_and_e2e_on_one_wo
 
 def test_a_run_of_measuring_tests_only_runs_them_and_ends(tmp_path):
     suite(tmp_path)
-    rows = run(tmp_path, "--basetemp", str(tmp_path / "t"), "-m", "measure")
+    rows, _ = run(tmp_path, "--basetemp", str(tmp_path / "t"), "-m", "measure")
     assert sorted(r[0] for r in rows) == ["em", "m0", "m1", "m2"] and len({r[1] for r in rows}) == 1
 
 
 def test_a_run_without_measuring_tests_is_plain_load_scheduling(tmp_path):
     suite(tmp_path)
-    rows = run(tmp_path, "--basetemp", str(tmp_path / "t"), "-m", "not measure")
+    rows, _ = run(tmp_path, "--basetemp", str(tmp_path / "t"), "-m", "not measure")
     assert len(rows) == 12 and len({r[1] for r in rows}) >= 2
+
+
+def test_a_worker_that_dies_in_a_measuring_test_fails_it_once_and_the_rest_run(tmp_path):
+    suite(tmp_path)
+    measured = tmp_path / "tests/integration/test_m.py"
+    measured.write_text(measured.read_text() + "\ndef test_m_dies():\n    os._exit(3)\n\n"
+                        "def test_m_after():\n    logged('ma', 0.1)\n")  # fmt: skip
+    rows, out = run(tmp_path, "--basetemp", str(tmp_path / "t"), rc=1)
+    assert out.count("FAILED tests/integration/test_m.py::test_m_dies") == 1 and "1 failed, 17 passed" in out, out
+    others = [r for r in rows if r[0] not in {"em", "m0", "m1", "m2", "ma"}]
+    ma = next(r for r in rows if r[0] == "ma")
+    assert ma[2] >= max(r[3] for r in others)  # on the worker that replaced it, still after the rest
