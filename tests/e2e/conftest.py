@@ -3,8 +3,8 @@ image's (`packaging/build.py image`) and the booted systemd node's. Each is a
 debootstrap of one to two minutes, nearly all of it one core's work (the
 node's: 60 s user of 67 s), so both are begun at once, on first use, for
 whichever of them this session's tests need; that first use waits for both,
-so no test is measured beside a build (the suite runs its tests in turn:
-under pytest-xdist, measured tests lose their points beside such load)."""
+so no e2e test is measured beside a build (under pytest-xdist the measuring
+tests run last and alone, tests/harness/scheduling.py)."""
 
 from __future__ import annotations
 
