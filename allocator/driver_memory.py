@@ -75,19 +75,19 @@ class Reconciler:
                     files.set_driver_side(g, 0)
                     self._say_if_over(files, g)
                 del self.charged[sid]
-        # each process's charges before the driver is read, and after: a free between the two
-        # reads would otherwise count as the driver's own until the next period (and refuse
-        # allocations that fit); the larger charge never counts what a process freed meanwhile
-        before = [{(slot, g): f.proc_used(slot, g) for slot in f.slot_pids() for g in range(f.gpu_count())}
-                  for f in in_use]  # fmt: skip
-        for files, charged in zip(in_use, before, strict=True):
+        # each process's charges before the driver is read, and after: a free between the two reads
+        # would otherwise count as the driver's own until the next period (and refuse allocations
+        # that fit), and so would an allocation charged and freed between them that the driver's
+        # count caught: what the process ever charged, read on both sides, bounds what it held
+        before = [_held(f) for f in in_use]
+        for files, held in zip(in_use, before, strict=True):
             pids = files.slot_pids()
             for g in range(files.gpu_count()):
                 uuid = files.gpu_uuid(g)
                 counts = readings.get(uuid)
                 if counts is None:
                     counts = readings[uuid] = self.read(uuid)
-                extra = sum(max(0, counts.get(pid, 0) - max(charged.get((slot, g), 0), files.proc_used(slot, g)))
+                extra = sum(max(0, counts.get(pid, 0) - _most_held(files, slot, g, pid, held.get((slot, g))))
                             for slot, pid in pids.items())  # fmt: skip
                 files.set_driver_side(g, extra)
                 if extra:
@@ -112,3 +112,28 @@ class Reconciler:
                 self.once()
             except Exception:  # the next period tries again; a reconciliation never stops the daemon
                 log.exception("reconciling with the driver's counts failed")
+
+
+@dataclass(frozen=True)
+class Held:
+    """A process row as read before the driver's count."""
+
+    pid: int
+    ever: int  # bytes it ever charged (read first)
+    used: int  # bytes it held
+
+
+def _held(files: SliceFiles) -> dict[tuple[int, int], Held]:
+    # what it ever charged is read first: the ledger raises it after what the process holds, so a
+    # charge made between the two reads is counted twice at worst, never missed
+    return {(slot, g): Held(pid, files.proc_charged(slot, g), files.proc_used(slot, g))
+            for slot, pid in files.slot_pids().items() for g in range(files.gpu_count())}  # fmt: skip
+
+
+def _most_held(files: SliceFiles, slot: int, g: int, pid: int, before: Held | None) -> int:
+    """The most the process of `slot` can have held on `g` while the driver was read: what it
+    held before, plus all it charged since (frees only lower it)."""
+    used, ever = files.proc_used(slot, g), files.proc_charged(slot, g)
+    if before is None or before.pid != pid or ever < before.ever:  # a new process in the row
+        return max(used, ever)
+    return max(used, before.used + ever - before.ever)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -46,6 +47,11 @@ def ffi_and_lib() -> tuple[FFI, Any]:
     ffi = FFI()
     ffi.cdef(_header_cdef(d / "gpuslice_slice.h") + LIBC_FUNCTIONS)  # the ledger atomics are in the header
     return ffi, ffi.dlopen(str(d / "libgpuslice-ledger.so"))
+
+
+def _magic(fd: int) -> int:
+    """A shared file's first field (every layout's magic)."""
+    return int.from_bytes(os.pread(fd, 4, 0), sys.byteorder)
 
 
 @cache
@@ -128,19 +134,26 @@ class SliceFiles:
         self.usage_path = directory / f"{slice_id}.usage"
         self.slice_id = slice_id
         self.limits = self._map(self.limits_path, "struct gpuslice_limits")
-        self.usage = self._map(self.usage_path, "struct gpuslice_usage")
+        # a version 3 usage file is this one without the rows' `charged`: its processes may still
+        # be running (an upgrade keeps slices), so it is extended, never cleared
+        older = self.ffi.offsetof("struct gpuslice_usage", "charged"), constant("GPUSLICE_USAGE_MAGIC")
+        self.usage = self._map(self.usage_path, "struct gpuslice_usage", older)
         if self.usage.magic != constant("GPUSLICE_USAGE_MAGIC"):  # new: counters start at zero
             self.usage.version = constant("GPUSLICE_SLICE_VERSION")
             self.usage.magic = constant("GPUSLICE_USAGE_MAGIC")
+        self.usage.version = max(self.usage.version, constant("GPUSLICE_SLICE_VERSION"))  # extended
 
-    def _map(self, path: Path, ctype: str) -> Any:
+    def _map(self, path: Path, ctype: str, older: tuple[int, int] | None = None) -> Any:
         """The file as a struct pointer; unmapped when the last reference goes
-        (the compute controller may still hold a released slice's files)."""
+        (the compute controller may still hold a released slice's files).
+        `older`: the size and magic of an older layout that this one only extends."""
         size = self.ffi.sizeof(ctype)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            if os.fstat(fd).st_size != size:
+            have = os.fstat(fd).st_size
+            if have != size and not (older and have == older[0] and _magic(fd) == older[1]):
                 os.ftruncate(fd, 0)  # a stale layout is never reinterpreted
+            if have != size:
                 os.ftruncate(fd, size)
             os.posix_fallocate(fd, 0, size)  # blocks now: ENOSPC here, not SIGBUS later
             libc = _libc()
@@ -218,6 +231,10 @@ class SliceFiles:
     def proc_used(self, slot: int, gpu: int) -> int:
         """What the process of `slot` charged on `gpu` (its context reserve included)."""
         return int(self.usage.proc[slot].used[gpu])
+
+    def proc_charged(self, slot: int, gpu: int) -> int:
+        """What the process of `slot` ever charged on `gpu`: only grows while the process lives."""
+        return int(self.usage.charged[slot][gpu])
 
     def driver_side(self, gpu: int) -> int:
         return int(self.usage.gate[gpu].driver_side)

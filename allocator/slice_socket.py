@@ -59,11 +59,12 @@ class SliceSocketServer(UnixSocketServer):
         req = self.ffi.from_buffer("struct gpuslice_request *", bytearray(raw)) if len(raw) == size else None
         if req is None or req.magic != constant("GPUSLICE_REQUEST_MAGIC") or req.op != constant("GPUSLICE_OP_ATTACH"):
             return self._reply(conn, "GPUSLICE_BAD_REQUEST", "expected an ATTACH request (gpuslice_slice.h)")
-        if req.version != constant("GPUSLICE_SLICE_VERSION"):
+        oldest, newest = constant("GPUSLICE_SLICE_OLDEST_VERSION"), constant("GPUSLICE_SLICE_VERSION")
+        if not oldest <= req.version <= newest:
             return self._reply(
                 conn,
                 "GPUSLICE_BAD_REQUEST",
-                f"protocol version {req.version} unsupported; this daemon speaks {constant('GPUSLICE_SLICE_VERSION')}",
+                f"protocol version {req.version} unsupported; this daemon speaks {oldest} to {newest}",
             )
         try:
             who = identity.of_pidfd(peer.pidfd)

@@ -9,7 +9,10 @@
 #include <stdint.h>
 
 /* cdef-begin */
-#define GPUSLICE_SLICE_VERSION 3
+#define GPUSLICE_SLICE_VERSION 4
+/* the oldest version the daemon still serves: each version only appends to the
+ * usage file, so an older process maps a prefix of it and keeps working */
+#define GPUSLICE_SLICE_OLDEST_VERSION 3
 #define GPUSLICE_SLICE_MAX_GPUS 8
 #define GPUSLICE_SLICE_MAX_PROCS 64
 #define GPUSLICE_LIMITS_MAGIC 0x534c4d54
@@ -108,6 +111,11 @@ struct gpuslice_usage {
     struct gpuslice_proc_usage proc[GPUSLICE_SLICE_MAX_PROCS];
     uint8_t pad_to_line[56]; /* gates start on a cache line */
     struct gpuslice_gate gate[GPUSLICE_SLICE_MAX_GPUS];
+    /* version 4: all each row's process ever charged per GPU, only growing while
+     * it lives (raised after its used[g]); read before and after the driver's
+     * count, it bounds what the process held in between (allocator/driver_memory.py).
+     * A version 3 process never raises it. */
+    uint64_t charged[GPUSLICE_SLICE_MAX_PROCS][GPUSLICE_SLICE_MAX_GPUS];
 };
 /* The ledger atomics (ledger/slice_ledger.c): linked into the interposer,
  * loaded by the daemon through cffi (which reads these lines too). */

@@ -25,6 +25,8 @@ LEDGER_API int gpuslice_usage_charge(struct gpuslice_usage *u, const struct gpus
         }
     } while (!__atomic_compare_exchange_n(&u->used[gpu], &cur, cur + bytes, 1, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
     __atomic_add_fetch(&u->proc[slot].used[gpu], bytes, __ATOMIC_ACQ_REL);
+    /* after used: a reader that sees this sees used raised too (driver_memory.py) */
+    __atomic_add_fetch(&u->charged[slot][gpu], bytes, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -51,6 +53,7 @@ LEDGER_API uint64_t gpuslice_usage_release_proc(struct gpuslice_usage *u, uint32
     for (int g = 0; g < GPUSLICE_SLICE_MAX_GPUS; g++) {
         uint64_t x = __atomic_exchange_n(&u->proc[slot].used[g], 0, __ATOMIC_ACQ_REL);
         __atomic_sub_fetch(&u->used[g], x, __ATOMIC_ACQ_REL);
+        __atomic_store_n(&u->charged[slot][g], 0, __ATOMIC_RELEASE); /* the row's next process starts anew */
         freed += x;
     }
     __atomic_store_n(&u->proc[slot].pid, 0, __ATOMIC_RELEASE);

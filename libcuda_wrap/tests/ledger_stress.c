@@ -1,6 +1,7 @@
 /* The slice ledger's atomics under contention: 8 threads charge and give back
  * at random against one limit.  The total never passes the limit, never goes
- * negative, a dead row is released exactly, and everything ends at zero.
+ * negative, a dead row is released exactly, and everything ends at zero; each row's
+ * `charged` is the sum of its charges that fitted, and a released row's is zero.
  * Then a launch gate: 6 threads take launch costs the way the interposer does
  * while the daemon's refills and opens run; what the refills say was used
  * equals, to the thread, what the takers took.
@@ -19,6 +20,7 @@
 static struct gpuslice_limits limits;
 static struct gpuslice_usage usage;
 static int over;
+static uint64_t ever[8]; /* what each worker's charges that fitted came to: its row's charged[] */
 
 static void *worker(void *arg)
 {
@@ -33,8 +35,10 @@ static void *worker(void *arg)
             held[k] = held[--n];
         } else {
             uint64_t b = 1 + (uint64_t)(rand_r(&seed) % (1 << 20));
-            if (gpuslice_usage_charge(&usage, &limits, slot, 0, b) == 0)
+            if (gpuslice_usage_charge(&usage, &limits, slot, 0, b) == 0) {
                 held[n++] = b;
+                ever[slot] += b;
+            }
         }
         if (__atomic_load_n(&usage.used[0], __ATOMIC_RELAXED) > LIMIT)
             __atomic_store_n(&over, 1, __ATOMIC_RELAXED);
@@ -110,8 +114,19 @@ int main(void)
         pthread_create(&t[i], NULL, worker, (void *)i);
     for (int i = 0; i < 8; i++)
         pthread_join(t[i], NULL);
+    for (int i = 0; i < 8; i++)
+        if (usage.charged[i][0] != ever[i] || ever[i] == 0) {
+            fprintf(stderr, "ledger_stress: row %d charged %llu, its charges %llu\n", i,
+                    (unsigned long long)usage.charged[i][0], (unsigned long long)ever[i]);
+            return 1;
+        }
     uint64_t dead = usage.proc[7].used[0];
     uint64_t freed = gpuslice_usage_release_proc(&usage, 7);
+    if (usage.charged[7][0] != 0) {
+        fprintf(stderr, "ledger_stress: a released row still counts %llu charged\n",
+                (unsigned long long)usage.charged[7][0]);
+        return 1;
+    }
     if (over || freed != dead || usage.used[0] != 0) {
         fprintf(stderr, "ledger_stress: over=%d freed=%llu dead=%llu left=%llu\n", over, (unsigned long long)freed,
                 (unsigned long long)dead, (unsigned long long)usage.used[0]);

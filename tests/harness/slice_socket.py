@@ -15,9 +15,10 @@ from tests.harness import CLIENTS, REPO
 CLIENT = CLIENTS / "slice_client.py"
 
 
-def run_client(box, socket: Path, charge: int, linger: float = 0) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+def run_client(box, socket: Path, charge: int, linger: float = 0, version: int | None = None) -> subprocess.Popen:  # type: ignore[no-untyped-def]
+    argv = [sys.executable, str(CLIENT), str(socket), str(charge), str(linger)] + ([str(version)] if version else [])
     return subprocess.Popen(
-        box.command([sys.executable, str(CLIENT), str(socket), str(charge), str(linger)], cwd=str(REPO)),
+        box.command(argv, cwd=str(REPO)),
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,

@@ -84,3 +84,26 @@ def test_attached_processes_survive_a_daemon_restart(daemon, containers):
         time.sleep(0.01)
     assert c.get("box").memory_used == 0
     proc.wait(10)
+
+
+@needs_root
+def test_a_version_3_process_attaches_and_charges_and_a_version_2_one_is_refused_in_one_line(daemon, containers):
+    """A process started before an upgrade speaks version 3 and maps the usage file up to
+    the gates: this daemon serves it (version 4 only appended `charged`)."""
+    d = daemon()
+    c = d.client()
+    box = containers()
+    c.reserve("box", {"gpuslice.io/memory": "2Gi"})
+    c.bind("box", box.init_pid)
+    proc = run_client(box, d.slice_socket, GiB, linger=60, version=3)
+    reply = read_reply(proc)
+    assert (reply["status"], reply["limit"], reply["charged"]) == (0, 2 * GiB, True), reply
+    assert c.get("box").memory_used == GiB
+    os.kill(reply["host_pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    while c.get("box").memory_used and time.monotonic() - killed < 1.0:
+        time.sleep(0.01)
+    assert c.get("box").memory_used == 0 and c.get("box").processes == 0
+    proc.wait(10)
+    refused = read_reply(run_client(box, d.slice_socket, 1, version=2))
+    assert refused["status"] == 2 and refused["message"] == "protocol version 2 unsupported; this daemon speaks 3 to 4"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from gpuslice.allocator.driver_memory import Reconciler
+from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
 
 pytestmark = pytest.mark.unit
 MiB = 1 << 20
@@ -20,6 +21,7 @@ class Files:
 
     charges: dict[int, int]  # slot -> bytes
     pids: dict[int, int]  # slot -> pid
+    ever: dict[int, int] = field(default_factory=dict)  # slot -> bytes it ever charged (only grows)
     slice_id: str = "s"
     driver: int = 0
     limit: int = 1024 * MiB
@@ -36,6 +38,17 @@ class Files:
 
     def proc_used(self, slot: int, g: int) -> int:
         return self.charges[slot]
+
+    def proc_charged(self, slot: int, g: int) -> int:
+        return self.ever.get(slot, 0)
+
+    def charge(self, slot: int, nbytes: int) -> None:
+        """As the ledger does: the row's bytes, then what it ever charged."""
+        self.charges[slot] += nbytes
+        self.ever[slot] = self.ever.get(slot, 0) + nbytes
+
+    def uncharge(self, slot: int, nbytes: int) -> None:
+        self.charges[slot] -= nbytes
 
     def set_driver_side(self, g: int, nbytes: int) -> int:
         was, self.driver = self.driver, nbytes
@@ -83,3 +96,43 @@ def test_an_allocation_while_the_driver_is_read_is_not_charged_either():
 
     Reconciler(lambda: [f], read).once()
     assert f.said == [30 * MiB]
+
+
+@pytest.mark.parametrize(("own", "charged"), [(0, 0), (30 * MiB, 30 * MiB)])
+def test_an_allocation_freed_while_the_driver_is_read_is_not_charged_as_the_drivers(own, charged):
+    """Charged, made, counted by the driver, freed: all between the two reads of the charges,
+    which both saw 100 MiB while the driver counted 140. Each read alone misses the 40 MiB the
+    process held in between; what it ever charged does not (a phantom would stay until the next
+    period, on a slice whose processes may have freed everything and exited, and refuse
+    allocations that fit). The driver's own memory beside the churn still counts."""
+    f = Files({0: 100 * MiB}, {0: 10})
+
+    def read(uuid: str) -> dict[int, int]:
+        f.charge(0, 40 * MiB)
+        counts = {10: f.charges[0] + own}
+        f.uncharge(0, 40 * MiB)
+        return counts
+
+    Reconciler(lambda: [f], read).once()
+    assert f.said == [charged]
+
+
+def test_on_the_real_ledger_a_process_s_churn_while_the_driver_is_read_leaves_nothing(tmp_path):
+    """The same race on a slice's real files: the ledger counts what a row ever charged, and a
+    released row starts again from nothing."""
+    files = SliceFiles(tmp_path, "s")
+    files.write_limits([GpuLimit("GPU-a", 1 << 30, 0, False)])
+    slot = files.claim_slot(10)
+    assert slot is not None and files.charge(slot, 0, 100 * MiB)
+
+    def read(uuid: str) -> dict[int, int]:
+        assert files.charge(slot, 0, 40 * MiB)
+        counts = {10: files.proc_used(slot, 0)}  # the driver counts the 40 MiB, then they are freed
+        files.uncharge(slot, 0, 40 * MiB)
+        return counts
+
+    Reconciler(lambda: [files], read).once()
+    assert (files.driver_side(0), files.used(), files.proc_charged(slot, 0)) == (0, [100 * MiB], 140 * MiB)
+    files.release_slot(slot)
+    again = files.claim_slot(11)
+    assert again == slot and (files.proc_used(slot, 0), files.proc_charged(slot, 0)) == (0, 0)
