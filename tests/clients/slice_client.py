@@ -18,8 +18,9 @@ import time
 from gpuslice.allocator.slice_files import constant, ffi_and_lib
 
 
-def attach_request(version: int) -> bytes:
-    """What the interposer sends first: ATTACH (gpuslice_slice.h)."""
+def attach_request(version: int | None = None) -> bytes:
+    """What the interposer sends first: ATTACH (gpuslice_slice.h), in this version unless given."""
+    version = constant("GPUSLICE_SLICE_VERSION") if version is None else version
     return struct.pack("=IHH", constant("GPUSLICE_REQUEST_MAGIC"), version, constant("GPUSLICE_OP_ATTACH"))
 
 

@@ -131,10 +131,19 @@ def test_stopped_halfway_it_releases_its_slices(daemon, tmp_path):
     while len(d.client().list()) < 4:  # each GPU's two share slices: the memory checks are done
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
+    proc.send_signal(signal.SIGUSR1)  # a selftest that seems stuck says where each thread is, and goes on
+    time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
-    _out, err = proc.communicate(timeout=30)
+    try:
+        _out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:  # where each of its threads is, then its end
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        pytest.fail(f"not stopped within 30 s of SIGTERM; its stderr:\n{proc.communicate()[1]}")
     assert proc.returncode == 1 and "stopped by SIGTERM; its slices were released" in err, err
     assert "Traceback" not in err
+    assert err.count("Thread 0x") >= 3 and "_gpu_checks" in err, err  # the main thread and each GPU's
     assert d.client().list() == []
 
 
