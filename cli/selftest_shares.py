@@ -116,7 +116,8 @@ def share_checks(
             running(b, FIT_WAIT_S + SETTLE_S + seconds + 1) as pb,
         ):
             began = time.monotonic_ns()
-            settled = client.compute_settled([a.name, b.name], FIT_WAIT_S)
+            settled = client.compute_settled([a.name, b.name], FIT_WAIT_S, stop=halt.event)
+            halt.wait(0)  # stopped while the costs were fitted: no measuring
             fitted = (settled - began) / 1e9 if settled is not None else None
             rates = _measure([pa, pb], max(SETTLE_S - (fitted or 0.0), 0.5), seconds, halt)
     except (grpc.RpcError, WorkerError, OSError, subprocess.TimeoutExpired) as e:

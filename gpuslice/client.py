@@ -5,6 +5,7 @@ stays that kind through whoever calls; each is a grpc.RpcError too."""
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -122,12 +123,13 @@ class AllocatorClient:
         req = pb.ResizeRequest(container_id=container_id, annotations=annotations)
         return _call(self.stub.Resize, req, self.timeout)
 
-    def compute_settled(self, containers: Iterable[str] | None, timeout: float, at_least: int = 1) -> int | None:
+    def compute_settled(self, containers: Iterable[str] | None, timeout: float, at_least: int = 1,
+                        stop: threading.Event | None = None) -> int | None:  # fmt: skip
         """When (time.monotonic_ns) the compute controller had these containers' slices (None:
         every slice, at least `at_least` GPUs of them) in use with their costs known: not
         `compute_fitting` (where the driver gives each sample period to one process, the
         daemon first fits the costs of slices that share a GPU, docs/compute.md), seen twice
-        SETTLED_S apart; None if not within `timeout` seconds."""
+        SETTLED_S apart; None if not within `timeout` seconds, or once `stop` is set."""
         names = None if containers is None else set(containers)
         deadline = time.monotonic_ns() + int(timeout * 1e9)
         first = None
@@ -142,5 +144,8 @@ class AllocatorClient:
             first = (first or now) if done else None
             if first is not None and now - first >= SETTLED_S * 1e9:
                 return first
-            time.sleep(0.05)
+            if stop is None:
+                time.sleep(0.05)
+            elif stop.wait(0.05):
+                return None
         return None
