@@ -7,7 +7,9 @@ and an exit status in one place (cli/app.py)."""
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
+import signal
 
 import click
 
@@ -49,6 +51,9 @@ class Main(app.Group):
 @click.version_option(__version__, prog_name="gpuslice")
 def main() -> None:
     """gpuslice: share NVIDIA GPUs among containers with hard memory limits and compute shares."""
+    # any gpuslice process that seems stuck (the daemon, the node agent, a selftest) says where
+    # each of its threads is: `kill -USR1 <pid>` prints their stacks to stderr, and it goes on
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ every check passed."""
 
 from __future__ import annotations
 
-import faulthandler
 import os
 import signal
 import tempfile
@@ -44,8 +43,6 @@ def run(opts: Options) -> list[Check]:
     # SIGTERM and SIGHUP unwind like Ctrl-C: the temporary slices are released on the way out
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _stop)
-    # one that seems stuck says where each thread is: `kill -USR1 <pid>` prints the stacks to stderr
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     with tempfile.TemporaryDirectory(prefix="gpuslice-selftest-") as view:
         return _run(opts, Path(view))
 

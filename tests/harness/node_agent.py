@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -86,13 +87,21 @@ class AgentRun:
         return AllocatorClient(self.socket, timeout=10)
 
     def stop(self) -> int:
-        """SIGTERM, as the kubelet sends it; the agent's exit status."""
+        """SIGTERM, as the kubelet sends it; the agent's exit status. One that does not end
+        within 90 s is asked where its threads are (SIGUSR1), then killed, and that is the failure."""
         if self.proc.poll() is None:
             if self.stop_cmd:
                 subprocess.run(self.stop_cmd, capture_output=True, timeout=90)
             else:
                 self.proc.terminate()
-        return self.proc.wait(90)
+        try:
+            return self.proc.wait(90)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            self.proc.kill()
+            self.proc.wait(30)
+            raise AssertionError(f"the agent did not stop within 90 s of SIGTERM; its log:\n{self.text()}") from None
 
 
 STARTED: list[AgentRun] = []
@@ -105,7 +114,9 @@ def stop_all() -> None:
         if run.proc.poll() is None:
             try:
                 run.stop()
-            except subprocess.TimeoutExpired:
+            except AssertionError:  # it did not stop, and was killed: the test that left it says so
+                pass
+            except subprocess.TimeoutExpired:  # its stop command did not end
                 run.proc.kill()
                 run.proc.wait(30)
 

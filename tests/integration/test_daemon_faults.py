@@ -213,6 +213,20 @@ def test_a_second_daemon_on_the_same_state_exits_and_leaves_the_first_serving(da
     assert d.client().reserve("still-here", {"gpuslice.io/memory": "1Gi"}).container_id == "still-here"
 
 
+def test_a_daemon_asked_where_it_is_prints_every_threads_stack_and_goes_on_serving(daemon):
+    """A daemon that seems stuck (CI saw a node agent's not stop within 90 s, with nothing in its
+    log to say why) is asked with SIGUSR1: each thread's stack goes to its log."""
+    d = daemon()
+    d.proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 10
+    while "Thread 0x" not in d.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log = d.log()
+    assert log.count("Thread 0x") >= 2 and "allocator/" in log, log  # its own threads, in its own code
+    assert d.proc.poll() is None
+    assert d.client().reserve("still-serving", {"gpuslice.io/memory": "1Gi"}).container_id == "still-serving"
+
+
 def test_a_removed_slice_socket_comes_back(daemon):
     """F4: a deleted slice socket was never recreated, and health stayed SERVING."""
     d = daemon(sweep_interval=0.2)
