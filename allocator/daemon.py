@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 from concurrent import futures
 
@@ -13,7 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from prometheus_client import start_http_server
 
-from gpuslice import constants, errors, inventory, simulator
+from gpuslice import constants, errors, inventory, simulator, stop_signals
 from gpuslice.allocator import container_start, metrics, slice_files
 from gpuslice.allocator.compute import ComputeController
 from gpuslice.allocator.config import Config
@@ -171,7 +170,6 @@ class Daemon:
 
     def serve(self) -> None:
         self.start()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.request_stop())
+        stop_signals.set_on_signals(self._stop)
         self.wait()
         self.stop()

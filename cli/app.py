@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
 from collections.abc import Callable
 from types import ModuleType
@@ -20,7 +19,7 @@ from typing import Any, NoReturn, Protocol
 
 import click
 
-from gpuslice import errors, simulator
+from gpuslice import errors, simulator, stop_signals
 
 EXIT_ERROR, EXIT_BAD_INPUT, EXIT_NO_DRIVER = 1, 2, 3
 _COMMAND, _AFTER = "gpuslice.command", "gpuslice.after"
@@ -128,6 +127,5 @@ class Served(Protocol):
 def serve(make: Callable[[], Served]) -> None:
     """Build a node component and serve it until SIGTERM or SIGINT."""
     p = make()
-    signal.signal(signal.SIGTERM, lambda *_: p.stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: p.stopping.set())
+    stop_signals.set_on_signals(p.stopping)
     p.serve()

@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import signal
 import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuslice import constants, errors, inventory, paths
+from gpuslice import constants, errors, inventory, paths, stop_signals
 from gpuslice.allocator.config import Config
 from gpuslice.allocator.daemon import Daemon
 from gpuslice.cdi import driver_files
@@ -227,8 +226,7 @@ class NodeAgent:
         inv = self.start()
         assert self.daemon is not None
         threading.Thread(target=self.watch_driver, args=(inv,), name="driver-watch", daemon=True).start()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda *_: self.stopping.set())
+        stop_signals.set_on_signals(self.stopping)
         log.info("installed under %s; serving", self.opts.host_dir)
         self.stopping.wait()
         self.undo()
