@@ -10,6 +10,7 @@ from __future__ import annotations
 import faulthandler
 import importlib
 import signal
+import sys
 
 import click
 
@@ -53,7 +54,9 @@ def main() -> None:
     """gpuslice: share NVIDIA GPUs among containers with hard memory limits and compute shares."""
     # any gpuslice process that seems stuck (the daemon, the node agent, a selftest) says where
     # each of its threads is: `kill -USR1 <pid>` prints their stacks to stderr, and it goes on
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # (the process's own stderr: a caller may have swapped sys.stderr for one without a file)
+    if sys.__stderr__ is not None:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
 
 
 if __name__ == "__main__":
