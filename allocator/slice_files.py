@@ -138,10 +138,9 @@ class SliceFiles:
         # be running (an upgrade keeps slices), so it is extended, never cleared
         older = self.ffi.offsetof("struct gpuslice_usage", "charged"), constant("GPUSLICE_USAGE_MAGIC")
         self.usage = self._map(self.usage_path, "struct gpuslice_usage", older)
+        self.usage.version = constant("GPUSLICE_SLICE_VERSION")  # new, or a version 3 file extended
         if self.usage.magic != constant("GPUSLICE_USAGE_MAGIC"):  # new: counters start at zero
-            self.usage.version = constant("GPUSLICE_SLICE_VERSION")
             self.usage.magic = constant("GPUSLICE_USAGE_MAGIC")
-        self.usage.version = max(self.usage.version, constant("GPUSLICE_SLICE_VERSION"))  # extended
 
     def _map(self, path: Path, ctype: str, older: tuple[int, int] | None = None) -> Any:
         """The file as a struct pointer; unmapped when the last reference goes
