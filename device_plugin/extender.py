@@ -28,14 +28,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gpuslice import errors
 from gpuslice.device_plugin import gpu_fit, node_gpus
 from gpuslice.device_plugin.admission import asks_of
 from gpuslice.device_plugin.gpu_fit import Take
-from gpuslice.http_json import read_bounded, send_json
+from gpuslice.http_json import JsonServer
 
 log = logging.getLogger(__name__)
 
@@ -193,74 +192,33 @@ def _filter_result(
     }
 
 
-class Server:
+class Server(JsonServer):
     """The extender on HTTP: POST /filter and /prioritize, GET /healthz.
     Bodies are bounded, reads time out, and at most MAX_IN_FLIGHT calls run
     at once (more are answered 503 at once)."""
 
+    accepted = "POST /filter, POST /prioritize"
+
     def __init__(self, extender: Extender, host: str, port: int) -> None:
+        super().__init__(host, port, MAX_BODY, MAX_IN_FLIGHT)
         self.extender = extender
-        self.slots = threading.BoundedSemaphore(MAX_IN_FLIGHT)
-        self.http = ThreadingHTTPServer((host, port), self._handler())
-        self.http.daemon_threads = True
-        self.stopping = threading.Event()
 
-    @property
-    def port(self) -> int:
-        return int(self.http.server_address[1])
+    def describe(self) -> str:
+        return f"filter and prioritize ({self.extender.policy})"
 
-    def serve(self) -> None:
-        log.info("serving filter and prioritize on %s:%d (%s)", *self.http.server_address[:2], self.extender.policy)
-        thread = threading.Thread(target=self.http.serve_forever, daemon=True)
-        thread.start()
-        self.stopping.wait()
-        self.http.shutdown()
-        self.http.server_close()
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            timeout = 10  # a slow sender cannot hold a thread
-            # the headers and the body go out as two writes: with Nagle on, the second waits for the
-            # caller's delayed ACK (40 ms on Linux)
-            disable_nagle_algorithm = True
-
-            def log_message(self, fmt: str, *args: object) -> None:
-                log.debug(fmt, *args)
-
-            def _send(self, code: int, body: Any) -> None:
-                send_json(self, code, body)
-
-            def do_GET(self) -> None:
-                if self.path == "/healthz":
-                    return self._send(200, {"ok": True})
-                self._send(404, {"error": f"no {self.path} (accepted: POST /filter, POST /prioritize, GET /healthz)"})
-
-            def do_POST(self) -> None:
-                verb = self.path.strip("/")
-                if verb not in ("filter", "prioritize"):
-                    return self._send(404, {"error": f"no verb {verb!r} (accepted: filter, prioritize)"})
-                body = read_bounded(self, MAX_BODY, server.slots)
-                if body is None:
-                    return None
-                try:
-                    self._answer(verb, body)
-                finally:
-                    server.slots.release()
-
-            def _answer(self, verb: str, body: bytes) -> None:
-                try:
-                    args = json.loads(body)
-                except ValueError as e:
-                    args = None
-                    log.warning("%s: the body is not JSON (%s)", verb, e)
-                if verb == "filter":
-                    return self._send(200, server.extender.filter(args))
-                try:
-                    self._send(200, server.extender.prioritize(args))
-                except errors.GpusliceError as e:  # HostPriorityList has no error field: the status says it
-                    log.warning("prioritize: %s", e)
-                    self._send(400, {"error": str(e)})
-
-        return Handler
+    def post(self, path: str, body: bytes) -> tuple[int, Any] | None:
+        verb = path.strip("/")
+        if verb not in ("filter", "prioritize"):
+            return 404, {"error": f"no verb {verb!r} (accepted: filter, prioritize)"}
+        try:
+            args = json.loads(body)
+        except ValueError as e:
+            args = None
+            log.warning("%s: the body is not JSON (%s)", verb, e)
+        if verb == "filter":
+            return 200, self.extender.filter(args)
+        try:
+            return 200, self.extender.prioritize(args)
+        except errors.GpusliceError as e:  # HostPriorityList has no error field: the status says it
+            log.warning("prioritize: %s", e)
+            return 400, {"error": str(e)}

@@ -1,13 +1,17 @@
-"""A JSON reply from an http.server handler, sized and typed, and a request
-body read within bounds: what the scheduler extender and the admission
-webhook serve (and the API stand-in the tests run)."""
+"""JSON over HTTP for the components Kubernetes calls: the scheduler extender
+and the admission webhook (and the API stand-in the tests run). A reply sized
+and typed, a request body read within bounds, and `JsonServer`, which serves
+POST routes and GET /healthz on threads until its `stopping` is set."""
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def send_json(handler: BaseHTTPRequestHandler, code: int, body: Any) -> None:
@@ -38,3 +42,70 @@ def read_bounded(handler: BaseHTTPRequestHandler, max_body: int, slots: threadin
     data = handler.rfile.read(length)
     handler.close_connection = handler.request_version != "HTTP/1.1" or handler.headers.get("Connection") == "close"
     return data
+
+
+class JsonServer:
+    """POST routes answered in JSON by `post`, and GET /healthz. Bodies are
+    bounded (`max_body`), a read times out after 10 s, and at most
+    `max_in_flight` calls run at once (more are answered 503 at once: the
+    caller's retry or failure policy decides)."""
+
+    accepted = ""  # the POST routes, for the line a request to another path gets
+    keep_alive = False  # HTTP/1.1: the caller's client pools its connections
+
+    def __init__(self, host: str, port: int, max_body: int, max_in_flight: int) -> None:
+        self.max_body = max_body
+        self.slots = threading.BoundedSemaphore(max_in_flight)
+        self.http = ThreadingHTTPServer((host, port), _handler(self))
+        self.http.daemon_threads = True
+        self.stopping = threading.Event()
+
+    @property
+    def port(self) -> int:
+        return int(self.http.server_address[1])
+
+    def post(self, path: str, body: bytes) -> tuple[int, Any] | None:
+        """The status and body answering `body` posted to `path`; None: no such route."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """What the start-up line says is served."""
+        return self.accepted
+
+    def serve(self) -> None:
+        log.info("serving %s on %s:%d", self.describe(), *self.http.server_address[:2])
+        threading.Thread(target=self.http.serve_forever, daemon=True).start()
+        self.stopping.wait()
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def _handler(server: JsonServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = 10  # a slow sender, or a kept connection left idle, cannot hold a thread
+        protocol_version = "HTTP/1.1" if server.keep_alive else "HTTP/1.0"
+        # the headers and the body go out as two writes: with Nagle on, the second waits for the
+        # caller's delayed ACK (40 ms on Linux)
+        disable_nagle_algorithm = True
+
+        def log_message(self, fmt: str, *args: object) -> None:
+            log.debug(fmt, *args)
+
+        def do_GET(self) -> None:
+            if self.path == "/healthz":
+                return send_json(self, 200, {"ok": True})
+            send_json(self, 404, {"error": f"no {self.path} (accepted: {server.accepted}, GET /healthz)"})
+
+        def do_POST(self) -> None:
+            body = read_bounded(self, server.max_body, server.slots)
+            if body is None:
+                return
+            try:
+                answer = server.post(self.path.split("?", 1)[0], body)
+            finally:
+                server.slots.release()
+            if answer is None:
+                return send_json(self, 404, {"error": f"no {self.path} (accepted: {server.accepted})"})
+            send_json(self, *answer)
+
+    return Handler
