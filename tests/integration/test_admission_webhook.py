@@ -233,6 +233,25 @@ def test_what_cannot_be_served_is_refused_with_one_line_and_other_objects_pass(w
         "uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "allowed": True}  # fmt: skip
 
 
+def test_a_kept_connection_answers_each_request_after_a_post_to_a_path_not_served(webhook):
+    """The API server's client keeps its connections: a POST the webhook does not serve is
+    answered 404 in one line and its body read, so the next request on the connection is
+    answered as itself (a body left unread was taken for that request: 400, bad request)."""
+    _, url, ctx = webhook
+    raw = socket.create_connection(("127.0.0.1", url.port), timeout=10)
+    conn = http.client.HTTPSConnection(SERVICE, url.port, context=ctx, timeout=10)
+    conn.sock = ctx.wrap_socket(raw, server_hostname=SERVICE)
+    try:
+        conn.request("POST", "/validate", b'{"kind": "AdmissionReview"}', {"Content-Type": "application/json"})
+        r = conn.getresponse()
+        assert (r.status, json.loads(r.read())) == (404, {"error": "no /validate (accepted: POST /mutate)"})
+        conn.request("GET", "/healthz")
+        r = conn.getresponse()
+        assert (r.status, json.loads(r.read())) == (200, {"ok": True})
+    finally:
+        conn.close()
+
+
 def test_the_review_and_its_answers_are_the_official_admission_v1_types():
     """Every field of what the API server sends and the webhook answers is one of
     admission/v1's types.go (k8s.io/api 0.36, Debian's golang-k8s-api-dev), those
