@@ -361,3 +361,30 @@ def test_an_elastic_slice_left_alone_with_its_gate_open_is_not_fitted_again(tmp_
     drive(gpu, tenants, controller, 8.0)
     assert drive(gpu, tenants, controller, 10.0) == pytest.approx([30, 70], abs=1.0)
     assert controller.fits == {(UUID, "join"): 1}
+
+
+def test_launches_made_while_the_controller_ticks_count_as_the_next_periods(tmp_path):
+    """A tenant that launches steadily, not in a burst after each refill, launches some
+    kernels while the controller ticks, between its count of the period's launches and
+    its refill of the gate. They are the next period's. They were counted nowhere: the
+    slice read fewer threads than it ran and its cost per thread that much higher (on
+    the simulator a light hard 50 % slice's cost was fitted 5 to 13 % above a saturating
+    one's for the same kernels; here half the launches land in the tick: 2x)."""
+    gpu, [t], controller = node(tmp_path, (50, True))
+    refill = t.files.refill_gate
+
+    def refill_after_launches(gpu_index: int, add: int, cap: int, next_refill_ns: int) -> tuple[int, int]:
+        gate = t.files.usage.gate[0]
+        for _ in range(10):  # launching as the tick runs, as the gate lets it
+            if gate.tokens > 0:
+                gate.tokens -= KERNEL
+                t.queued_ns += KERNEL * t.ns_per_thread
+        return refill(gpu_index, add, cap, next_refill_ns)
+
+    t.files.refill_gate = refill_after_launches  # type: ignore[method-assign]
+    for _ in range(round(3.0 / PERIOD)):
+        gpu.run([t], {t.pid: False})  # runs what was queued
+        t.launch(10 * KERNEL)  # and as many launches between the ticks
+        t.queued_ns += t.launched * t.ns_per_thread
+        controller.tick()
+    assert controller.state[(t.files.slice_id, 0)].ns_per_thread() == pytest.approx(NS_PER_THREAD, rel=0.03)
