@@ -3,7 +3,7 @@
 #   make node       what the node package ships: ledger, wrap, tools, bin
 #   make sim        the simulated driver (the gpuslice-sim package)
 # into $(BUILD)/{ledger,wrap,tools,bin,sim}/.  Sanitizer builds:
-#   make check-sanitizers, make asan-bin  (tests/integration/test_sanitizers.py)
+#   make check-sanitizers, make asan-bin, make wrap-stress  (tests/integration/test_sanitizers.py)
 # Installed by hand (the packages install through pip instead, packaging/build.py):
 #   make install DESTDIR=... LIBDIR=/usr/lib/gpuslice BINDIR=/usr/bin
 #   make install-sim DESTDIR=... LIBDIR=/usr/lib/gpuslice
@@ -52,4 +52,4 @@ install-sim: sim
 	install -m 0644 $(BUILD)/sim/libcuda.so.1 $(BUILD)/sim/libnvidia-ml.so.1 $(BUILD)/sim/gpuslice-sim.yaml \
 	    $(DESTDIR)$(LIBDIR)/sim/
 
-.PHONY: all node sim install install-sim ledger wrap tools bin asan-bin bench check-sanitizers check-ledger-sanitizers check-sim-sanitizers
+.PHONY: all node sim install install-sim ledger wrap wrap-stress tools bin asan-bin bench check-sanitizers check-ledger-sanitizers check-sim-sanitizers

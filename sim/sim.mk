@@ -26,11 +26,14 @@ $(BUILD)/sim/gpuslice-sim.yaml: $(SIM_CONFIG)
 	@mkdir -p $(@D)
 	cp $< $@
 
-# the simulator under ASan/UBSan and TSan, driven by sim/tests/sim_stress.c
+# the simulator under ASan/UBSan and TSan, driven by sim/tests/sim_stress.c (and the interposer's
+# libcuda_wrap/tests/wrap_stress.c). -Bsymbolic as above: its calls to its own entry points
+# (cuArrayCreate_v2 makes a 3D array) bind to itself, as a driver's do; in a program linked to
+# the interposer they went through the interposer again and charged the slice twice
 $(BUILD)/asan/libcuda.so.1 $(BUILD)/tsan/libcuda.so.1: $(SIM_COMMON) $(SIM_CUDA) $(SIM_DEPS)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -O1 $(call san,$@) -o $@ $(SIM_COMMON) $(SIM_CUDA) \
-	    $(SHARED) -Wl,-soname,libcuda.so.1 -lyaml -ldl
+	    $(SHARED) -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic -lyaml -ldl
 
 # beside each, the PTX JIT compiler's stand-in it loads (sim_cuda_jit.c)
 $(BUILD)/asan/libnvidia-ptxjitcompiler.so.1 $(BUILD)/tsan/libnvidia-ptxjitcompiler.so.1: sim/sim_ptxjit.c

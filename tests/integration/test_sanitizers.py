@@ -1,7 +1,10 @@
 """ASan/UBSan and TSan builds: the simulator under 8 threads allocating,
 copying, launching and synchronising plus a fork (sim/tests/sim_stress.c),
-and the slice ledger's atomics under 8 contending threads (libcuda_wrap/tests/ledger_stress.c);
-ASan/UBSan builds of the OCI hook and the runtime shim on each of their paths."""
+the slice ledger's atomics under 8 contending threads (libcuda_wrap/tests/ledger_stress.c),
+the interposer itself attached to a slice, in front of the simulator built alike, under
+8 threads on every allocation path, the launch gate, graphs and contexts plus a fork
+(libcuda_wrap/tests/wrap_stress.c); ASan/UBSan builds of the OCI hook and the runtime
+shim on each of their paths."""
 
 from __future__ import annotations
 
@@ -9,8 +12,11 @@ import json
 import os
 import subprocess
 
-from tests.harness import REPO
-from tests.harness.machine import oci_bundle
+import pytest
+
+from gpuslice.allocator.slice_files import SliceFiles
+from tests.harness import REPO, interposer_env
+from tests.harness.machine import gpu, needs_root, oci_bundle
 
 ROOT = REPO
 
@@ -25,6 +31,36 @@ def test_stress_is_clean_under_sanitizers(tmp_path):
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("sim_stress: ok") == 2
     assert r.stdout.count("ledger_stress: ok") == 2
+
+
+@needs_root
+@pytest.mark.parametrize("sanitizer", ["asan", "tsan"])
+def test_the_interposer_in_a_slice_is_clean_under_sanitizers(tmp_path, daemon, containers, sanitizer):
+    """The interposer's own code (its allocation table, context cache, launch gate, graph
+    costs and attach) under 8 threads and a forked child of 4, attached to a hard 30 %
+    slice: the stress says ok, the gate made launches wait (its slow path ran), and the
+    slice ends with nothing charged."""
+    build = tmp_path / "build"
+    r = subprocess.run(["make", "-C", ROOT, f"BUILD={build}", f"{build}/{sanitizer}/wrap/wrap_stress"],
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    d = daemon([gpu("16Gi")])
+    client = d.client()
+    box = containers()
+    reserved = client.reserve("box", {"gpuslice.io/memory": "2Gi", "gpuslice.io/cores": "30",
+                                      "gpuslice.io/compute-policy": "hard"})  # fmt: skip
+    client.bind("box", box.init_pid)
+    files = SliceFiles(d.slice_files_dir, reserved.id)
+    env = {**interposer_env(d), "GPUSLICE_REAL_LIBCUDA": str(build / sanitizer / "libcuda.so.1"),
+           "ASAN_OPTIONS": "exitcode=99", "UBSAN_OPTIONS": "halt_on_error=1:exitcode=99",
+           "TSAN_OPTIONS": "halt_on_error=1:exitcode=99"}  # fmt: skip
+    env.pop("LD_LIBRARY_PATH")  # the stress finds the sanitized interposer beside it
+    argv = ["setarch", "-R", str(build / sanitizer / "wrap/wrap_stress")]  # TSan needs a fixed address layout
+    r = subprocess.run(box.command(argv), capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0 and "wrap_stress: ok (slice total 2147483648)" in r.stdout, r.stdout + r.stderr[-6000:]
+    assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-6000:]
+    assert files.gate_waits(0) > 0
+    assert files.used()[0] == 0
 
 
 def test_hook_and_shim_are_clean_under_asan_and_ubsan(tmp_path, daemon):

@@ -1,0 +1,283 @@
+/* The interposer itself under ASan/UBSan and TSan (make wrap-stress), in front
+ * of the simulator built with the same sanitizer and attached to a real slice
+ * (tests/integration/test_sanitizers.py runs it in a container's box).
+ *
+ * After one fork (the child attaches on its own, from four threads at once),
+ * 8 threads at once allocate and free through every kind of path the
+ * interposer charges (cuMemAlloc, async, pool, VMM, managed, pitch, arrays),
+ * launch through the slice's launch gate (directly and through a pointer from
+ * cuGetProcAddress), capture, instantiate, launch, update and destroy graphs
+ * (the exec cost table), and create, use and destroy contexts of their own.
+ * At the end every charge is given back: the slice shows as much free as
+ * before.  Exits non-zero on any wrong answer. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "gpuslice_cuda.h"
+
+CUresult cuInit(unsigned);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxSynchronize(void);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t);
+CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
+CUresult cuMemPoolDestroy(CUmemoryPool);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+CUresult cuMemGetAllocationGranularity(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemAddressReserve(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
+CUresult cuMemSetAccess(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult cuArrayDestroy(CUarray);
+CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuStreamDestroy_v2(CUstream);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
+CUresult cuStreamEndCapture(CUstream, CUgraph *);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGraphExecUpdate_v2(CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *);
+CUresult cuGraphExecDestroy(CUgraphExec);
+CUresult cuGraphDestroy(CUgraph);
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleUnload(CUmodule);
+CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                        void **, void **);
+CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void **, void **);
+
+#define CHECK(x)                                                              \
+    do {                                                                      \
+        CUresult r_ = (x);                                                    \
+        if (r_ != CUDA_SUCCESS) {                                             \
+            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #x, r_); \
+            exit(1);                                                          \
+        }                                                                     \
+    } while (0)
+
+#define THREADS 8
+#define ROUNDS 240
+#define MiB (1ull << 20)
+static const char PTX[] = ".version 8.0\n.target sm_80\n.visible .entry k()\n{\n ret;\n}\n";
+
+static CUdevice dev;
+static CUcontext primary;
+static CUfunction fn;
+
+static const CUmemAllocationProp VMM_PROP = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+                                             .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}};
+
+/* Written, read back, given back: each path the interposer charges. */
+static void alloc_and_free(int path, size_t n, CUstream s, CUmemoryPool pool, unsigned char mark)
+{
+    CUdeviceptr p = 0;
+    unsigned char back = 0;
+    switch (path) {
+    case 0:
+        CHECK(cuMemAlloc_v2(&p, n));
+        CHECK(cuMemsetD8_v2(p, mark, n));
+        CHECK(cuMemcpyDtoH_v2(&back, p + n - 1, 1));
+        if (back != mark) {
+            fprintf(stderr, "read back %d, wrote %d\n", back, mark);
+            exit(1);
+        }
+        CHECK(cuMemFree_v2(p));
+        return;
+    case 1:
+        CHECK(cuMemAllocAsync(&p, n, s));
+        CHECK(cuMemFreeAsync(p, s));
+        return;
+    case 2:
+        CHECK(cuMemAllocFromPoolAsync(&p, n, pool, s));
+        CHECK(cuMemFreeAsync(p, s));
+        return;
+    case 3: {
+        size_t g;
+        CHECK(cuMemGetAllocationGranularity(&g, &VMM_PROP, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
+        size_t size = (n + g - 1) / g * g;
+        CUmemGenericAllocationHandle h;
+        CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+        CHECK(cuMemCreate(&h, size, &VMM_PROP, 0));
+        CHECK(cuMemAddressReserve(&p, size, 0, 0, 0));
+        CHECK(cuMemMap(p, size, 0, h, 0));
+        CHECK(cuMemSetAccess(p, size, &access, 1));
+        CHECK(cuMemsetD8_v2(p, mark, size));
+        CHECK(cuMemUnmap(p, size));
+        CHECK(cuMemAddressFree(p, size));
+        CHECK(cuMemRelease(h));
+        return;
+    }
+    case 4:
+        CHECK(cuMemAllocManaged(&p, n, CU_MEM_ATTACH_GLOBAL));
+        CHECK(cuMemFree_v2(p));
+        return;
+    case 5: {
+        size_t pitch;
+        CHECK(cuMemAllocPitch_v2(&p, &pitch, 1 + n / 64, 64, 4));
+        CHECK(cuMemFree_v2(p));
+        return;
+    }
+    default: {
+        CUarray a;
+        CUDA_ARRAY_DESCRIPTOR d = {.Width = 1 + n / 256, .Height = 64, .Format = CU_AD_FORMAT_UNSIGNED_INT8,
+                                   .NumChannels = 4};
+        CHECK(cuArrayCreate_v2(&a, &d));
+        CHECK(cuArrayDestroy(a));
+        return;
+    }
+    }
+}
+
+/* A graph of three launches captured from the stream. */
+static CUgraph captured(CUstream s, unsigned blocks)
+{
+    CUgraph g;
+    CHECK(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+    for (int i = 0; i < 3; i++)
+        CHECK(cuLaunchKernel(fn, blocks, 1, 1, 64, 1, 1, 0, s, NULL, NULL));
+    CHECK(cuStreamEndCapture(s, &g));
+    return g;
+}
+
+static void graphs(CUstream s, unsigned blocks)
+{
+    CUgraph g = captured(s, blocks), other = captured(s, blocks + 1);
+    CUgraphExec e;
+    CUgraphExecUpdateResultInfo info;
+    CHECK(cuGraphInstantiateWithFlags(&e, g, 0));
+    CHECK(cuGraphLaunch(e, s));
+    CHECK(cuGraphExecUpdate_v2(e, other, &info));
+    CHECK(cuGraphLaunch(e, s));
+    CHECK(cuStreamSynchronize(s));
+    CHECK(cuGraphExecDestroy(e));
+    CHECK(cuGraphDestroy(g));
+    CHECK(cuGraphDestroy(other));
+}
+
+/* A context of the thread's own: what it allocates goes with it. */
+static void own_context(void)
+{
+    CUcontext c;
+    CUdeviceptr p;
+    CHECK(cuCtxCreate_v2(&c, 0, dev));
+    CHECK(cuMemAlloc_v2(&p, 3 * MiB));
+    CHECK(cuCtxDestroy_v2(c));
+    CHECK(cuCtxSetCurrent(primary));
+}
+
+static void *worker(void *arg)
+{
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    CHECK(cuCtxSetCurrent(primary));
+    CUstream s;
+    CUmemoryPool pool;
+    CUmemPoolProps props = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED, .location = {CU_MEM_LOCATION_TYPE_DEVICE, 0}};
+    launch_fn launch;
+    CUdriverProcAddressQueryResult found;
+    CHECK(cuStreamCreate(&s, 0));
+    CHECK(cuMemPoolCreate(&pool, &props));
+    CHECK(cuGetProcAddress_v2("cuLaunchKernel", (void **)&launch, 12000, 0, &found));
+    for (int i = 0; i < ROUNDS; i++) {
+        alloc_and_free(rand_r(&seed) % 7, 1 + (size_t)(rand_r(&seed) % (2 * MiB)), s, pool, (unsigned char)i);
+        unsigned blocks = 1728 * (1 + (unsigned)(rand_r(&seed) % 20)); /* 1 to 20 waves of 108 SMs: 10 to 200 us */
+        CHECK((i % 2 ? launch : cuLaunchKernel)(fn, blocks, 1, 1, 128, 1, 1, 0, s, NULL, NULL));
+        if (i % 20 == 0)
+            graphs(s, blocks);
+        if (i % 60 == 0)
+            own_context();
+    }
+    CHECK(cuStreamSynchronize(s));
+    CHECK(cuMemPoolDestroy(pool));
+    CHECK(cuStreamDestroy_v2(s));
+    return NULL;
+}
+
+/* The forked child: a process of its own in the slice, attached by whichever
+ * of its threads asks first. */
+static void *child_worker(void *arg)
+{
+    (void)arg;
+    CUcontext c;
+    CUdeviceptr p;
+    CHECK(cuInit(0));
+    CHECK(cuDevicePrimaryCtxRetain(&c, 0));
+    CHECK(cuCtxSetCurrent(c));
+    CHECK(cuMemAlloc_v2(&p, MiB));
+    CHECK(cuMemFree_v2(p));
+    return NULL;
+}
+
+static int child(void)
+{
+    pthread_t t[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&t[i], NULL, child_worker, NULL);
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    return 0;
+}
+
+int main(void)
+{
+    CUmodule mod;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuDevicePrimaryCtxRetain(&primary, dev));
+    CHECK(cuCtxSetCurrent(primary));
+    CHECK(cuModuleLoadData(&mod, PTX));
+    CHECK(cuModuleGetFunction(&fn, mod, "k"));
+    size_t free0, total;
+    CHECK(cuMemGetInfo_v2(&free0, &total));
+
+    /* fork before the threads start: forking a threaded process can hang
+     * under TSan's own locks */
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(child());
+    pthread_t t[THREADS];
+    for (uintptr_t i = 0; i < THREADS; i++)
+        pthread_create(&t[i], NULL, worker, (void *)(i + 1));
+    for (int i = 0; i < THREADS; i++)
+        pthread_join(t[i], NULL);
+    int status;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "fork child failed: %d\n", status);
+        return 1;
+    }
+    CHECK(cuCtxSynchronize());
+    size_t free1;
+    CHECK(cuMemGetInfo_v2(&free1, &total));
+    if (free1 != free0) {
+        fprintf(stderr, "charged: free %zu before, %zu after\n", free0, free1);
+        return 1;
+    }
+    CHECK(cuModuleUnload(mod));
+    CHECK(cuDevicePrimaryCtxRelease_v2(dev));
+    printf("wrap_stress: ok (slice total %zu)\n", total);
+    return 0;
+}
