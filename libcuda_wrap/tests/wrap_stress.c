@@ -18,23 +18,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "gpuslice_cuda.h"
+#include "gpuslice_stress.h"
 
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
 CUresult cuCtxDestroy_v2(CUcontext);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuCtxSynchronize(void);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
-CUresult cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t);
-CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
-CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
-CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
 CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
 CUresult cuMemPoolDestroy(CUmemoryPool);
 CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
@@ -50,9 +37,6 @@ CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
 CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
 CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
 CUresult cuArrayDestroy(CUarray);
-CUresult cuStreamCreate(CUstream *, unsigned);
-CUresult cuStreamDestroy_v2(CUstream);
-CUresult cuStreamSynchronize(CUstream);
 CUresult cuStreamBeginCapture_v2(CUstream, CUstreamCaptureMode);
 CUresult cuStreamEndCapture(CUstream, CUgraph *);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
@@ -60,26 +44,12 @@ CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuGraphExecUpdate_v2(CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *);
 CUresult cuGraphExecDestroy(CUgraphExec);
 CUresult cuGraphDestroy(CUgraph);
-CUresult cuModuleLoadData(CUmodule *, const void *);
 CUresult cuModuleUnload(CUmodule);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                        void **, void **);
 CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               CUstream, void **, void **);
 
-#define CHECK(x)                                                              \
-    do {                                                                      \
-        CUresult r_ = (x);                                                    \
-        if (r_ != CUDA_SUCCESS) {                                             \
-            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #x, r_); \
-            exit(1);                                                          \
-        }                                                                     \
-    } while (0)
-
-#define THREADS 8
 #define ROUNDS 240
 #define MiB (1ull << 20)
 static const char PTX[] = ".version 8.0\n.target sm_80\n.visible .entry k()\n{\n ret;\n}\n";
@@ -258,17 +228,8 @@ int main(void)
     pid_t pid = fork();
     if (pid == 0)
         _exit(child());
-    pthread_t t[THREADS];
-    for (uintptr_t i = 0; i < THREADS; i++)
-        pthread_create(&t[i], NULL, worker, (void *)(i + 1));
-    for (int i = 0; i < THREADS; i++)
-        pthread_join(t[i], NULL);
-    int status;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "fork child failed: %d\n", status);
+    if (stress_threads_and_child(worker, pid))
         return 1;
-    }
     CHECK(cuCtxSynchronize());
     size_t free1;
     CHECK(cuMemGetInfo_v2(&free1, &total));

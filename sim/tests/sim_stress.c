@@ -9,41 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "gpuslice_cuda.h"
-
-CUresult cuInit(unsigned);
-CUresult cuDeviceGet(CUdevice *, int);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
-CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
-CUresult cuCtxSetCurrent(CUcontext);
-CUresult cuCtxSynchronize(void);
-CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
-CUresult cuMemFree_v2(CUdeviceptr);
-CUresult cuMemGetInfo_v2(size_t *, size_t *);
-CUresult cuMemsetD8_v2(CUdeviceptr, unsigned char, size_t);
-CUresult cuMemcpyDtoH_v2(void *, CUdeviceptr, size_t);
-CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
-CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
-CUresult cuStreamCreate(CUstream *, unsigned);
-CUresult cuStreamDestroy_v2(CUstream);
-CUresult cuStreamSynchronize(CUstream);
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleGetFunction(CUfunction *, CUmodule, const char *);
-CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
-                        void **, void **);
-CUresult cuEventCreate(CUevent *, unsigned);
-CUresult cuEventRecord(CUevent, CUstream);
-CUresult cuEventSynchronize(CUevent);
-CUresult cuEventDestroy_v2(CUevent);
-
-#define CHECK(x)                                                              \
-    do {                                                                      \
-        CUresult r_ = (x);                                                    \
-        if (r_ != CUDA_SUCCESS) {                                             \
-            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #x, r_); \
-            exit(1);                                                          \
-        }                                                                     \
-    } while (0)
+#include "gpuslice_stress.h"
 
 static CUcontext ctx;
 static CUfunction fn;
@@ -110,17 +76,8 @@ int main(void)
             _exit(4);
         _exit(0);
     }
-    pthread_t t[8];
-    for (uintptr_t i = 0; i < 8; i++)
-        pthread_create(&t[i], NULL, worker, (void *)(i + 1));
-    for (int i = 0; i < 8; i++)
-        pthread_join(t[i], NULL);
-    int status;
-    waitpid(child, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "fork child failed: %d\n", status);
+    if (stress_threads_and_child(worker, child))
         return 1;
-    }
     CHECK(cuCtxSynchronize());
     size_t free1;
     CHECK(cuMemGetInfo_v2(&free1, &total));
