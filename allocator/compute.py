@@ -61,7 +61,9 @@ class Share:
 
 @dataclass
 class GateState:
-    after: int | None = None  # tokens right after our last refill, less what was launched before it since the count
+    # tokens right after our last refill, plus what was launched between that tick's count and the
+    # refill (the next period's launches)
+    after: int | None = None
     counted: int | None = None  # the gate's tokens when this tick counted the launches
     switched: bool = True  # a refill since the last reading opened or closed the gate, or was the first
     unpaired: int = 0  # threads launched since the last reading
