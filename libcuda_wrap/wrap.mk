@@ -45,8 +45,8 @@ check-ledger-sanitizers: $(BUILD)/asan/ledger_stress $(BUILD)/tsan/ledger_stress
 	$(BUILD)/asan/ledger_stress
 	setarch -R $(BUILD)/tsan/ledger_stress
 
-# the interposer itself under ASan/UBSan and TSan, in front of the simulator
-# built with the same sanitizer (sim.mk): libcuda_wrap/tests/wrap_stress.c, run
+# the interposer itself (libcuda and NVML) under ASan/UBSan and TSan, in front of
+# the simulator built with the same sanitizer (sim.mk): libcuda_wrap/tests/wrap_stress.c, run
 # attached to a slice by tests/integration/test_sanitizers.py
 $(BUILD)/asan/wrap/libcuda.so.1 $(BUILD)/tsan/wrap/libcuda.so.1: $(WRAP_CUDA) $(WRAP_DEPS)
 	@mkdir -p $(@D)
@@ -54,9 +54,16 @@ $(BUILD)/asan/wrap/libcuda.so.1 $(BUILD)/tsan/wrap/libcuda.so.1: $(WRAP_CUDA) $(
 	    -DGS_REAL_ENV=GS_ENV_REAL_LIBCUDA -DGS_REAL_DEFAULT='"$(REAL_LIBCUDA)"' \
 	    -o $@ $(WRAP_CUDA) $(SHARED) -Wl,-soname,libcuda.so.1 -ldl
 
+$(BUILD)/asan/wrap/libnvidia-ml.so.1 $(BUILD)/tsan/wrap/libnvidia-ml.so.1: $(WRAP_NVML) $(WRAP_DEPS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -O1 $(call san,$@) -DEXPORTS='"nvml_exports.def"' -DGS_NOT_FOUND=13 \
+	    -DGS_REAL_ENV=GS_ENV_REAL_LIBNVML -DGS_REAL_DEFAULT='"$(REAL_LIBNVML)"' \
+	    -o $@ $(WRAP_NVML) $(SHARED) -Wl,-soname,libnvidia-ml.so.1 -ldl
+
 $(BUILD)/asan/wrap/wrap_stress $(BUILD)/tsan/wrap/wrap_stress: $(BUILD)/%/wrap/wrap_stress: \
-    libcuda_wrap/tests/wrap_stress.c $(BUILD)/%/wrap/libcuda.so.1 $(BUILD)/%/libcuda.so.1 \
-    $(BUILD)/%/libnvidia-ptxjitcompiler.so.1
-	$(CC) $(CFLAGS) -O1 $(call san,$@) -o $@ $< -L$(@D) -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN' -pthread
+    libcuda_wrap/tests/wrap_stress.c $(BUILD)/%/wrap/libcuda.so.1 $(BUILD)/%/wrap/libnvidia-ml.so.1 \
+    $(BUILD)/%/libcuda.so.1 $(BUILD)/%/libnvidia-ml.so.1 $(BUILD)/%/libnvidia-ptxjitcompiler.so.1
+	$(CC) $(CFLAGS) -O1 $(call san,$@) -o $@ $< -L$(@D) -l:libcuda.so.1 -l:libnvidia-ml.so.1 \
+	    -Wl,-rpath,'$$ORIGIN' -pthread
 
 wrap-stress: $(BUILD)/asan/wrap/wrap_stress $(BUILD)/tsan/wrap/wrap_stress

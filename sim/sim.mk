@@ -35,6 +35,11 @@ $(BUILD)/asan/libcuda.so.1 $(BUILD)/tsan/libcuda.so.1: $(SIM_COMMON) $(SIM_CUDA)
 	$(CC) $(CFLAGS) -O1 $(call san,$@) -o $@ $(SIM_COMMON) $(SIM_CUDA) \
 	    $(SHARED) -Wl,-soname,libcuda.so.1 -Wl,-Bsymbolic -lyaml -ldl
 
+$(BUILD)/asan/libnvidia-ml.so.1 $(BUILD)/tsan/libnvidia-ml.so.1: $(SIM_COMMON) $(SIM_NVML) $(SIM_DEPS)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -O1 $(call san,$@) -o $@ $(SIM_COMMON) $(SIM_NVML) \
+	    $(SHARED) -Wl,-soname,libnvidia-ml.so.1 -Wl,-Bsymbolic -lyaml -ldl
+
 # beside each, the PTX JIT compiler's stand-in it loads (sim_cuda_jit.c)
 $(BUILD)/asan/libnvidia-ptxjitcompiler.so.1 $(BUILD)/tsan/libnvidia-ptxjitcompiler.so.1: sim/sim_ptxjit.c
 	@mkdir -p $(@D)

@@ -17,7 +17,8 @@ static struct nvmlDevice_st {
     int index;
 } devices[SIM_MAX_GPUS];
 static int init_count;
-static char own_cgroup[SIM_CG_PATH]; /* driver limits apply by cgroup */
+static char own_cgroup[SIM_CG_PATH]; /* driver limits apply by cgroup; read once, by the first init */
+static int cgroup_read;
 static pthread_mutex_t nvml_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static const struct { nvmlReturn_t code; const char *text; } errors[] = {
@@ -60,8 +61,10 @@ NVAPI nvmlInitWithFlags(unsigned int flags)
         sim_log("%s", err);
         return NVML_ERROR_DRIVER_NOT_LOADED;
     }
-    sim_own_cgroup(own_cgroup, sizeof own_cgroup);
     pthread_mutex_lock(&nvml_mu);
+    if (!cgroup_read) /* written before any thread's ready() can see an init, never after */
+        sim_own_cgroup(own_cgroup, sizeof own_cgroup);
+    cgroup_read = 1;
     for (int i = 0; i < SIM_MAX_GPUS; i++)
         devices[i].index = i;
     init_count++;
@@ -311,7 +314,7 @@ static nvmlReturn_t list_procs(int idx, unsigned int *count, void *out, size_t s
     sim_gpu_lock(idx);
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
         const struct sim_proc *p = &sim_shm->proc[i];
-        if (!p->live || (!p->contexts[idx] && !p->mem[idx]))
+        if (!__atomic_load_n(&p->live, __ATOMIC_ACQUIRE) || (!p->contexts[idx] && !p->mem[idx]))
             continue;
         if (out && n < cap)
             write((char *)out + (size_t)n * stride, p, idx);
@@ -476,6 +479,19 @@ static int sample_clock(unsigned long long last_seen_us, uint64_t *mono, unsigne
     return 1;
 }
 
+/* Has process slot i a context or memory on GPU idx? Read under the GPU's
+ * lock, which its writers hold (a sweep may be reclaiming it meanwhile). */
+static int on_gpu(int i, int idx)
+{
+    const struct sim_proc *p = &sim_shm->proc[i];
+    if (!__atomic_load_n(&p->live, __ATOMIC_ACQUIRE))
+        return 0;
+    sim_gpu_lock(idx);
+    int on = p->contexts[idx] || p->mem[idx];
+    sim_gpu_unlock(idx);
+    return on;
+}
+
 /* util_stamps: per_process.  Each process gets a sample for each of its own
  * periods that ended within the last second, after last_seen, and in which
  * it ran (or ran less than 1 % where util_zero_samples is on). */
@@ -488,8 +504,7 @@ static unsigned own_stamp_samples(int idx, nvmlProcessUtilizationSample_t *sampl
         return 0;
     unsigned n = 0;
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
-        const struct sim_proc *p = &sim_shm->proc[i];
-        if (!p->live || (!p->contexts[idx] && !p->mem[idx]))
+        if (!on_gpu(i, idx))
             continue;
         uint64_t phase = own_phase(i, period);
         if (mono < phase + period)
@@ -534,8 +549,7 @@ static unsigned busiest_samples(int idx, nvmlProcessUtilizationSample_t *samples
         uint64_t all = sim_busy_between(idx, -1, end - period, end), most = 0;
         int who = -1;
         for (int i = 0; i < SIM_MAX_PROCS; i++) {
-            const struct sim_proc *p = &sim_shm->proc[i];
-            if (!p->live || (!p->contexts[idx] && !p->mem[idx]))
+            if (!on_gpu(i, idx))
                 continue;
             uint64_t busy = sim_busy_between(idx, i, end - period, end);
             if (busy > most)
@@ -586,8 +600,7 @@ NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSamp
     for (uint64_t a = from; any && a < to; a += period) {
         unsigned long long at = stamp - (to - a - period) / 1000;
         for (int i = 0; i < SIM_MAX_PROCS; i++) {
-            const struct sim_proc *p = &sim_shm->proc[i];
-            if (!p->live || (!p->contexts[idx] && !p->mem[idx]))
+            if (!on_gpu(i, idx))
                 continue;
             uint64_t busy = sim_busy_between(idx, i, a, a + period);
             if (!busy || (!sim_machine()->gpu[idx].util_zero_samples && percent(busy, period) == 0))
@@ -701,7 +714,7 @@ NVAPI nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t d, nvmlSetMemoryLimits_v1_t *lim
             memset(slot, 0, sizeof *slot);
             snprintf(slot->ns, sizeof slot->ns, "%s", limits->nameSpace);
             for (int i = 0; i < SIM_MAX_PROCS; i++)
-                if (sim_shm->proc[i].live && sim_cg_match(slot->ns, sim_shm->proc[i].cgroup))
+                if (__atomic_load_n(&sim_shm->proc[i].live, __ATOMIC_ACQUIRE) && sim_cg_match(slot->ns, sim_shm->proc[i].cgroup))
                     slot->used += sim_shm->proc[i].mem[idx];
         }
         slot->soft = limits->softLimit;

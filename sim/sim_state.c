@@ -243,7 +243,7 @@ static void repair_gpu(int g)
     for (int k = 0; k < SIM_MAX_CG_LIMITS; k++)
         l[k].used = 0;
     for (int i = 0; i < SIM_MAX_PROCS; i++)
-        if (sim_shm->proc[i].live) {
+        if (__atomic_load_n(&sim_shm->proc[i].live, __ATOMIC_ACQUIRE)) {
             used += sim_shm->proc[i].mem[g];
             struct sim_cg_limit *mine = sim_cg_limit_of(g, sim_shm->proc[i].cgroup);
             if (mine)
@@ -347,11 +347,12 @@ static int proc_is(int pid, uint64_t ns, int32_t nspid)
 int32_t sim_pid_for_reader(int slot)
 {
     static int32_t seen[SIM_MAX_PROCS];
-    static uint64_t own_ns;
+    static uint64_t own_ns; /* any thread may read it first: the same answer */
     const struct sim_proc *p = &sim_shm->proc[slot];
-    if (!own_ns)
-        own_ns = pidns_inode();
-    if (!p->pidns || p->pidns == own_ns)
+    uint64_t ns = __atomic_load_n(&own_ns, __ATOMIC_RELAXED);
+    if (!ns)
+        __atomic_store_n(&own_ns, ns = pidns_inode(), __ATOMIC_RELAXED);
+    if (!p->pidns || p->pidns == ns)
         return p->pid;
     int32_t cached = __atomic_load_n(&seen[slot], __ATOMIC_RELAXED);
     if (cached > 0 && proc_is(cached, p->pidns, p->pid))
@@ -470,7 +471,7 @@ uint64_t sim_busy_between(int g, int slot, uint64_t from, uint64_t to)
     sim_gpu_lock(g);
     sim_gpu_advance(g, sim_now_ns()); /* what ran until now is in the buckets */
     for (int i = 0; i < SIM_MAX_PROCS; i++) {
-        if ((slot >= 0 && i != slot) || !sim_shm->proc[i].live)
+        if ((slot >= 0 && i != slot) || !__atomic_load_n(&sim_shm->proc[i].live, __ATOMIC_ACQUIRE))
             continue;
         for (uint64_t b = b0; b < b1; b++) {
             struct sim_bucket *k = &sim_shm->proc[i].util[g][b % SIM_NBUCKETS];

@@ -56,6 +56,7 @@ LEDGER_API uint64_t gpuslice_usage_release_proc(struct gpuslice_usage *u, uint32
         __atomic_store_n(&u->charged[slot][g], 0, __ATOMIC_RELEASE); /* the row's next process starts anew */
         freed += x;
     }
+    __atomic_store_n(&u->proc[slot].ns_pid, 0, __ATOMIC_RELEASE); /* else the row's next process inherits it */
     __atomic_store_n(&u->proc[slot].pid, 0, __ATOMIC_RELEASE);
     return freed;
 }

@@ -8,6 +8,11 @@
  * launch through the slice's launch gate (directly and through a pointer from
  * cuGetProcAddress), capture, instantiate, launch, update and destroy graphs
  * (the exec cost table), and create, use and destroy contexts of their own.
+ * Meanwhile 2 more threads ask the NVML interposer (linked too) for the
+ * slice's memory, its processes (each list version, sized and not), their
+ * utilization samples and the GPU's utilization: every answer is the
+ * slice's, and no row of another tenant (the test keeps a busy process
+ * outside the slice) reaches the caller's memory, not even past the count.
  * At the end every charge is given back: the slice shows as much free as
  * before.  Exits non-zero on any wrong answer. */
 #define _GNU_SOURCE
@@ -18,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "gpuslice_nvml.h"
 #include "gpuslice_stress.h"
 
 CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
@@ -46,6 +52,16 @@ CUresult cuGraphExecDestroy(CUgraphExec);
 CUresult cuGraphDestroy(CUgraph);
 CUresult cuModuleUnload(CUmodule);
 CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+
+nvmlReturn_t nvmlInit_v2(void);
+nvmlReturn_t nvmlShutdown(void);
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t *);
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *);
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned *,
+                                             unsigned long long);
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t, nvmlUtilization_t *);
 
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               CUstream, void **, void **);
@@ -211,6 +227,95 @@ static int child(void)
     return 0;
 }
 
+/* ---- the NVML interposer, read while the slice changes ---- */
+
+#define NVML_CHECK(x)                                                         \
+    do {                                                                      \
+        nvmlReturn_t r_ = (x);                                                \
+        if (r_ != NVML_SUCCESS) {                                             \
+            fprintf(stderr, "%s:%d: %s -> %d\n", __FILE__, __LINE__, #x, r_); \
+            exit(1);                                                          \
+        }                                                                     \
+    } while (0)
+
+#define ROOM 16
+#define FILL 0xab
+
+static int workers_done;
+static pid_t child_pid;
+static unsigned long nvml_answers;
+
+static void fail(const char *what, unsigned got)
+{
+    fprintf(stderr, "nvml: %s (%u)\n", what, got);
+    exit(1);
+}
+
+/* Rows [0, n) are this slice's processes; rows [n, ROOM) are untouched or zeroed, never a row the driver gave. */
+static void check_rows(const unsigned char *rows, size_t stride, unsigned n)
+{
+    if (n > 2)
+        fail("more processes than the slice has", n);
+    for (unsigned i = 0; i < n; i++) {
+        unsigned pid;
+        memcpy(&pid, rows + i * stride, sizeof pid);
+        if (pid != (unsigned)getpid() && pid != (unsigned)child_pid)
+            fail("a process of another tenant listed", pid);
+    }
+    for (size_t b = n * stride; b < ROOM * stride; b++)
+        if (rows[b] != FILL && rows[b] != 0)
+            fail("a row past the count left in the caller's memory, byte", (unsigned)b);
+}
+
+static void nvml_round(nvmlDevice_t h, unsigned long long total)
+{
+    nvmlMemory_t m;
+    NVML_CHECK(nvmlDeviceGetMemoryInfo(h, &m));
+    if (m.total != total || m.used + m.free != m.total)
+        fail("memory not the slice's, MiB used", (unsigned)(m.used >> 20));
+
+    nvmlProcessInfo_t procs[ROOM];
+    memset(procs, FILL, sizeof procs);
+    unsigned n = ROOM;
+    NVML_CHECK(nvmlDeviceGetComputeRunningProcesses_v3(h, &n, procs));
+    check_rows((unsigned char *)procs, sizeof *procs, n);
+    nvmlProcessInfo_v1_t old[ROOM];
+    memset(old, FILL, sizeof old);
+    n = ROOM;
+    NVML_CHECK(nvmlDeviceGetComputeRunningProcesses(h, &n, old));
+    check_rows((unsigned char *)old, sizeof *old, n);
+    n = 0; /* sized first, as pynvml asks */
+    nvmlReturn_t r = nvmlDeviceGetComputeRunningProcesses_v3(h, &n, NULL);
+    if ((r != NVML_SUCCESS && r != NVML_ERROR_INSUFFICIENT_SIZE) || n > 2)
+        fail("a sized list not the slice's", n);
+
+    nvmlProcessUtilizationSample_t samples[ROOM];
+    memset(samples, FILL, sizeof samples);
+    n = ROOM;
+    r = nvmlDeviceGetProcessUtilization(h, samples, &n, 0);
+    if (r != NVML_SUCCESS && r != NVML_ERROR_NOT_FOUND && r != NVML_ERROR_INSUFFICIENT_SIZE)
+        fail("utilization samples", r);
+    check_rows((unsigned char *)samples, sizeof *samples, r == NVML_SUCCESS ? n : 0);
+
+    nvmlUtilization_t u;
+    NVML_CHECK(nvmlDeviceGetUtilizationRates(h, &u));
+    if (u.gpu > 100)
+        fail("utilization above 100", u.gpu);
+    __atomic_add_fetch(&nvml_answers, 1, __ATOMIC_RELAXED);
+}
+
+static void *nvml_reader(void *arg)
+{
+    unsigned long long total = *(const unsigned long long *)arg;
+    nvmlDevice_t h;
+    NVML_CHECK(nvmlInit_v2());
+    NVML_CHECK(nvmlDeviceGetHandleByIndex_v2(0, &h));
+    while (!__atomic_load_n(&workers_done, __ATOMIC_ACQUIRE))
+        nvml_round(h, total);
+    NVML_CHECK(nvmlShutdown());
+    return NULL;
+}
+
 int main(void)
 {
     CUmodule mod;
@@ -228,7 +333,16 @@ int main(void)
     pid_t pid = fork();
     if (pid == 0)
         _exit(child());
-    if (stress_threads_and_child(worker, pid))
+    child_pid = pid;
+    unsigned long long slice_total = total;
+    pthread_t readers[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&readers[i], NULL, nvml_reader, &slice_total);
+    int failed = stress_threads_and_child(worker, pid);
+    __atomic_store_n(&workers_done, 1, __ATOMIC_RELEASE);
+    for (int i = 0; i < 2; i++)
+        pthread_join(readers[i], NULL);
+    if (failed)
         return 1;
     CHECK(cuCtxSynchronize());
     size_t free1;
@@ -239,6 +353,6 @@ int main(void)
     }
     CHECK(cuModuleUnload(mod));
     CHECK(cuDevicePrimaryCtxRelease_v2(dev));
-    printf("wrap_stress: ok (slice total %zu)\n", total);
+    printf("wrap_stress: ok (slice total %zu; %lu NVML rounds)\n", total, nvml_answers);
     return 0;
 }

@@ -114,9 +114,13 @@ WRAP_API nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t
 }
 
 /* A pid is ours when a row of the slice holds it, as the host or as the
- * container sees it. */
+ * container sees it. Never 0: that is how a driver lists a process it cannot
+ * name in the caller's pid namespace (another container's), and how a row
+ * reads between the daemon's claim and its process's own word. */
 static int our_pid(unsigned pid)
 {
+    if (!pid)
+        return 0;
     for (int i = 0; i < GPUSLICE_SLICE_MAX_PROCS; i++) {
         const struct gpuslice_proc_usage *p = &gs.usage->proc[i];
         int32_t host = __atomic_load_n(&p->pid, __ATOMIC_ACQUIRE);
@@ -126,57 +130,122 @@ static int our_pid(unsigned pid)
     return 0;
 }
 
+/* Room for the GPU's whole list when the caller's array is too small for it:
+ * on the stack, as no answer outlives its call. */
 #define MAX_LISTED 512
 
-/* Ask the driver with room for everyone, keep this slice's processes. */
-static nvmlReturn_t filter(nvmlReturn_t (*fn)(nvmlDevice_t, unsigned *, void *), nvmlDevice_t d, unsigned *count,
-                           void *out, size_t stride)
+/* One question to the driver for a list of per-process rows: the process
+ * lists ignore `since`, the utilization samples take it. */
+typedef nvmlReturn_t (*ask_fn)(nvmlDevice_t, unsigned *, void *, unsigned long long since);
+
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t, unsigned *, nvmlProcessInfo_t *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t, unsigned *, nvmlProcessInfo_v1_t *);
+nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s, unsigned int *n,
+                                             unsigned long long last_seen);
+
+static nvmlReturn_t ask_v3(nvmlDevice_t d, unsigned *n, void *out, unsigned long long since)
 {
-    if (gs.mode != GS_SLICE)
-        return fn(d, count, out);
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    static __thread unsigned char all[MAX_LISTED * sizeof(nvmlProcessInfo_t)];
-    unsigned n = MAX_LISTED;
-    nvmlReturn_t r = fn(d, &n, all);
-    if (r != NVML_SUCCESS)
-        return r;
+    (void)since;
+    return REAL(nvmlDeviceGetComputeRunningProcesses_v3)(d, n, out);
+}
+
+static nvmlReturn_t ask_v2(nvmlDevice_t d, unsigned *n, void *out, unsigned long long since)
+{
+    (void)since;
+    return REAL(nvmlDeviceGetComputeRunningProcesses_v2)(d, n, out);
+}
+
+static nvmlReturn_t ask_v1(nvmlDevice_t d, unsigned *n, void *out, unsigned long long since)
+{
+    (void)since;
+    return REAL(nvmlDeviceGetComputeRunningProcesses)(d, n, out);
+}
+
+static nvmlReturn_t ask_samples(nvmlDevice_t d, unsigned *n, void *out, unsigned long long since)
+{
+    return REAL(nvmlDeviceGetProcessUtilization)(d, out, n, since);
+}
+
+/* Keeps the rows of `all` (n of `stride` bytes, the pid first in each) that
+ * are this slice's processes, into `out` (room for `room`; NULL for a count
+ * only), which may be `all` itself; returns how many there are. Filtered in
+ * place, the driver's rows past them are zeroed: no other tenant's row stays
+ * in the caller's memory. */
+static unsigned keep_ours(const unsigned char *all, unsigned n, size_t stride, unsigned char *out, unsigned room)
+{
     unsigned kept = 0;
     for (unsigned i = 0; i < n; i++) {
         unsigned pid;
-        memcpy(&pid, all + i * stride, sizeof pid); /* pid leads every version of the struct */
+        memcpy(&pid, all + i * stride, sizeof pid);
         if (!our_pid(pid))
             continue;
-        if (out && kept < *count)
-            memcpy((char *)out + kept * stride, all + i * stride, stride);
+        if (out && kept < room)
+            memmove(out + kept * stride, all + i * stride, stride); /* in place: never ahead of the row read */
         kept++;
     }
-    nvmlReturn_t result = kept > *count || (kept && !out) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
-    *count = kept;
+    if (all == out && kept < n)
+        memset(out + kept * stride, 0, (n - kept) * stride);
+    return kept;
+}
+
+/* The driver's rows for a slice, with NVML's answers: the caller's array is
+ * asked first and filtered in place when it holds the GPU's whole list, else
+ * the room on the stack. A driver with more rows than that answers
+ * INSUFFICIENT_SIZE with its own count: room enough for the slice's rows on
+ * the caller's next try. NOT_FOUND (no samples) passes through as an answer. */
+static nvmlReturn_t listed_for_slice(ask_fn ask, nvmlDevice_t d, unsigned *count, void *out, size_t stride,
+                                     unsigned long long since, unsigned *kept)
+{
+    nvmlProcessUtilizationSample_t room[MAX_LISTED]; /* the widest row */
+    unsigned char *all = out;
+    unsigned n = *count;
+    nvmlReturn_t r = out && n ? ask(d, &n, out, since) : NVML_ERROR_INSUFFICIENT_SIZE;
+    if (r == NVML_ERROR_INSUFFICIENT_SIZE) {
+        if (out)
+            memset(out, 0, *count * stride); /* the driver may have filled it before saying so */
+        all = (unsigned char *)room;
+        n = (unsigned)(sizeof room / stride);
+        r = ask(d, &n, room, since);
+        if (r == NVML_ERROR_INSUFFICIENT_SIZE)
+            *count = n;
+    }
+    *kept = 0;
+    if (r != NVML_SUCCESS)
+        return r;
+    *kept = keep_ours(all, n, stride, out, *count);
+    nvmlReturn_t result = *kept > *count || (*kept && !out) ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    *count = *kept;
     return result;
 }
 
-typedef nvmlReturn_t (*list_fn)(nvmlDevice_t, unsigned *, void *);
+/* Outside a slice the driver answers as it is; in one, only the slice's processes. */
+static nvmlReturn_t filter(ask_fn ask, nvmlDevice_t d, unsigned *count, void *out, size_t stride)
+{
+    if (gs.mode != GS_SLICE)
+        return ask(d, count, out, 0);
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    unsigned kept;
+    return listed_for_slice(ask, d, count, out, stride, 0, &kept);
+}
 
 WRAP_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *c, nvmlProcessInfo_t *p)
 {
-    return filter((list_fn)gs_real_nvmlDeviceGetComputeRunningProcesses_v3, d, c, p, sizeof *p);
+    return filter(ask_v3, d, c, p, sizeof *p);
 }
 
 WRAP_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned *c, nvmlProcessInfo_t *p)
 {
-    return filter((list_fn)gs_real_nvmlDeviceGetComputeRunningProcesses_v2, d, c, p, sizeof *p);
+    return filter(ask_v2, d, c, p, sizeof *p);
 }
 
 WRAP_API nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned *c, nvmlProcessInfo_v1_t *p)
 {
-    return filter((list_fn)gs_real_nvmlDeviceGetComputeRunningProcesses, d, c, p, sizeof *p);
+    return filter(ask_v1, d, c, p, sizeof *p);
 }
 
 /* ---- utilization: the slice's own processes, not the GPU's other tenants ---- */
-
-nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *s, unsigned int *n,
-                                             unsigned long long last_seen);
 
 WRAP_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *samples,
                                                       unsigned int *count, unsigned long long last_seen)
@@ -185,24 +254,13 @@ WRAP_API nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProces
         return REAL(nvmlDeviceGetProcessUtilization)(d, samples, count, last_seen);
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    static __thread nvmlProcessUtilizationSample_t all[MAX_LISTED];
-    unsigned n = MAX_LISTED;
-    nvmlReturn_t r = REAL(nvmlDeviceGetProcessUtilization)(d, all, &n, last_seen);
-    if (r != NVML_SUCCESS && r != NVML_ERROR_NOT_FOUND)
-        return r;
-    unsigned kept = 0;
-    for (unsigned i = 0; r == NVML_SUCCESS && i < n; i++) {
-        if (!our_pid(all[i].pid))
-            continue;
-        if (samples && kept < *count)
-            samples[kept] = all[i];
-        kept++;
-    }
-    unsigned room = *count;
-    *count = kept;
-    if (!kept)
+    unsigned kept;
+    nvmlReturn_t r = listed_for_slice(ask_samples, d, count, samples, sizeof *samples, last_seen, &kept);
+    if (r == NVML_ERROR_NOT_FOUND || (r == NVML_SUCCESS && !kept)) {
+        *count = 0;
         return NVML_ERROR_NOT_FOUND; /* as NVML says when no process of its own ran */
-    return !samples || kept > room ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
+    }
+    return r;
 }
 
 /* In a slice, the GPU is as busy as the slice's own processes made it over
@@ -217,19 +275,17 @@ WRAP_API nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilizat
     clock_gettime(CLOCK_REALTIME, &now);
     unsigned long long since = (unsigned long long)now.tv_sec * 1000000ull + (unsigned long long)now.tv_nsec / 1000 -
                                1000000ull;
-    static __thread nvmlProcessUtilizationSample_t all[MAX_LISTED];
-    unsigned n = MAX_LISTED;
+    nvmlProcessUtilizationSample_t ours[MAX_LISTED];
+    unsigned n = MAX_LISTED, kept;
     unsigned busy = 0;
-    if (REAL(nvmlDeviceGetProcessUtilization)(d, all, &n, since) == NVML_SUCCESS) {
+    if (listed_for_slice(ask_samples, d, &n, ours, sizeof *ours, since, &kept) == NVML_SUCCESS) {
         for (unsigned i = 0; i < n; i++) {
-            if (!our_pid(all[i].pid))
-                continue;
             unsigned sum = 0, samples = 0; /* this pid's samples in the window, once each */
             int first = 1;
             for (unsigned j = 0; j < n; j++)
-                if (all[j].pid == all[i].pid) {
+                if (ours[j].pid == ours[i].pid) {
                     first &= j >= i;
-                    sum += all[j].smUtil;
+                    sum += ours[j].smUtil;
                     samples++;
                 }
             if (first)

@@ -5,6 +5,7 @@ namespace."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -131,6 +132,28 @@ def test_nvml_lists_only_this_containers_processes(one_gib, started):
     procs = a.call("nvml")["procs"]
     assert procs == {str(a_pid): 64 * MiB, str(b_pid): 32 * MiB}
     assert str(outsider.pid) in outsider.call("nvml")["procs"]  # the driver does see it
+
+
+def test_nvml_never_lists_a_process_it_cannot_name_as_the_slices(one_gib, started):
+    """A driver lists a process outside the caller's pid namespace as pid 0, and a slice's
+    row reads 0 in the container's numbering until its process writes its own (a row the
+    daemon claimed for a process still attaching): the outsider's row, its memory and its
+    samples are still not the slice's."""
+    a = one_gib.agent(started)
+    a_pid = a.call("init")["pid"]
+    a.call("alloc", path="mem", size=64 * MiB)
+    outsider = Agent({**one_gib.env, "GPUSLICE_ALLOW_UNSLICED": "1"})
+    started.append(outsider)
+    outsider.call("init")
+    outsider.call("alloc", path="mem", size=128 * MiB)
+    outsider.call("launch_for", seconds=1.0)
+    outsider.call("join")  # samples of its own, in the periods just past
+    attaching = one_gib.files.claim_slot(os.getpid())  # claimed; its process has not written its own pid
+    assert one_gib.files.usage.proc[attaching].ns_pid == 0
+    got = a.call("nvml")
+    assert got["procs"] == {str(a_pid): 64 * MiB}
+    assert "0" not in got["samples"] and got["util"] == 0
+    one_gib.files.release_slot(attaching)
 
 
 def test_without_a_slice_the_gpu_is_unavailable_with_one_line(daemon):

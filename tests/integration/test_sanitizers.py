@@ -1,10 +1,10 @@
 """ASan/UBSan and TSan builds: the simulator under 8 threads allocating,
 copying, launching and synchronising plus a fork (sim/tests/sim_stress.c),
 the slice ledger's atomics under 8 contending threads (libcuda_wrap/tests/ledger_stress.c),
-the interposer itself attached to a slice, in front of the simulator built alike, under
-8 threads on every allocation path, the launch gate, graphs and contexts plus a fork
-(libcuda_wrap/tests/wrap_stress.c); ASan/UBSan builds of the OCI hook and the runtime
-shim on each of their paths."""
+the interposer itself (libcuda and NVML) attached to a slice, in front of the simulator
+built alike, under 8 threads on every allocation path, the launch gate, graphs and contexts
+plus a fork, while 2 more read the slice through NVML (libcuda_wrap/tests/wrap_stress.c);
+ASan/UBSan builds of the OCI hook and the runtime shim on each of their paths."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 
 from gpuslice.allocator.slice_files import SliceFiles
 from tests.harness import REPO, interposer_env
-from tests.harness.machine import gpu, needs_root, oci_bundle
+from tests.harness.machine import Agent, gpu, needs_root, oci_bundle
 
 ROOT = REPO
 
@@ -35,11 +35,13 @@ def test_stress_is_clean_under_sanitizers(tmp_path):
 
 @needs_root
 @pytest.mark.parametrize("sanitizer", ["asan", "tsan"])
-def test_the_interposer_in_a_slice_is_clean_under_sanitizers(tmp_path, daemon, containers, sanitizer):
+def test_the_interposer_in_a_slice_is_clean_under_sanitizers(tmp_path, daemon, containers, started, sanitizer):
     """The interposer's own code (its allocation table, context cache, launch gate, graph
     costs and attach) under 8 threads and a forked child of 4, attached to a hard 30 %
-    slice: the stress says ok, the gate made launches wait (its slow path ran), and the
-    slice ends with nothing charged."""
+    slice, and its NVML side read by 2 more threads while a process outside the slice
+    holds memory and launches: the stress says ok (every NVML answer the slice's, no row of
+    the outsider's in the caller's arrays), the gate made launches wait (its slow path
+    ran), and the slice ends with nothing charged."""
     build = tmp_path / "build"
     r = subprocess.run(["make", "-C", ROOT, f"BUILD={build}", f"{build}/{sanitizer}/wrap/wrap_stress"],
                        capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -51,13 +53,21 @@ def test_the_interposer_in_a_slice_is_clean_under_sanitizers(tmp_path, daemon, c
                                       "gpuslice.io/compute-policy": "hard"})  # fmt: skip
     client.bind("box", box.init_pid)
     files = SliceFiles(d.slice_files_dir, reserved.id)
+    outsider = Agent({**interposer_env(d), "GPUSLICE_ALLOW_UNSLICED": "1"})
+    started.append(outsider)
+    outsider.call("init")
+    outsider.call("alloc", path="mem", size=64 << 20)
+    outsider.call("launch_for", seconds=600.0)  # busy until it is closed: samples of its own in every period
     env = {**interposer_env(d), "GPUSLICE_REAL_LIBCUDA": str(build / sanitizer / "libcuda.so.1"),
+           "GPUSLICE_REAL_LIBNVML": str(build / sanitizer / "libnvidia-ml.so.1"),
            "ASAN_OPTIONS": "exitcode=99", "UBSAN_OPTIONS": "halt_on_error=1:exitcode=99",
            "TSAN_OPTIONS": "halt_on_error=1:exitcode=99"}  # fmt: skip
     env.pop("LD_LIBRARY_PATH")  # the stress finds the sanitized interposer beside it
     argv = ["setarch", "-R", str(build / sanitizer / "wrap/wrap_stress")]  # TSan needs a fixed address layout
     r = subprocess.run(box.command(argv), capture_output=True, text=True, env=env, timeout=600)
-    assert r.returncode == 0 and "wrap_stress: ok (slice total 2147483648)" in r.stdout, r.stdout + r.stderr[-6000:]
+    assert r.returncode == 0 and "wrap_stress: ok (slice total 2147483648;" in r.stdout, r.stdout + r.stderr[-6000:]
+    outsider.proc.kill()  # its launch loop would outlive the stdin that ends an agent
+    assert int(r.stdout.split("; ")[1].split()[0]) > 0  # NVML rounds answered while the workers ran
     assert "Sanitizer" not in r.stderr and "runtime error" not in r.stderr, r.stderr[-6000:]
     assert files.gate_waits(0) > 0
     assert files.used()[0] == 0
