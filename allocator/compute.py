@@ -21,11 +21,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpuslice.allocator.cost_split import CostSplit
+from gpuslice.allocator.metrics import COMPUTE_TICK_SECONDS
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
 from gpuslice.allocator.utilization import Reading, Sampler
 
 log = logging.getLogger(__name__)
 split_log = logging.getLogger("gpuslice.allocator.cost_split")
+tick_log = logging.getLogger("gpuslice.allocator.compute.ticks")
 
 KI = 0.15  # integral gain per period: the loop's delay is about two periods
 CREDIT_S = 0.2  # at most this many seconds of target are owed or banked, whatever the period
@@ -45,6 +47,7 @@ AFTER_FIT_READINGS = 2  # the readings after a fit ran (partly) on its budgets: 
 TARGET_MOVED = 0.05  # a slice's target moving this much restarts the watch for drift on its GPU (CostSplit.settle)
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
 TIERS = ("high", "normal", "low")
+TICK_LOG_S = 10.0  # how long the ticks took is summed up in the log this often (debug, tick_log)
 
 
 @dataclass
@@ -137,6 +140,33 @@ def targets(shares: list[Share], active: set[str], needs: dict[str, float] | Non
     return out
 
 
+@dataclass
+class TickTimes:
+    """How long the controller's ticks took, summed up every TICK_LOG_S: a long
+    tick stretches the time between a slice's count and its refill (docs/compute.md)."""
+
+    since: float
+    count: int = 0
+    total: float = 0.0
+    longest: float = 0.0
+    late: int = 0  # ticks that ended after the next one was due
+
+    def add(self, took: float, late: bool) -> None:
+        self.count += 1
+        self.total += took
+        self.longest = max(self.longest, took)
+        self.late += late
+
+    def summary(self, now: float) -> str | None:
+        """The line for the time since the last one, once TICK_LOG_S has passed (and starts anew)."""
+        if now - self.since < TICK_LOG_S or not self.count:
+            return None
+        line = (f"{self.count} ticks in {now - self.since:.1f} s: mean {self.total / self.count * 1e3:.2f} ms, "
+                f"longest {self.longest * 1e3:.2f} ms, {self.late} late")  # fmt: skip
+        self.since, self.count, self.total, self.longest, self.late = now, 0, 0.0, 0.0, 0
+        return line
+
+
 class ComputeController:
     def __init__(
         self,
@@ -173,13 +203,20 @@ class ComputeController:
 
     def _run(self) -> None:
         next_tick = time.monotonic()
+        times = TickTimes(next_tick)
         while not self._stop.is_set():
             next_tick += self.period
+            began = time.monotonic()
             try:
                 self.tick()
             except Exception:
                 log.exception("compute controller tick failed")
-            delay = next_tick - time.monotonic()
+            ended = time.monotonic()
+            COMPUTE_TICK_SECONDS.observe(ended - began)
+            delay = next_tick - ended
+            times.add(ended - began, delay < 0)
+            if line := times.summary(ended):
+                tick_log.debug("%s", line)
             if delay < 0:  # fell behind: start again from now
                 next_tick = time.monotonic()
                 delay = 0

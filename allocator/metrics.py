@@ -33,6 +33,11 @@ RPC_SECONDS = Histogram(
     ["method"],
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
 )
+COMPUTE_TICK_SECONDS = Histogram(
+    "gpuslice_compute_tick_seconds",
+    "time the compute controller took for one period's measuring, splitting and refilling",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+)
 RESERVATIONS = Counter(
     "gpuslice_reservations_total",
     "slices asked for, by owner kind (container, claim, devices, member) and result (ok, or the refusal's kind)",

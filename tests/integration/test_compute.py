@@ -59,7 +59,8 @@ class Node:
 @pytest.fixture(autouse=True)
 def fit_log(daemon, monkeypatch):
     """Shown with a failure: when each daemon began and ended fitting costs, why, and the rows."""
-    monkeypatch.setenv("GPUSLICE_DEBUG", "gpuslice.allocator.cost_split")  # the daemons it starts inherit it
+    # the daemons it starts inherit it: the fits, and how long the controller's ticks took
+    monkeypatch.setenv("GPUSLICE_DEBUG", "gpuslice.allocator.cost_split,gpuslice.allocator.compute.ticks")
     yield
     for rd in daemon.running:
         lines = [ln for ln in rd.log().splitlines() if "fitt" in ln or "drifted" in ln or "fit rows" in ln]

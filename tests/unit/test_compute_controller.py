@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuslice.allocator.compute import ComputeController
+from gpuslice.allocator.compute import TICK_LOG_S, ComputeController, TickTimes
 from gpuslice.allocator.cost_split import DRIFT_STRIKES, DRIFT_WINDOW_NS
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles, constant
 from gpuslice.allocator.utilization import Reading
@@ -388,3 +388,17 @@ def test_launches_made_while_the_controller_ticks_count_as_the_next_periods(tmp_
         t.queued_ns += t.launched * t.ns_per_thread
         controller.tick()
     assert controller.state[(t.files.slice_id, 0)].ns_per_thread() == pytest.approx(NS_PER_THREAD, rel=0.03)
+
+
+def test_tick_times_are_summed_up_once_per_log_period():
+    """The log's line on how long the controller's ticks took: nothing before
+    TICK_LOG_S has passed, then the ticks since the last line (and anew after)."""
+    times = TickTimes(since=100.0)
+    times.add(0.002, late=False)
+    times.add(0.004, late=False)
+    assert times.summary(100.0 + TICK_LOG_S / 2) is None
+    times.add(0.060, late=True)
+    assert times.summary(100.0 + TICK_LOG_S) == "3 ticks in 10.0 s: mean 22.00 ms, longest 60.00 ms, 1 late"
+    times.add(0.001, late=False)
+    assert times.summary(100.0 + 2 * TICK_LOG_S) == "1 ticks in 10.0 s: mean 1.00 ms, longest 1.00 ms, 0 late"
+    assert times.summary(100.0 + 3 * TICK_LOG_S) is None  # no tick ran: no line

@@ -128,7 +128,7 @@ class Daemon:
         paths.socket.unlink(missing_ok=True)
         (paths.work / "daemon.log").unlink(missing_ok=True)
         # how the controller splits the GPU's time, reading by reading, goes into daemon.log
-        os.environ.setdefault("GPUSLICE_DEBUG", "gpuslice.allocator.cost_split")
+        os.environ.setdefault("GPUSLICE_DEBUG", "gpuslice.allocator.cost_split,gpuslice.allocator.compute.ticks")
         try:
             self.running = sim_daemon.start(paths.work, paths.config)
         except RuntimeError as e:
