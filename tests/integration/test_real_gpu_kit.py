@@ -7,6 +7,7 @@ call cut short resumes."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,8 @@ def test_the_kit_on_the_simulator_passes_its_driver_steps_and_skips_the_framewor
     for name in ("selftest.json", "cdi-spec.json", "daemon.log", "trace.json"):
         assert (kit_dirs["out"] / name).is_file(), name
     assert len(list(kit_dirs["out"].iterdir())) <= 8  # what the device tool brings back
+    ticks = [line for s in report["steps"] for line in s["facts"].get("controller_ticks", [])]
+    assert ticks and all(re.search(r" ticks in [0-9.]+ s: mean .* late$", line) for line in ticks)  # tick times
     trace = rows_of(report, "trace")
     # a tenant each, every phase the simulator runs (one of each kind: 1 + 1 + 2 + 4 + 2)
     assert len(trace) == 10 and all(r["verdict"] == "INFO" for r in trace.values())

@@ -15,6 +15,7 @@ from tests.harness import REPO
 sys.path.insert(0, str(REPO / "tools" / "real-gpu"))
 
 import kit_accounting
+import kit_node
 import kit_report
 import kit_steps as ks
 from kit_slices import Outcome, Sample
@@ -476,3 +477,17 @@ elif cmd == ["get_client_list", "4242"]:
         kit_mps.running(str(control), "GPU-abc"),
     ):
         pass
+
+
+def test_each_step_keeps_the_daemons_tick_lines_that_came_by_its_end(tmp_path):
+    """The lines of the daemon's log since the last look, only those with the marker, and
+    never half a line (the daemon may be writing it)."""
+    log = tmp_path / "daemon.log"
+    lines = kit_node.LogLines(log)
+    assert lines.new(" ticks in ") == []  # no log yet
+    log.write_text("a: 60 ticks in 10.0 s: mean 1.00 ms, longest 3.00 ms, 0 late\nb: fitting\nc: 61 ticks in")
+    assert lines.new(" ticks in ") == ["a: 60 ticks in 10.0 s: mean 1.00 ms, longest 3.00 ms, 0 late"]
+    with log.open("a") as f:
+        f.write(" 10.0 s: mean 2.00 ms, longest 9.00 ms, 1 late\n")
+    assert lines.new(" ticks in ") == ["c: 61 ticks in 10.0 s: mean 2.00 ms, longest 9.00 ms, 1 late"]
+    assert lines.new(" ticks in ") == []

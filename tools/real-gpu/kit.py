@@ -25,7 +25,7 @@ import pynvml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the kit's modules, beside this file
 
-from kit_node import SIM_CONFIG, Daemon, NodeError, NodePaths, context_cost, generate_spec, write_config
+from kit_node import SIM_CONFIG, Daemon, LogLines, NodeError, NodePaths, context_cost, generate_spec, write_config
 from kit_report import FAIL, StepResult, as_json, as_markdown, begin_call, calls, load, load_all, save
 from kit_steps import STEPS, Kit, not_runnable, run_step
 
@@ -37,6 +37,7 @@ from gpuslice.paths import built_executable
 
 log = logging.getLogger("real-gpu")
 TWO_MIB = 2 << 20
+TICKS = " ticks in "  # the daemon's summary of its controller's ticks (gpuslice.allocator.compute.ticks)
 VERSIONS = ("torch", "jax", "jaxlib", "cupy-cuda13x", "cupy-cuda12x", "transformers", "cuda-bindings",
             "nvidia-ml-py", "nvidia-nccl-cu13", "nvidia-nccl-cu12", "grpcio")  # fmt: skip
 
@@ -167,6 +168,8 @@ def _steps(paths: NodePaths, state: Path, out: Path, deadline: float, only: tupl
         call = begin_call(
             state, {"date": facts["date"], "gpuslice": facts["gpuslice"], "options": " ".join(sys.argv[1:])}
         )
+        # how long the controller's ticks took: each step keeps the log's lines that came by its end
+        ticks = LogLines(paths.work / "daemon.log")
         with AllocatorClient(str(paths.socket), timeout=30) as client:
             kit = Kit(client, gpu, layout, paths.sim, reserve, deadline, paths.config, paths.spec, gpuslice, out,
                       paths.work / "slices")  # fmt: skip
@@ -179,6 +182,8 @@ def _steps(paths: NodePaths, state: Path, out: Path, deadline: float, only: tupl
                 log.info("%s ...", step.name)
                 result = run_step(step, kit)
                 result.call = call
+                if lines := ticks.new(TICKS):
+                    result.facts["controller_ticks"] = lines
                 save(result, state)
                 bad = [f"{r.name} ({r.observed})" for r in result.rows if r.verdict == FAIL]
                 log.info("%s: %d rows in %.0f s%s", step.name, len(result.rows), result.seconds,

@@ -150,6 +150,25 @@ class Daemon:
             shutil.copyfile(self.paths.work / "daemon.log", self.log)
 
 
+class LogLines:
+    """The daemon log's lines since the last look: a step keeps those its time added."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def new(self, marker: str) -> list[str]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        data = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next look
+        self.offset += len(data)
+        return [line for line in data.decode(errors="replace").splitlines() if marker in line]
+
+
 def _stop_earlier(pidfile: Path) -> None:
     """A daemon an earlier call left (a machine kept warm, a call killed before it stopped it)."""
     try:
