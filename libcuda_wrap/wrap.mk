@@ -9,7 +9,7 @@ SLICE_H := libcuda_wrap/include/gpuslice_slice.h
 WRAP_COMMON := $(addprefix $(WRAP_DIR)/,real.c slice.c table.c log.c)
 WRAP_CUDA := $(WRAP_DIR)/forward.S $(WRAP_COMMON) \
     $(addprefix $(WRAP_DIR)/,memory.c vmm.c context.c gate.c procaddr.c hooks.c) $(LEDGER_SRC)
-WRAP_NVML := $(WRAP_DIR)/forward.S $(WRAP_COMMON) $(WRAP_DIR)/nvml.c
+WRAP_NVML := $(WRAP_DIR)/forward.S $(WRAP_COMMON) $(WRAP_DIR)/nvml.c $(WRAP_DIR)/nvml_processes.c
 WRAP_DEPS := $(DECLARATIONS) $(wildcard $(WRAP_DIR)/*.h $(WRAP_DIR)/*.def)
 
 wrap: $(BUILD)/wrap/libcuda.so.1 $(BUILD)/wrap/libnvidia-ml.so.1

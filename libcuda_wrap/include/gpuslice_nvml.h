@@ -136,6 +136,31 @@ typedef struct nvmlProcessInfo_v2_st {
 } nvmlProcessInfo_v2_t;
 typedef nvmlProcessInfo_v2_t nvmlProcessInfo_t;
 
+/* nvmlDeviceGetRunningProcessDetailList's list: processes of one mode */
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+
+enum {
+    NVML_PROCESS_MODE_COMPUTE = 0,
+    NVML_PROCESS_MODE_GRAPHICS = 1,
+    NVML_PROCESS_MODE_MPS = 2,
+    NVML_PROCESS_MODE_ALL = 3,
+};
+
+typedef struct {
+    unsigned int version;
+    unsigned int mode;
+    unsigned int numProcArrayEntries;
+    nvmlProcessDetail_v1_t *procArray;
+} nvmlProcessDetailList_v1_t;
+typedef nvmlProcessDetailList_v1_t nvmlProcessDetailList_t;
+#define nvmlProcessDetailList_v1 ((unsigned int)(sizeof(nvmlProcessDetailList_v1_t) | (1u << 24)))
+
 typedef struct nvmlUtilization_st {
     unsigned int gpu;
     unsigned int memory;
@@ -149,6 +174,28 @@ typedef struct nvmlProcessUtilizationSample_st {
     unsigned int encUtil;
     unsigned int decUtil;
 } nvmlProcessUtilizationSample_t;
+
+/* nvmlDeviceGetProcessesUtilizationInfo's samples: the pid is not the first field */
+typedef struct {
+    unsigned long long timeStamp;
+    unsigned int pid;
+    unsigned int smUtil;
+    unsigned int memUtil;
+    unsigned int encUtil;
+    unsigned int decUtil;
+    unsigned int jpgUtil;
+    unsigned int ofaUtil;
+} nvmlProcessUtilizationInfo_v1_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned int processSamplesCount;
+    unsigned long long lastSeenTimeStamp;
+    nvmlProcessUtilizationInfo_v1_t *procUtilArray;
+} nvmlProcessesUtilizationInfo_v1_t;
+typedef nvmlProcessesUtilizationInfo_v1_t nvmlProcessesUtilizationInfo_t;
+#define nvmlProcessesUtilizationInfo_v1 \
+    ((unsigned int)(sizeof(nvmlProcessesUtilizationInfo_v1_t) | (1u << 24)))
 
 #define NVML_VALUE_NOT_AVAILABLE_UINT 0xFFFFFFFFu
 #define NVML_DEVICE_MEMORY_LIMIT_MAX 0xFFFFFFFFFFFFFFFFull

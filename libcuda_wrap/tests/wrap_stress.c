@@ -9,14 +9,16 @@
  * cuGetProcAddress), capture, instantiate, launch, update and destroy graphs
  * (the exec cost table), and create, use and destroy contexts of their own.
  * Meanwhile 2 more threads ask the NVML interposer (linked too) for the
- * slice's memory, its processes (each list version, sized and not), their
- * utilization samples and the GPU's utilization: every answer is the
+ * slice's memory, its processes (the compute lists, sized and not, and the
+ * detail list), their utilization samples (both forms) and the GPU's
+ * utilization: every answer is the
  * slice's, and no row of another tenant (the test keeps a busy process
  * outside the slice) reaches the caller's memory, not even past the count.
  * At the end every charge is given back: the slice shows as much free as
  * before.  Exits non-zero on any wrong answer. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,6 +64,8 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t, unsigned *, nvml
 nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned *,
                                              unsigned long long);
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t, nvmlUtilization_t *);
+nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t, nvmlProcessDetailList_t *);
+nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t, nvmlProcessesUtilizationInfo_t *);
 
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               CUstream, void **, void **);
@@ -251,20 +255,26 @@ static void fail(const char *what, unsigned got)
     exit(1);
 }
 
-/* Rows [0, n) are this slice's processes; rows [n, ROOM) are untouched or zeroed, never a row the driver gave. */
-static void check_rows(const unsigned char *rows, size_t stride, unsigned n)
+/* Rows [0, n) are this slice's processes (the pid at `pid_at` in each); rows [n, ROOM) are untouched or
+ * zeroed, never a row the driver gave. */
+static void check_rows_at(const unsigned char *rows, size_t stride, size_t pid_at, unsigned n)
 {
     if (n > 2)
         fail("more processes than the slice has", n);
     for (unsigned i = 0; i < n; i++) {
         unsigned pid;
-        memcpy(&pid, rows + i * stride, sizeof pid);
+        memcpy(&pid, rows + i * stride + pid_at, sizeof pid);
         if (pid != (unsigned)getpid() && pid != (unsigned)child_pid)
             fail("a process of another tenant listed", pid);
     }
     for (size_t b = n * stride; b < ROOM * stride; b++)
         if (rows[b] != FILL && rows[b] != 0)
             fail("a row past the count left in the caller's memory, byte", (unsigned)b);
+}
+
+static void check_rows(const unsigned char *rows, size_t stride, unsigned n)
+{
+    check_rows_at(rows, stride, 0, n);
 }
 
 static void nvml_round(nvmlDevice_t h, unsigned long long total)
@@ -296,6 +306,21 @@ static void nvml_round(nvmlDevice_t h, unsigned long long total)
     if (r != NVML_SUCCESS && r != NVML_ERROR_NOT_FOUND && r != NVML_ERROR_INSUFFICIENT_SIZE)
         fail("utilization samples", r);
     check_rows((unsigned char *)samples, sizeof *samples, r == NVML_SUCCESS ? n : 0);
+
+    nvmlProcessDetail_v1_t details[ROOM];
+    memset(details, FILL, sizeof details);
+    nvmlProcessDetailList_t list = {nvmlProcessDetailList_v1, NVML_PROCESS_MODE_ALL, ROOM, details};
+    NVML_CHECK(nvmlDeviceGetRunningProcessDetailList(h, &list));
+    check_rows((unsigned char *)details, sizeof *details, list.numProcArrayEntries);
+
+    nvmlProcessUtilizationInfo_v1_t infos[ROOM];
+    memset(infos, FILL, sizeof infos);
+    nvmlProcessesUtilizationInfo_t info = {nvmlProcessesUtilizationInfo_v1, ROOM, 0, infos};
+    r = nvmlDeviceGetProcessesUtilizationInfo(h, &info);
+    if (r != NVML_SUCCESS && r != NVML_ERROR_NOT_FOUND && r != NVML_ERROR_INSUFFICIENT_SIZE)
+        fail("utilization info", r);
+    check_rows_at((unsigned char *)infos, sizeof *infos, offsetof(nvmlProcessUtilizationInfo_v1_t, pid),
+                  r == NVML_SUCCESS ? info.processSamplesCount : 0);
 
     nvmlUtilization_t u;
     NVML_CHECK(nvmlDeviceGetUtilizationRates(h, &u));

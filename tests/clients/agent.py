@@ -749,6 +749,17 @@ class Agent:
             samples = {s.pid: s.smUtil for s in pynvml.nvmlDeviceGetProcessUtilization(h, 0)}
         except pynvml.NVMLError_NotFound:
             samples = {}
+        try:  # the newer form of the samples (drivers of NVML 12.4+)
+            info = sorted({s.pid for s in pynvml.nvmlDeviceGetProcessesUtilizationInfo(h, 0)})
+        except pynvml.NVMLError_NotFound:
+            info = []
+        details = {
+            mode: {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetRunningProcessDetailList(
+                h, pynvml.nvmlProcessDetailList_v1, getattr(pynvml, f"NVML_PROCESS_MODE_{mode.upper()}"))}
+            for mode in ("compute", "graphics", "mps", "all")
+        }  # fmt: skip
+        graphics = [p.pid for p in pynvml.nvmlDeviceGetGraphicsRunningProcesses(h)]
+        mps = [p.pid for p in pynvml.nvmlDeviceGetMPSComputeRunningProcesses(h)]
         pynvml.nvmlShutdown()
         return {
             "total": m1.total,
@@ -758,6 +769,10 @@ class Agent:
             "procs": {str(k): v for k, v in procs.items()},
             "util": util,
             "samples": {str(k): v for k, v in samples.items()},
+            "sampled": info,
+            "details": {mode: {str(k): v for k, v in d.items()} for mode, d in details.items()},
+            "graphics": graphics,
+            "mps": mps,
         }
 
     def process_samples(self, last_seen_us: int, device: int = 0) -> list[list[int]]:

@@ -129,9 +129,12 @@ def test_nvml_lists_only_this_containers_processes(one_gib, started):
     started.append(outsider)
     outsider.call("init")
     outsider.call("alloc", path="mem", size=128 * MiB)
-    procs = a.call("nvml")["procs"]
-    assert procs == {str(a_pid): 64 * MiB, str(b_pid): 32 * MiB}
-    assert str(outsider.pid) in outsider.call("nvml")["procs"]  # the driver does see it
+    got = a.call("nvml")
+    ours = {str(a_pid): 64 * MiB, str(b_pid): 32 * MiB}
+    assert got["procs"] == got["details"]["compute"] == got["details"]["all"] == ours  # every way of listing them
+    assert got["details"]["graphics"] == got["details"]["mps"] == {} and got["graphics"] == got["mps"] == []
+    seen = outsider.call("nvml")
+    assert str(outsider.pid) in seen["procs"] and str(outsider.pid) in seen["details"]["all"]  # the driver sees it
 
 
 def test_nvml_never_lists_a_process_it_cannot_name_as_the_slices(one_gib, started):
@@ -151,8 +154,10 @@ def test_nvml_never_lists_a_process_it_cannot_name_as_the_slices(one_gib, starte
     attaching = one_gib.files.claim_slot(os.getpid())  # claimed; its process has not written its own pid
     assert one_gib.files.usage.proc[attaching].ns_pid == 0
     got = a.call("nvml")
-    assert got["procs"] == {str(a_pid): 64 * MiB}
-    assert "0" not in got["samples"] and got["util"] == 0
+    assert got["procs"] == got["details"]["all"] == {str(a_pid): 64 * MiB}
+    assert "0" not in got["samples"] and 0 not in got["sampled"] and got["util"] == 0
+    seen = outsider.call("nvml")  # what the slice was not shown: the driver has the outsider's samples
+    assert str(outsider.pid) in seen["samples"] and outsider.pid in seen["sampled"]
     one_gib.files.release_slot(attaching)
 
 

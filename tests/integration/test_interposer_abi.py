@@ -100,6 +100,7 @@ def test_hooks_match_the_toolkit_prototypes(tmp_path):
 def test_nvml_hooks_match_nvml_h(tmp_path):
     inc = needs("nvml.h")
     protos = our_prototypes("nvml.c", "nvml_exports.def", tmp_path)
+    protos |= our_prototypes("nvml_processes.c", "nvml_exports.def", tmp_path)
     official = (inc / "nvml.h").read_text()
     lines = ["#include <nvml.h>"]
     for name, decl in protos.items():
