@@ -1,8 +1,9 @@
 # The simulated NVIDIA driver (libcuda.so.1, libnvidia-ml.so.1 and the bundled
 # machine), shipped in its own package, gpuslice-sim.
-SIM_COMMON := sim/sim_state.c sim/sim_schedule.c sim/sim_config.c sim/sim_limits.c
+SIM_COMMON := sim/sim_state.c sim/sim_schedule.c sim/sim_config.c sim/sim_limits.c sim/sim_accounting.c
 SIM_CUDA := $(filter-out sim/sim_nvml%,$(wildcard sim/sim_cuda_*.c)) sim/sim_ptx.c
-SIM_NVML := sim/sim_nvml.c sim/sim_nvml_monitor.c sim/sim_nvml_processes.c sim/sim_nvml_unsupported.c
+SIM_NVML := sim/sim_nvml.c sim/sim_nvml_monitor.c sim/sim_nvml_processes.c sim/sim_nvml_accounting.c \
+    sim/sim_nvml_unsupported.c
 SIM_DEPS := $(DECLARATIONS) $(wildcard sim/*.h)
 SIM_CONFIG := sim/gpuslice-sim.yaml
 

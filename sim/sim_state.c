@@ -280,6 +280,7 @@ static void reclaim(int i)
     struct sim_proc *p = &sim_shm->proc[i];
     for (int g = 0; g < sim_shm->machine.gpu_count; g++) {
         sim_gpu_lock(g);
+        sim_acct_record_end(g, i);
         sim_shm->gpu[g].used -= p->mem[g];
         sim_cg_uncharge(g, p->cgroup, p->mem[g]);
         p->mem[g] = 0;
@@ -344,14 +345,20 @@ static int proc_is(int pid, uint64_t ns, int32_t nspid)
  * its own /proc) is 0: never its own pid, which is another namespace's number
  * and could be one of the caller's.  The real driver gives the host's pid
  * there (HAMi-core #112); the simulator cannot know it from inside. */
-int32_t sim_pid_for_reader(int slot)
+uint64_t sim_own_pidns(void)
 {
-    static int32_t seen[SIM_MAX_PROCS];
     static uint64_t own_ns; /* any thread may read it first: the same answer */
-    const struct sim_proc *p = &sim_shm->proc[slot];
     uint64_t ns = __atomic_load_n(&own_ns, __ATOMIC_RELAXED);
     if (!ns)
         __atomic_store_n(&own_ns, ns = pidns_inode(), __ATOMIC_RELAXED);
+    return ns;
+}
+
+int32_t sim_pid_for_reader(int slot)
+{
+    static int32_t seen[SIM_MAX_PROCS];
+    const struct sim_proc *p = &sim_shm->proc[slot];
+    uint64_t ns = sim_own_pidns();
     if (!p->pidns || p->pidns == ns)
         return p->pid;
     int32_t cached = __atomic_load_n(&seen[slot], __ATOMIC_RELAXED);
@@ -422,7 +429,10 @@ int sim_mem_charge(int g, uint64_t bytes)
         /* the GPU's capacity, then the cgroup's driver-enforced limit */
         if (bytes <= cap && gs->used <= cap - bytes && sim_cg_charge(g, sim_shm->proc[slot].cgroup, bytes) == 0) {
             gs->used += bytes;
-            sim_shm->proc[slot].mem[g] += bytes;
+            struct sim_proc *p = &sim_shm->proc[slot];
+            p->mem[g] += bytes;
+            if (p->mem[g] > p->max_mem[g])
+                p->max_mem[g] = p->mem[g];
             sim_gpu_unlock(g);
             return 0;
         }
@@ -457,6 +467,8 @@ void sim_context_count(int g, int delta)
     if (delta < 0 && *c == 0)
         delta = 0;
     *c = (uint32_t)((int)*c + delta);
+    if (delta > 0)
+        sim_acct_record_start(g, slot);
     sim_gpu_unlock(g);
 }
 

@@ -25,9 +25,10 @@
 #define SIM_STAMPS_BUSIEST 2       /* one sample per period: the GPU's use, to the process that ran most in it */
 #define SIM_NBUCKETS 256          /* ring of 2.56 s */
 #define SIM_UTIL_WINDOW_BUCKETS 100 /* NVML reports over the last second */
-#define SIM_LAYOUT_VERSION 5u
+#define SIM_LAYOUT_VERSION 6u
 #define SIM_NSEGS 64          /* when each process's last stretches of work ran, per GPU */
 #define SIM_MAX_CG_LIMITS 64
+#define SIM_ACCT_RECORDS 64 /* terminated processes accounting keeps per GPU, the oldest overwritten */
 #define SIM_CG_PATH 240
 #define SIM_MAGIC 0x67707573696d3031ull /* "gpusim01" */
 
@@ -87,14 +88,29 @@ struct sim_cg_limit {
     uint64_t used; /* bytes held by processes of that cgroup */
 };
 
+/* A terminated process's accounting stats on one GPU (sim_nvml_accounting.c). */
+struct sim_acct_record {
+    int32_t pid;      /* as seen in its own pid namespace */
+    uint32_t pad;
+    uint64_t pidns;
+    uint64_t start_us;  /* CLOCK_REALTIME, when its first context on the GPU was made */
+    uint64_t active_ns; /* from then until its end was noticed */
+    uint64_t busy_ns;   /* its kernels' time */
+    uint64_t max_mem;   /* the most it held */
+};
+
 struct sim_gpu_shared {
-    pthread_mutex_t lock; /* robust, process-shared: memory, schedule, limits */
+    pthread_mutex_t lock; /* robust, process-shared: memory, schedule, limits, accounting */
     uint64_t used;        /* bytes held by live processes */
     uint64_t sched_t;     /* CLOCK_MONOTONIC ns up to which the schedule has been run */
     uint64_t slice_left;  /* ns left of the running process's time slice */
     int32_t running;      /* its slot, -1: none */
     uint32_t pad;
     struct sim_cg_limit limits[SIM_MAX_CG_LIMITS];
+    uint32_t accounting;   /* per-process accounting mode (nvmlDeviceSetAccountingMode) */
+    uint32_t acct_pad;
+    uint64_t acct_written; /* records ever written; the last SIM_ACCT_RECORDS are kept */
+    struct sim_acct_record acct[SIM_ACCT_RECORDS];
 };
 
 /* A stretch of time in which one process's queue ran: from t, work
@@ -120,6 +136,9 @@ struct sim_proc {
     uint64_t mem[SIM_MAX_GPUS];      /* under gpu lock */
     uint32_t contexts[SIM_MAX_GPUS]; /* under gpu lock */
     uint64_t busy_total[SIM_MAX_GPUS];
+    uint64_t max_mem[SIM_MAX_GPUS];       /* under gpu lock: the most it held */
+    uint64_t acct_start_ns[SIM_MAX_GPUS]; /* under gpu lock: its first context made while accounting was on (0: none) */
+    uint64_t acct_start_us[SIM_MAX_GPUS]; /* ... the same moment, CLOCK_REALTIME */
     struct sim_bucket util[SIM_MAX_GPUS][SIM_NBUCKETS];
     struct sim_queue queue[SIM_MAX_GPUS]; /* under gpu lock */
 };
@@ -147,6 +166,7 @@ int sim_register_self(void); /* take a process slot; -1 if none free */
 int sim_self_slot(void);
 void sim_sweep_dead(void);   /* reclaim the slots of dead processes */
 int sim_slot_alive(int slot);
+uint64_t sim_own_pidns(void); /* the pid namespace of this process (its inode) */
 int32_t sim_pid_for_reader(int slot); /* its pid in the caller's pid namespace, where visible */
 void sim_gpu_lock(int gpu);
 void sim_gpu_unlock(int gpu);
@@ -161,6 +181,10 @@ uint64_t sim_gpu_submit(int gpu, uint64_t ns, uint64_t *pending); /* its mark; p
 int sim_gpu_done(int gpu, uint64_t mark);
 void sim_gpu_wait(int gpu, uint64_t mark);        /* sleeps until the GPU has run it */
 uint64_t sim_gpu_mark_time(int gpu, uint64_t mark); /* when a done mark's work ended */
+/* Accounting (sim_accounting.c), caller holds the GPU lock: a process's record begins with its first context
+ * made while accounting is on, and is kept once the process has ended. */
+void sim_acct_record_start(int gpu, int slot);
+void sim_acct_record_end(int gpu, int slot);
 void sim_gpu_advance(int gpu, uint64_t now);      /* run the schedule up to now; caller holds the GPU lock */
 uint64_t sim_now_ns(void);
 void sim_sleep_until(uint64_t t_ns);

@@ -197,6 +197,17 @@ typedef nvmlProcessesUtilizationInfo_v1_t nvmlProcessesUtilizationInfo_t;
 #define nvmlProcessesUtilizationInfo_v1 \
     ((unsigned int)(sizeof(nvmlProcessesUtilizationInfo_v1_t) | (1u << 24)))
 
+/* nvmlDeviceGetAccountingStats: a process's use over its life */
+typedef struct {
+    unsigned int gpuUtilization;
+    unsigned int memoryUtilization;
+    unsigned long long maxMemoryUsage;
+    unsigned long long time;
+    unsigned long long startTime;
+    unsigned int isRunning;
+    unsigned int reserved[5];
+} nvmlAccountingStats_t;
+
 #define NVML_VALUE_NOT_AVAILABLE_UINT 0xFFFFFFFFu
 #define NVML_DEVICE_MEMORY_LIMIT_MAX 0xFFFFFFFFFFFFFFFFull
 

@@ -1,6 +1,6 @@
 /* The NVML wrapper's lists of processes, as the slice sees them: every way a
  * driver lists processes (compute, graphics and MPS lists, the detail list,
- * both forms of per-process utilization samples) keeps only the slice's, and
+ * both forms of per-process utilization samples, accounting) keeps only the slice's, and
  * the GPU's utilization is what the slice's own processes made it. */
 #define _GNU_SOURCE
 #include <stddef.h>
@@ -128,6 +128,21 @@ PROCESS_LIST(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t)
 PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t)
 PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_t)
 PROCESS_LIST(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t)
+
+/* accounting's records: of the processes the slice holds now (its ended ones'
+ * rows are released, so they leave its view) */
+PROCESS_LIST(nvmlDeviceGetAccountingPids, unsigned int)
+
+nvmlReturn_t nvmlDeviceGetAccountingStats(nvmlDevice_t d, unsigned int pid, nvmlAccountingStats_t *stats);
+
+WRAP_API nvmlReturn_t nvmlDeviceGetAccountingStats(nvmlDevice_t d, unsigned int pid, nvmlAccountingStats_t *stats)
+{
+    nvmlReturn_t r = REAL(nvmlDeviceGetAccountingStats)(d, pid, stats);
+    if (r != NVML_SUCCESS || gs.mode != GS_SLICE || our_pid(pid))
+        return r;
+    memset(stats, 0, sizeof *stats);
+    return NVML_ERROR_NOT_FOUND; /* another tenant's: as for a pid without a record */
+}
 
 nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlProcessDetailList_t *plist);
 

@@ -775,6 +775,40 @@ class Agent:
             "mps": mps,
         }
 
+    def accounting(self, enable: bool | None = None, device: int = 0) -> dict:
+        """Accounting mode (set it first when `enable` is given), the pids with a record and
+        each one's stats, as NVML gives them; {"error": ...} where it refuses."""
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(device)
+        try:
+            if enable is not None:
+                pynvml.nvmlDeviceSetAccountingMode(h, int(enable))
+            pids = pynvml.nvmlDeviceGetAccountingPids(h)
+            stats = {}
+            for pid in pids:
+                try:
+                    s = pynvml.nvmlDeviceGetAccountingStats(h, pid)
+                except pynvml.NVMLError_NotFound:
+                    continue
+                stats[str(pid)] = {"gpu": s.gpuUtilization, "max_memory": s.maxMemoryUsage, "time_ms": s.time,
+                                   "running": s.isRunning, "start_us": s.startTime}  # fmt: skip
+            return {"pids": pids, "stats": stats}
+        except pynvml.NVMLError as e:
+            return {"error": str(e)}
+        finally:
+            pynvml.nvmlShutdown()
+
+    def accounting_stats(self, pid: int, device: int = 0) -> str:
+        """What NVML answers for one pid's accounting stats: "ok" or its error."""
+        pynvml.nvmlInit()
+        try:
+            pynvml.nvmlDeviceGetAccountingStats(pynvml.nvmlDeviceGetHandleByIndex(device), pid)
+            return "ok"
+        except pynvml.NVMLError as e:
+            return str(e)
+        finally:
+            pynvml.nvmlShutdown()
+
     def process_samples(self, last_seen_us: int, device: int = 0) -> list[list[int]]:
         """[pid, timeStamp, smUtil] of each per-process utilization sample after last_seen_us."""
         pynvml.nvmlInit()

@@ -161,6 +161,25 @@ def test_nvml_never_lists_a_process_it_cannot_name_as_the_slices(one_gib, starte
     one_gib.files.release_slot(attaching)
 
 
+def test_accounting_lists_only_this_containers_processes(one_gib, started):
+    """Where accounting mode is on, the slice reads the records of its own processes only:
+    another tenant's pid and stats are not listed."""
+    control = Agent({**one_gib.env, "LD_LIBRARY_PATH": str(gpuslice_sim.lib_dir())})
+    started.append(control)
+    assert control.call("accounting", enable=True) == {"pids": [], "stats": {}}
+    a = one_gib.agent(started)
+    a_pid = a.call("init")["pid"]
+    a.call("alloc", path="mem", size=64 * MiB)
+    outsider = Agent({**one_gib.env, "GPUSLICE_ALLOW_UNSLICED": "1"})
+    started.append(outsider)
+    outsider.call("init")
+    assert sorted(control.call("accounting")["pids"]) == sorted([a.host_pid, outsider.pid])  # the driver has both
+    got = a.call("accounting")
+    assert got["pids"] == [a_pid] and list(got["stats"]) == [str(a_pid)]
+    assert got["stats"][str(a_pid)]["running"] == 1
+    assert a.call("accounting_stats", pid=0) == "Not Found"  # the outsider, as the container names it
+
+
 def test_without_a_slice_the_gpu_is_unavailable_with_one_line(daemon):
     d = daemon()
     for env in ({**wrapped_env(d), "GPUSLICE_SLICE_SOCKET": "/nonexistent/slice.sock"}, wrapped_env(d)):
