@@ -77,6 +77,10 @@ def test_the_kit_on_the_simulator_passes_its_driver_steps_and_skips_the_framewor
     trace = rows_of(report, "trace")
     # a tenant each, every phase the simulator runs (one of each kind: 1 + 1 + 2 + 4 + 2)
     assert len(trace) == 10 and all(r["verdict"] == "INFO" for r in trace.values())
+    for name, row in trace.items():  # the driver's accounting (modelled since stop 65) against each tenant's clock
+        busy = float(re.search(r"busy ([0-9.]+) % by its own clock", row["observed"]).group(1))
+        accounted = float(re.search(r"NVML accounting ([0-9.]+) %", row["observed"]).group(1))
+        assert abs(accounted - busy) <= 5, (name, row["observed"])
     assert subprocess.run(["pgrep", "-f", str(kit_dirs["work"] / "daemon.yaml")]).returncode == 1  # daemon gone
 
     # called again, it resumes: the steps kept are not run again

@@ -491,3 +491,10 @@ def test_each_step_keeps_the_daemons_tick_lines_that_came_by_its_end(tmp_path):
         f.write(" 10.0 s: mean 2.00 ms, longest 9.00 ms, 1 late\n")
     assert lines.new(" ticks in ") == ["c: 61 ticks in 10.0 s: mean 2.00 ms, longest 9.00 ms, 1 late"]
     assert lines.new(" ticks in ") == []
+
+
+def test_a_running_processs_life_is_from_its_start_and_an_ended_ones_its_time():
+    """nvml.h: accounting's `time` is 0 while the process runs (then: now - startTime, in µs)."""
+    assert kit_accounting.life_ms(0, start_us=1_000_000_000, now_s=1_002.5) == 2500.0
+    assert kit_accounting.life_ms(1200, start_us=1_000_000_000, now_s=1_002.5) == 1200.0
+    assert kit_accounting.life_ms(0, start_us=2_000_000_000, now_s=1_002.5) == 0.0  # a clock stepped back
