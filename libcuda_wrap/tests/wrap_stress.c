@@ -10,8 +10,8 @@
  * (the exec cost table), and create, use and destroy contexts of their own.
  * Meanwhile 2 more threads ask the NVML interposer (linked too) for the
  * slice's memory, its processes (the compute lists, sized and not, and the
- * detail list), their utilization samples (both forms) and the GPU's
- * utilization: every answer is the
+ * detail list), their utilization samples (both forms), their accounting
+ * records and the GPU's utilization: every answer is the
  * slice's, and no row of another tenant (the test keeps a busy process
  * outside the slice) reaches the caller's memory, not even past the count.
  * At the end every charge is given back: the slice shows as much free as
@@ -66,6 +66,8 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t, nvmlProcessUtilizatio
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t, nvmlUtilization_t *);
 nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t, nvmlProcessDetailList_t *);
 nvmlReturn_t nvmlDeviceGetProcessesUtilizationInfo(nvmlDevice_t, nvmlProcessesUtilizationInfo_t *);
+nvmlReturn_t nvmlDeviceGetAccountingPids(nvmlDevice_t, unsigned *, unsigned *);
+nvmlReturn_t nvmlDeviceGetAccountingStats(nvmlDevice_t, unsigned, nvmlAccountingStats_t *);
 
 typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                               CUstream, void **, void **);
@@ -321,6 +323,16 @@ static void nvml_round(nvmlDevice_t h, unsigned long long total)
         fail("utilization info", r);
     check_rows_at((unsigned char *)infos, sizeof *infos, offsetof(nvmlProcessUtilizationInfo_v1_t, pid),
                   r == NVML_SUCCESS ? info.processSamplesCount : 0);
+
+    unsigned pids[ROOM];
+    memset(pids, FILL, sizeof pids);
+    n = ROOM;
+    NVML_CHECK(nvmlDeviceGetAccountingPids(h, &n, pids)); /* the test turned accounting on */
+    check_rows((unsigned char *)pids, sizeof *pids, n);
+    for (unsigned i = 0; i < n; i++) {
+        nvmlAccountingStats_t stats;
+        NVML_CHECK(nvmlDeviceGetAccountingStats(h, pids[i], &stats));
+    }
 
     nvmlUtilization_t u;
     NVML_CHECK(nvmlDeviceGetUtilizationRates(h, &u));

@@ -14,6 +14,7 @@ import subprocess
 
 import pytest
 
+import gpuslice_sim
 from gpuslice.allocator.slice_files import SliceFiles
 from tests.harness import REPO, interposer_env
 from tests.harness.machine import Agent, gpu, needs_root, oci_bundle
@@ -53,6 +54,9 @@ def test_the_interposer_in_a_slice_is_clean_under_sanitizers(tmp_path, daemon, c
                                       "gpuslice.io/compute-policy": "hard"})  # fmt: skip
     client.bind("box", box.init_pid)
     files = SliceFiles(d.slice_files_dir, reserved.id)
+    control = Agent({**interposer_env(d), "LD_LIBRARY_PATH": str(gpuslice_sim.lib_dir())})
+    started.append(control)
+    assert control.call("accounting", enable=True) == {"pids": [], "stats": {}}  # records for all that follow
     outsider = Agent({**interposer_env(d), "GPUSLICE_ALLOW_UNSLICED": "1"})
     started.append(outsider)
     outsider.call("init")
