@@ -11,16 +11,9 @@
 
 #define NVAPI SIM_API nvmlReturn_t
 
-#define DEVICE(d, idx)                   \
-    int idx = sim_nvml_index(d);         \
-    if (idx == -2)                       \
-        return NVML_ERROR_UNINITIALIZED; \
-    if (idx < 0)                         \
-        return NVML_ERROR_INVALID_ARGUMENT
-
 NVAPI nvmlDeviceGetAccountingMode(nvmlDevice_t d, nvmlEnableState_t *mode)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!mode)
         return NVML_ERROR_INVALID_ARGUMENT;
     *mode = __atomic_load_n(&sim_shm->gpu[idx].accounting, __ATOMIC_ACQUIRE) ? NVML_FEATURE_ENABLED
@@ -30,7 +23,7 @@ NVAPI nvmlDeviceGetAccountingMode(nvmlDevice_t d, nvmlEnableState_t *mode)
 
 NVAPI nvmlDeviceSetAccountingMode(nvmlDevice_t d, nvmlEnableState_t mode)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (mode != NVML_FEATURE_ENABLED && mode != NVML_FEATURE_DISABLED)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (geteuid() != 0)
@@ -48,7 +41,7 @@ static int accounting(int idx)
 
 NVAPI nvmlDeviceGetAccountingBufferSize(nvmlDevice_t d, unsigned int *size)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!size)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!accounting(idx))
@@ -60,7 +53,7 @@ NVAPI nvmlDeviceGetAccountingBufferSize(nvmlDevice_t d, unsigned int *size)
 /* Forgets the ended processes' records (root only); running ones stay. */
 NVAPI nvmlDeviceClearAccountingPids(nvmlDevice_t d)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!accounting(idx))
         return NVML_ERROR_NOT_SUPPORTED;
     if (geteuid() != 0)
@@ -86,7 +79,7 @@ static unsigned kept_records(int idx)
 /* Running processes first, then the ended ones, newest first. */
 NVAPI nvmlDeviceGetAccountingPids(nvmlDevice_t d, unsigned int *count, unsigned int *pids)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!accounting(idx))
@@ -122,7 +115,7 @@ static unsigned percent_of(uint64_t part, uint64_t whole)
  * says of a pid reused); memory bandwidth is not modelled (0). */
 NVAPI nvmlDeviceGetAccountingStats(nvmlDevice_t d, unsigned int pid, nvmlAccountingStats_t *stats)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!stats)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (!accounting(idx))

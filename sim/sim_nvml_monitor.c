@@ -14,13 +14,6 @@
 #define MEMORY_CLOCK_MHZ 1215u  /* HBM2e, as on A100; not configurable */
 #define ENGINE_SAMPLE_US 167000u /* the sampling period NVML reports for the video engines */
 
-#define DEVICE(d, idx)                           \
-    int idx = sim_nvml_index(d);                 \
-    if (idx == -2)                               \
-        return NVML_ERROR_UNINITIALIZED;         \
-    if (idx < 0)                                 \
-        return NVML_ERROR_INVALID_ARGUMENT
-
 static const struct sim_gpu_info *gpu(int idx)
 {
     return &sim_machine()->gpu[idx];
@@ -28,7 +21,7 @@ static const struct sim_gpu_info *gpu(int idx)
 
 NVAPI nvmlDeviceGetTemperature(nvmlDevice_t d, nvmlTemperatureSensors_t sensor, unsigned int *temp)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!temp || sensor != NVML_TEMPERATURE_GPU)
         return NVML_ERROR_INVALID_ARGUMENT;
     *temp = IDLE_C + sim_nvml_busy_percent(idx) * 45u / 100u;
@@ -52,7 +45,7 @@ NVAPI nvmlDeviceGetTemperatureV(nvmlDevice_t d, nvmlTemperature_t *t)
 
 NVAPI nvmlDeviceGetFanSpeed(nvmlDevice_t d, unsigned int *speed)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     (void)idx;
     return speed ? NVML_ERROR_NOT_SUPPORTED : NVML_ERROR_INVALID_ARGUMENT; /* passively cooled (SXM) */
 }
@@ -65,7 +58,7 @@ NVAPI nvmlDeviceGetFanSpeed_v2(nvmlDevice_t d, unsigned int fan, unsigned int *s
 
 NVAPI nvmlDeviceGetPowerManagementLimit(nvmlDevice_t d, unsigned int *limit_mw)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!limit_mw)
         return NVML_ERROR_INVALID_ARGUMENT;
     *limit_mw = gpu(idx)->power_limit_mw;
@@ -79,7 +72,7 @@ NVAPI nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t d, unsigned int *limit_mw)
 
 NVAPI nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *power_mw)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!power_mw)
         return NVML_ERROR_INVALID_ARGUMENT;
     unsigned limit = gpu(idx)->power_limit_mw;
@@ -90,7 +83,7 @@ NVAPI nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *power_mw)
 
 static nvmlReturn_t engine(nvmlDevice_t d, unsigned int *util, unsigned int *period_us)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     (void)idx;
     if (!util || !period_us)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -111,7 +104,7 @@ NVAPI nvmlDeviceGetDecoderUtilization(nvmlDevice_t d, unsigned int *util, unsign
 
 NVAPI nvmlDeviceGetPerformanceState(nvmlDevice_t d, nvmlPstates_t *state)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     (void)idx;
     if (!state)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -121,7 +114,7 @@ NVAPI nvmlDeviceGetPerformanceState(nvmlDevice_t d, nvmlPstates_t *state)
 
 NVAPI nvmlDeviceGetPersistenceMode(nvmlDevice_t d, nvmlEnableState_t *mode)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     (void)idx;
     if (!mode)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -131,7 +124,7 @@ NVAPI nvmlDeviceGetPersistenceMode(nvmlDevice_t d, nvmlEnableState_t *mode)
 
 NVAPI nvmlDeviceGetComputeMode(nvmlDevice_t d, nvmlComputeMode_t *mode)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     (void)idx;
     if (!mode)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -141,7 +134,7 @@ NVAPI nvmlDeviceGetComputeMode(nvmlDevice_t d, nvmlComputeMode_t *mode)
 
 static nvmlReturn_t clock_mhz(nvmlDevice_t d, nvmlClockType_t type, unsigned int *mhz)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!mhz)
         return NVML_ERROR_INVALID_ARGUMENT;
     switch (type) {
@@ -169,7 +162,7 @@ NVAPI nvmlDeviceGetMaxClockInfo(nvmlDevice_t d, nvmlClockType_t type, unsigned i
 
 NVAPI nvmlDeviceGetPcieThroughput(nvmlDevice_t d, nvmlPcieUtilCounter_t counter, unsigned int *kb_per_s)
 {
-    DEVICE(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     (void)idx;
     if (!kb_per_s || (counter != NVML_PCIE_UTIL_TX_BYTES && counter != NVML_PCIE_UTIL_RX_BYTES))
         return NVML_ERROR_INVALID_ARGUMENT;

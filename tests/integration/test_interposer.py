@@ -137,17 +137,24 @@ def test_nvml_lists_only_this_containers_processes(one_gib, started):
     assert str(outsider.pid) in seen["procs"] and str(outsider.pid) in seen["details"]["all"]  # the driver sees it
 
 
-def test_nvml_never_lists_a_process_it_cannot_name_as_the_slices(one_gib, started):
-    """A driver lists a process outside the caller's pid namespace as pid 0, and a slice's
-    row reads 0 in the container's numbering until its process writes its own (a row the
-    daemon claimed for a process still attaching): the outsider's row, its memory and its
-    samples are still not the slice's."""
+def tenant_and_outsider(one_gib, started) -> tuple[Agent, int, Agent]:
+    """A process of the slice holding 64 MiB (its pid as the container names it), and one
+    outside any slice with a context."""
     a = one_gib.agent(started)
     a_pid = a.call("init")["pid"]
     a.call("alloc", path="mem", size=64 * MiB)
     outsider = Agent({**one_gib.env, "GPUSLICE_ALLOW_UNSLICED": "1"})
     started.append(outsider)
     outsider.call("init")
+    return a, a_pid, outsider
+
+
+def test_nvml_never_lists_a_process_it_cannot_name_as_the_slices(one_gib, started):
+    """A driver lists a process outside the caller's pid namespace as pid 0, and a slice's
+    row reads 0 in the container's numbering until its process writes its own (a row the
+    daemon claimed for a process still attaching): the outsider's row, its memory and its
+    samples are still not the slice's."""
+    a, a_pid, outsider = tenant_and_outsider(one_gib, started)
     outsider.call("alloc", path="mem", size=128 * MiB)
     outsider.call("launch_for", seconds=1.0)
     outsider.call("join")  # samples of its own, in the periods just past
@@ -167,12 +174,7 @@ def test_accounting_lists_only_this_containers_processes(one_gib, started):
     control = Agent({**one_gib.env, "LD_LIBRARY_PATH": str(gpuslice_sim.lib_dir())})
     started.append(control)
     assert control.call("accounting", enable=True) == {"pids": [], "stats": {}}
-    a = one_gib.agent(started)
-    a_pid = a.call("init")["pid"]
-    a.call("alloc", path="mem", size=64 * MiB)
-    outsider = Agent({**one_gib.env, "GPUSLICE_ALLOW_UNSLICED": "1"})
-    started.append(outsider)
-    outsider.call("init")
+    a, a_pid, outsider = tenant_and_outsider(one_gib, started)
     assert sorted(control.call("accounting")["pids"]) == sorted([a.host_pid, outsider.pid])  # the driver has both
     got = a.call("accounting")
     assert got["pids"] == [a_pid] and list(got["stats"]) == [str(a_pid)]
