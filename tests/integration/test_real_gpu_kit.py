@@ -80,8 +80,11 @@ def test_the_kit_on_the_simulator_passes_its_driver_steps_and_skips_the_framewor
     for name, row in trace.items():  # the driver's accounting (modelled since stop 65) against each tenant's clock
         busy = float(re.search(r"busy ([0-9.]+) % by its own clock", row["observed"]).group(1))
         accounted = float(re.search(r"NVML accounting ([0-9.]+) %", row["observed"]).group(1))
-        # 5 ms kernels; the 50 us duty cycle read 40.0 by accounting and 34.9 by samples against 49.3 by its clock
-        assert abs(accounted - busy) <= 5 or "duty" in name, (name, row["observed"])
+        # alone, back to back: its clock is its GPU time (where tenants share, a kernel's clock counts the other's
+        # turns too: 84.0 by its clock against 30.7 accounted under hard 30 %; the 50 us duty cycle read 40.0 by
+        # accounting and 34.9 by samples against 49.3 by its clock)
+        assert abs(accounted - busy) <= 5 or not name.startswith("alone, back to back"), (name, row["observed"])
+        assert accounted > 0, (name, row["observed"])
     assert subprocess.run(["pgrep", "-f", str(kit_dirs["work"] / "daemon.yaml")]).returncode == 1  # daemon gone
 
     # called again, it resumes: the steps kept are not run again
