@@ -119,5 +119,12 @@ class Kubelet:
     def remove_pod(self, pod_id: str) -> None:
         self.runtime.RemovePodSandbox(self.pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=self.timeout)
 
+    def has_image(self, ref: str) -> bool:
+        """Whether the runtime's image service knows `ref` (ImageStatus answers an
+        empty image for one it does not)."""
+        reply = self.images.ImageStatus(self.pb.ImageStatusRequest(image=self.pb.ImageSpec(image=ref)),
+                                        timeout=self.timeout)  # fmt: skip
+        return bool(reply.image.id)
+
     def pods(self) -> list[Any]:
         return list(self.runtime.ListPodSandbox(self.pb.ListPodSandboxRequest(), timeout=self.timeout).items)

@@ -195,6 +195,14 @@ def kubelet_on(ctd: ContainerdNode, api: tuple) -> Iterator[Kubelet]:
         ctd.start()
         ctd.import_images()
         kubelet = Kubelet(ctd.socket, api)
+        # containerd's CRI plugin learns of an image `ctr images import` made from
+        # the ImageCreate event, handled apart from the import's reply
+        # (pkg/cri/server/events.go): a pod run before then pulls its sandbox image
+        deadline = time.monotonic() + 60
+        while not all(kubelet.has_image(ref) for ref in (IMAGE, PAUSE)):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"containerd's CRI plugin never listed {IMAGE} and {PAUSE} after their import")
+            time.sleep(0.05)
         yield kubelet
     finally:
         if kubelet:
