@@ -5,7 +5,9 @@ cuda.bindings, so it runs on the simulator as on a GPU.
 argv: SECONDS KERNEL_US DUTY.
 
 A kernel's length is calibrated, not assumed: on a GPU the spin kernel's
-cycles set it (timed with events); where they do not (the simulator, whose
+cycles set it (timed with events, queued behind a longer kernel so that the
+host's launch is not counted: timed from an idle stream, a 50 us kernel read
+8-12 us long on the H100 and H200); where they do not (the simulator, whose
 kernels last waves x its wave time), the number of waves does."""
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ SPIN_PTX = (
 )
 THREADS = 128
 PROBE_CYCLES = 200_000  # ~0.1 ms on a 2 GHz GPU
+# the kernel a timed one queues behind: 1 ms spins, 64 blocks a SM (a few ms on a GPU), and on
+# the simulator, whose kernels last waves x its wave time, 64 of its waves
+BLOCKER_CYCLES, BLOCKER_WAVES = 10 * PROBE_CYCLES, 64
 BACK_TO_BACK_SYNC = 8  # at duty 1, launches between synchronizations: the queue stays short
 
 
@@ -49,22 +54,46 @@ class Spin:
         self.stream = ok(cu.cuStreamCreate(0))
         self.start, self.stop = ok(cu.cuEventCreate(0)), ok(cu.cuEventCreate(0))
         self.cycles, self.waves = PROBE_CYCLES, 1
+        self.uncovered = 0  # timings the host's launch may be in (timed_us)
 
-    def launch(self) -> None:
-        arg = ctypes.c_uint64(self.cycles)
+    def launch(self, cycles: int | None = None, waves: int | None = None) -> None:
+        arg = ctypes.c_uint64(self.cycles if cycles is None else cycles)
         params = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
-        ok(cu.cuLaunchKernel(self.fn, self.sms * self.waves, 1, 1, THREADS, 1, 1, 0, self.stream,
-                             ctypes.addressof(params), 0))  # fmt: skip
+        grid = self.sms * (self.waves if waves is None else waves)
+        ok(cu.cuLaunchKernel(self.fn, grid, 1, 1, THREADS, 1, 1, 0, self.stream, ctypes.addressof(params), 0))
 
-    def timed_us(self, cycles: int, waves: int) -> float:
-        self.cycles, self.waves = cycles, waves
-        self.launch()  # warm: the first launch loads the module
+    def idle_timed_us(self, cycles: int, waves: int) -> float:
+        """Timed from an event recorded on an idle stream: the GPU stamps it at once, and
+        the kernel starts only once the host has launched it, so this holds that gap."""
+        self.launch(cycles, waves)  # warm: the first launch loads the module
         ok(cu.cuStreamSynchronize(self.stream))
         ok(cu.cuEventRecord(self.start, self.stream))
-        self.launch()
+        self.launch(cycles, waves)
         ok(cu.cuEventRecord(self.stop, self.stream))
         ok(cu.cuEventSynchronize(self.stop))
         return float(ok(cu.cuEventElapsedTime(self.start, self.stop))) * 1000
+
+    def timed_us(self, cycles: int, waves: int) -> float:
+        """A kernel's length on the GPU alone: its start event and the kernel queued behind a
+        longer kernel, so the event is stamped when the GPU reaches them, not while the host
+        is still launching. Where the host was slower than the blocker (the start event done
+        by the time the kernel was queued: a gate that held the launch), again behind one
+        twice as long; after four tries the last time stands, counted in `uncovered`."""
+        blocker, elapsed = BLOCKER_WAVES, 0.0
+        for _ in range(4):
+            self.launch(cycles, waves)  # warm: the first launch loads the module
+            self.launch(BLOCKER_CYCLES, blocker)
+            ok(cu.cuEventRecord(self.start, self.stream))
+            self.launch(cycles, waves)
+            ok(cu.cuEventRecord(self.stop, self.stream))
+            covered = cu.cuEventQuery(self.start)[0] == cu.CUresult.CUDA_ERROR_NOT_READY
+            ok(cu.cuEventSynchronize(self.stop))
+            elapsed = float(ok(cu.cuEventElapsedTime(self.start, self.stop))) * 1000
+            if covered:
+                return elapsed
+            blocker *= 2
+        self.uncovered += 1
+        return elapsed
 
     def calibrate(self, kernel_us: float) -> dict:
         """The knob that sets a kernel's length, and its value for kernel_us: a line through two
@@ -73,12 +102,15 @@ class Spin:
         if c8 > 2 * c1:  # the cycles set the length: a GPU
             slope = (c8 - c1) / (7 * PROBE_CYCLES)
             self.cycles, self.waves, how = max(1, round(PROBE_CYCLES + (kernel_us - c1) / slope)), 1, "cycles"
-        else:  # they do not: the simulator's waves do
-            w1, w64 = c1, self.timed_us(PROBE_CYCLES, 64)
-            slope = (w64 - w1) / 63
-            self.cycles, self.waves, how = PROBE_CYCLES, max(1, round(1 + (kernel_us - w1) / slope)), "waves"
-        return {"by": how, "cycles": self.cycles, "waves": self.waves, "kernel_us": self.timed_us(self.cycles,
-                self.waves), "sms": self.sms}  # fmt: skip
+        else:  # they do not: the simulator's waves do, in steps of as many blocks as a SM holds,
+            # so the line is drawn through two points well above one step
+            w64, w1024 = self.timed_us(PROBE_CYCLES, 64), self.timed_us(PROBE_CYCLES, 1024)
+            slope = (w1024 - w64) / 960
+            self.cycles, self.waves, how = PROBE_CYCLES, max(1, round(64 + (kernel_us - w64) / slope)), "waves"
+        return {"by": how, "cycles": self.cycles, "waves": self.waves, "sms": self.sms,
+                "kernel_us": self.timed_us(self.cycles, self.waves),
+                # what timing it on an idle stream adds: the host's launch, which the GPU does not run
+                "idle_timed_us": self.idle_timed_us(self.cycles, self.waves), "uncovered": self.uncovered}  # fmt: skip
 
 
 def run(argv: list[str]) -> dict:
