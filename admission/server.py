@@ -34,7 +34,7 @@ class Server(JsonServer):
         except (OSError, ssl.SSLError) as e:
             self.http.server_close()
             raise errors.InvalidArgument(f"TLS certificate {cert} and key {key}: {e}") from e
-        self.http.socket = tls.wrap_socket(self.http.socket, server_side=True)
+        self.use_tls(tls)
 
     def post(self, path: str, body: bytes) -> tuple[int, Any] | None:
         if path != "/mutate":

@@ -1,17 +1,23 @@
 """JSON over HTTP for the components Kubernetes calls: the scheduler extender
 and the admission webhook (and the API stand-in the tests run). A reply sized
 and typed, a request body read within bounds, and `JsonServer`, which serves
-POST routes and GET /healthz on threads until its `stopping` is set."""
+POST routes and GET /healthz on threads until its `stopping` is set: a
+thread per connection, at most `MAX_CONNECTIONS` of them, each one's TLS
+handshake and reads under its timeout."""
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+MAX_CONNECTIONS = 256  # open at once; one more is closed as it is accepted
 
 
 def send_json(handler: BaseHTTPRequestHandler, code: int, body: Any) -> None:
@@ -56,9 +62,16 @@ class JsonServer:
     def __init__(self, host: str, port: int, max_body: int, max_in_flight: int) -> None:
         self.max_body = max_body
         self.slots = threading.BoundedSemaphore(max_in_flight)
-        self.http = ThreadingHTTPServer((host, port), _handler(self))
-        self.http.daemon_threads = True
+        self.http = _Server((host, port), _handler(self))
+        self.tls = False
         self.stopping = threading.Event()
+
+    def use_tls(self, context: ssl.SSLContext) -> None:
+        """Serve over TLS. The handshake is the connection's thread's, under its read
+        timeout: done as each connection is accepted, one caller that connects and sends
+        nothing would stop every other from being accepted."""
+        self.http.socket = context.wrap_socket(self.http.socket, server_side=True, do_handshake_on_connect=False)
+        self.tls = True
 
     @property
     def port(self) -> int:
@@ -80,6 +93,32 @@ class JsonServer:
         self.http.server_close()
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128  # the listen backlog (socketserver's 5 drops callers connecting together)
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        super().__init__(address, handler)
+
+    def process_request(self, request: socket.socket, client_address: Any) -> None:  # type: ignore[override]
+        if not self.connections.acquire(blocking=False):
+            log.debug("%d connections open: one from %s closed", MAX_CONNECTIONS, client_address)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.connections.release()  # no thread took it
+            raise
+
+    def process_request_thread(self, request: socket.socket, client_address: Any) -> None:  # type: ignore[override]
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.connections.release()
+
+
 def _handler(server: JsonServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = 10  # a slow sender, or a kept connection left idle, cannot hold a thread
@@ -87,6 +126,20 @@ def _handler(server: JsonServer) -> type[BaseHTTPRequestHandler]:
         # the headers and the body go out as two writes: with Nagle on, the second waits for the
         # caller's delayed ACK (40 ms on Linux)
         disable_nagle_algorithm = True
+        handshaken = True
+
+        def setup(self) -> None:
+            super().setup()  # the timeout set on the connection first
+            if server.tls:
+                try:
+                    self.connection.do_handshake()
+                except OSError as e:  # ssl.SSLError and a timeout are OSErrors
+                    log.debug("TLS handshake with %s: %s", self.client_address, e)
+                    self.handshaken = False
+
+        def handle(self) -> None:
+            if self.handshaken:
+                super().handle()
 
         def log_message(self, fmt: str, *args: object) -> None:
             log.debug(fmt, *args)

@@ -313,3 +313,19 @@ def test_in_device_plugin_mode_a_vgpu_larger_than_any_published_gpu_is_refused(t
             assert review(url, ctx, big)["response"]["allowed"] is True
     finally:
         api.stop()
+
+
+def test_a_connection_that_never_starts_tls_holds_back_no_one_else(webhook):
+    """The TLS handshake runs on the connection's own thread, under the read timeout: a
+    caller that connects and sends nothing (or one that stalls mid-handshake) cannot keep
+    the webhook from accepting, and its connection is closed once the timeout passes."""
+    _, url, ctx = webhook
+    silent = [socket.create_connection(("127.0.0.1", url.port), timeout=30) for _ in range(3)]
+    try:
+        started_at = time.monotonic()
+        assert json.loads(call(url, ctx, "GET", "/healthz")) == {"ok": True}
+        assert time.monotonic() - started_at < 5  # answered while the silent ones still wait
+        assert silent[0].recv(1) == b""  # closed by the webhook (10 s), not by this test's 30 s
+    finally:
+        for s in silent:
+            s.close()
