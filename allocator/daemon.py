@@ -10,7 +10,6 @@ from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import start_http_server
 
 from gpuslice import constants, errors, inventory, simulator, stop_signals
 from gpuslice.allocator import container_start, metrics, slice_files
@@ -29,6 +28,7 @@ from gpuslice.allocator.unix_socket import UnixSocketServer
 from gpuslice.allocator.utilization import NvmlUtilization
 from gpuslice.allocator.watcher import ProcessWatcher
 from gpuslice.cdi.registry import Registry
+from gpuslice.http_json import BoundedHTTPServer
 from gpuslice.proto import gpuslice_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,7 @@ class Daemon:
         self._stop = threading.Event()
         self._server: grpc.Server | None = None
         self._health: health.HealthServicer | None = None
+        self._metrics: BoundedHTTPServer | None = None
         self._sockets: list[UnixSocketServer] = []
 
     def _reattach(self) -> None:
@@ -116,7 +117,7 @@ class Daemon:
         # starts NOT_SERVING (grpc's servicer says SERVING for "" by default).
         if self.cfg.metrics_port:
             metrics.register(self.manager, self.compute)
-            start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_address)
+            self._metrics = metrics.serve(self.cfg.metrics_address, self.cfg.metrics_port)
         self.cfg.socket.parent.mkdir(parents=True, exist_ok=True)
         self.cfg.socket.unlink(missing_ok=True)
         self._server = server = grpc.server(futures.ThreadPoolExecutor(max_workers=GRPC_WORKERS))
@@ -162,6 +163,9 @@ class Daemon:
         if self._server is not None:
             self._server.stop(2).wait()
         self.compute.stop()
+        if self._metrics is not None:
+            self._metrics.shutdown()
+            self._metrics.server_close()
         for server in reversed(self._sockets):
             server.stop()
         self.watcher.stop()

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from functools import wraps
 from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import MetricsHandler
 from prometheus_client.registry import REGISTRY, Collector
 
 from gpuslice import errors
+from gpuslice.http_json import BoundedHTTPServer
 
 if TYPE_CHECKING:
     from gpuslice.allocator.compute import ComputeController
@@ -175,3 +178,19 @@ class SliceCollector(Collector):
 
 def register(manager: SliceManager, compute: ComputeController | None = None, node: str = "") -> None:
     REGISTRY.register(SliceCollector(manager, compute, node))
+
+
+class _Handler(MetricsHandler):
+    timeout = 10  # a scraper that connects and sends nothing, or stalls, cannot hold a thread
+    disable_nagle_algorithm = True
+
+
+def serve(address: str, port: int) -> BoundedHTTPServer:
+    """The registry over HTTP on its own thread, as prometheus_client's
+    start_http_server serves it, but with connections bounded and timed out: its
+    server starts a thread for every connection and keeps each for as long as the
+    caller leaves it open, so idle connections from anywhere the port is reachable
+    would grow the daemon's threads without end."""
+    server = BoundedHTTPServer((address, port), _Handler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    return server

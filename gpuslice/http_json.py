@@ -2,7 +2,8 @@
 and the admission webhook (and the API stand-in the tests run). A reply sized
 and typed, a request body read within bounds, and `JsonServer`, which serves
 POST routes and GET /healthz on threads until its `stopping` is set: a
-thread per connection, at most `MAX_CONNECTIONS` of them, each one's TLS
+thread per connection on a `BoundedHTTPServer` (at most `MAX_CONNECTIONS`
+of them; the daemon's metrics are served on one too), each one's TLS
 handshake and reads under its timeout."""
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class JsonServer:
     def __init__(self, host: str, port: int, max_body: int, max_in_flight: int) -> None:
         self.max_body = max_body
         self.slots = threading.BoundedSemaphore(max_in_flight)
-        self.http = _Server((host, port), _handler(self))
+        self.http = BoundedHTTPServer((host, port), _handler(self))
         self.tls = False
         self.stopping = threading.Event()
 
@@ -93,12 +94,19 @@ class JsonServer:
         self.http.server_close()
 
 
-class _Server(ThreadingHTTPServer):
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per connection, at most MAX_CONNECTIONS at once: one more is closed as
+    it is accepted, so a flood of idle connections cannot grow the process's threads
+    without end (its handler's `timeout` ends each idle one). IPv6 where the address
+    is one."""
+
     daemon_threads = True
     request_queue_size = 128  # the listen backlog (socketserver's 5 drops callers connecting together)
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
         self.connections = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
         super().__init__(address, handler)
 
     def process_request(self, request: socket.socket, client_address: Any) -> None:  # type: ignore[override]

@@ -152,6 +152,35 @@ def test_bind_and_the_sweep_reclaims_gone_containers(daemon):
     assert c.list() == []
 
 
+def test_idle_connections_to_the_metrics_port_are_bounded_and_scrapes_go_on(daemon):
+    """Anyone who reaches the metrics port may open connections and send nothing: past
+    MAX_CONNECTIONS each is closed as it is accepted, so the daemon's threads stay bounded,
+    and once they close a scrape is answered again."""
+    from gpuslice.http_json import MAX_CONNECTIONS
+
+    port = free_port()
+    d = daemon(metrics={"port": port})
+    idle = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(MAX_CONNECTIONS)]
+    try:
+        one_more = socket.create_connection(("127.0.0.1", port), timeout=30)
+        assert one_more.recv(1) == b""  # accepted after the others (one accept loop) and closed at once
+        one_more.close()
+        threads = len(os.listdir(f"/proc/{d.proc.pid}/task"))
+        assert threads < MAX_CONNECTIONS + 64, threads
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+            break
+        except OSError:  # the idle ones' threads have not all seen their end yet
+            assert time.monotonic() < deadline, "no scrape answered after the idle connections closed"
+            time.sleep(0.05)
+    assert "gpuslice_reservations_total" in body
+
+
 def test_health_metrics_and_status(daemon):
     port = free_port()
     d = daemon(metrics={"port": port})
