@@ -7,14 +7,13 @@ and an exit status in one place (cli/app.py)."""
 
 from __future__ import annotations
 
-import faulthandler
 import importlib
 import signal
 import sys
 
 import click
 
-from gpuslice import __version__
+from gpuslice import __version__, stack_dump
 from gpuslice.cli import app
 
 # each command's name, and the module and function that make it
@@ -56,7 +55,7 @@ def main() -> None:
     # each of its threads is: `kill -USR1 <pid>` prints their stacks to stderr, and it goes on
     # (the process's own stderr: a caller may have swapped sys.stderr for one without a file)
     if sys.__stderr__ is not None:
-        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+        stack_dump.dump_on(signal.SIGUSR1, sys.__stderr__)
 
 
 if __name__ == "__main__":

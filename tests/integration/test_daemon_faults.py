@@ -218,11 +218,15 @@ def test_a_daemon_asked_where_it_is_prints_every_threads_stack_and_goes_on_servi
     log to say why) is asked with SIGUSR1: each thread's stack goes to its log."""
     d = daemon()
     d.proc.send_signal(signal.SIGUSR1)
+
+    def dumped(log: str) -> bool:  # its own threads, in its own code (the dump is written a thread at a time)
+        return log.count("Thread 0x") >= 2 and "allocator/" in log
+
     deadline = time.monotonic() + 10
-    while "Thread 0x" not in d.log() and time.monotonic() < deadline:
+    while not dumped(d.log()) and time.monotonic() < deadline:
         time.sleep(0.05)
     log = d.log()
-    assert log.count("Thread 0x") >= 2 and "allocator/" in log, log  # its own threads, in its own code
+    assert dumped(log), log
     assert d.proc.poll() is None
     assert d.client().reserve("still-serving", {"gpuslice.io/memory": "1Gi"}).container_id == "still-serving"
 
