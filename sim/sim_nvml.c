@@ -109,12 +109,6 @@ int sim_nvml_index(nvmlDevice_t d)
     return ready() ? dev_index(d) : -2;
 }
 
-#define REQUIRE_DEV(d, idx)                       \
-    REQUIRE_INIT();                               \
-    int idx = dev_index(d);                       \
-    if (idx < 0)                                  \
-        return NVML_ERROR_INVALID_ARGUMENT
-
 static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src)
 {
     if (!dst)
@@ -204,7 +198,7 @@ NVAPI nvmlDeviceGetHandleByPciBusId(const char *b, nvmlDevice_t *d) { return nvm
 
 NVAPI nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!i)
         return NVML_ERROR_INVALID_ARGUMENT;
     *i = (unsigned)idx;
@@ -218,13 +212,13 @@ NVAPI nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *m)
 
 NVAPI nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int len)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     return copy_str(name, len, sim_machine()->gpu[idx].name);
 }
 
 NVAPI nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int len)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     return copy_str(uuid, len, sim_machine()->gpu[idx].uuid);
 }
 
@@ -244,7 +238,7 @@ static void pci_info(int idx, nvmlPciInfo_t *p)
 
 NVAPI nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *p)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!p)
         return NVML_ERROR_INVALID_ARGUMENT;
     pci_info(idx, p);
@@ -256,7 +250,7 @@ NVAPI nvmlDeviceGetPciInfo(nvmlDevice_t d, nvmlPciInfo_t *p) { return nvmlDevice
 
 NVAPI nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!major || !minor)
         return NVML_ERROR_INVALID_ARGUMENT;
     *major = sim_machine()->gpu[idx].cc_major;
@@ -282,7 +276,7 @@ static void memory(int idx, unsigned long long *total, unsigned long long *used)
 
 NVAPI nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!m)
         return NVML_ERROR_INVALID_ARGUMENT;
     memory(idx, &m->total, &m->used);
@@ -292,7 +286,7 @@ NVAPI nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m)
 
 NVAPI nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *m)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!m)
         return NVML_ERROR_INVALID_ARGUMENT;
     if (m->version != nvmlMemory_v2)
@@ -345,7 +339,7 @@ static void write_v1(void *dst, const struct sim_proc *p, int idx)
 
 NVAPI nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     return list_procs(idx, count, infos, sizeof *infos, write_v2);
 }
 
@@ -356,13 +350,13 @@ NVAPI nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *coun
 
 NVAPI nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_v1_t *infos)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     return list_procs(idx, count, infos, sizeof *infos, write_v1);
 }
 
 static nvmlReturn_t no_graphics(nvmlDevice_t d, unsigned int *count)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     (void)idx;
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -381,7 +375,7 @@ static unsigned percent(uint64_t busy, uint64_t window)
 
 NVAPI nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!u)
         return NVML_ERROR_INVALID_ARGUMENT;
     u->gpu = sim_nvml_busy_percent(idx);
@@ -402,7 +396,7 @@ unsigned sim_nvml_busy_percent(int idx)
  * config's ecc_uncorrected, which makes a failing GPU; nothing else errs. */
 NVAPI nvmlDeviceGetEccMode(nvmlDevice_t d, nvmlEnableState_t *current, nvmlEnableState_t *pending)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     (void)idx;
     if (!current || !pending)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -413,7 +407,7 @@ NVAPI nvmlDeviceGetEccMode(nvmlDevice_t d, nvmlEnableState_t *current, nvmlEnabl
 NVAPI nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, nvmlMemoryErrorType_t type, nvmlEccCounterType_t counter,
                                   unsigned long long *count)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!count || (type != NVML_MEMORY_ERROR_TYPE_CORRECTED && type != NVML_MEMORY_ERROR_TYPE_UNCORRECTED) ||
         (counter != NVML_VOLATILE_ECC && counter != NVML_AGGREGATE_ECC))
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -577,7 +571,7 @@ static unsigned busiest_samples(int idx, nvmlProcessUtilizationSample_t *samples
 NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *samples, unsigned int *count,
                                       unsigned long long last_seen_us)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
     sim_sweep_dead();
@@ -619,7 +613,7 @@ NVAPI nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSamp
 
 NVAPI nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, nvmlGpuTopologyLevel_t *level)
 {
-    REQUIRE_DEV(a, ia);
+    SIM_NVML_DEVICE(a, ia);
     int ib = dev_index(b);
     if (ib < 0 || !level)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -629,7 +623,7 @@ NVAPI nvmlDeviceGetTopologyCommonAncestor(nvmlDevice_t a, nvmlDevice_t b, nvmlGp
 
 NVAPI nvmlDeviceGetP2PStatus(nvmlDevice_t a, nvmlDevice_t b, nvmlGpuP2PCapsIndex_t cap, nvmlGpuP2PStatus_t *st)
 {
-    REQUIRE_DEV(a, ia);
+    SIM_NVML_DEVICE(a, ia);
     int ib = dev_index(b);
     if (ib < 0 || !st)
         return NVML_ERROR_INVALID_ARGUMENT;
@@ -654,7 +648,7 @@ static int link_peer(int a, unsigned link)
 
 NVAPI nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, nvmlEnableState_t *active)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!active || link >= NVML_NVLINK_MAX_LINKS)
         return NVML_ERROR_INVALID_ARGUMENT;
     int peer = link_peer(idx, link);
@@ -666,7 +660,7 @@ NVAPI nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, nvmlEnableStat
 
 NVAPI nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link, nvmlPciInfo_t *pci)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!pci || link >= NVML_NVLINK_MAX_LINKS)
         return NVML_ERROR_INVALID_ARGUMENT;
     int peer = link_peer(idx, link);
@@ -680,7 +674,7 @@ NVAPI nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link, nvm
 
 NVAPI nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t d, nvmlSetMemoryLimits_v1_t *limits)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!sim_machine()->gpu[idx].memory_limits)
         return NVML_ERROR_NOT_SUPPORTED;
     if (geteuid() != 0)
@@ -727,7 +721,7 @@ NVAPI nvmlDeviceSetMemoryLimits_v1(nvmlDevice_t d, nvmlSetMemoryLimits_v1_t *lim
 
 NVAPI nvmlDeviceGetMemoryLimits_v1(nvmlDevice_t d, nvmlGetMemoryLimits_v1_t *limits)
 {
-    REQUIRE_DEV(d, idx);
+    SIM_NVML_DEVICE(d, idx);
     if (!sim_machine()->gpu[idx].memory_limits)
         return NVML_ERROR_NOT_SUPPORTED;
     if (!limits || !limits->nameSpace)

@@ -19,10 +19,9 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t, nvmlProcessUtilizatio
 
 static nvmlReturn_t none(nvmlDevice_t d, unsigned int *count)
 {
-    int idx = sim_nvml_index(d);
-    if (idx == -2)
-        return NVML_ERROR_UNINITIALIZED;
-    if (idx < 0 || !count)
+    SIM_NVML_DEVICE(d, idx);
+    (void)idx;
+    if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
     *count = 0;
     return NVML_SUCCESS;

@@ -62,16 +62,25 @@ class Spin:
         grid = self.sms * (self.waves if waves is None else waves)
         ok(cu.cuLaunchKernel(self.fn, grid, 1, 1, THREADS, 1, 1, 0, self.stream, ctypes.addressof(params), 0))
 
-    def idle_timed_us(self, cycles: int, waves: int) -> float:
-        """Timed from an event recorded on an idle stream: the GPU stamps it at once, and
-        the kernel starts only once the host has launched it, so this holds that gap."""
+    def _elapsed_us(self, cycles: int, waves: int, blocker: int | None) -> tuple[float, bool]:
+        """One kernel timed by events: behind a blocker of `blocker` waves, or from an idle
+        stream (None); and whether the start event was still to come once it was queued."""
         self.launch(cycles, waves)  # warm: the first launch loads the module
-        ok(cu.cuStreamSynchronize(self.stream))
+        if blocker is None:
+            ok(cu.cuStreamSynchronize(self.stream))
+        else:
+            self.launch(BLOCKER_CYCLES, blocker)
         ok(cu.cuEventRecord(self.start, self.stream))
         self.launch(cycles, waves)
         ok(cu.cuEventRecord(self.stop, self.stream))
+        covered = cu.cuEventQuery(self.start)[0] == cu.CUresult.CUDA_ERROR_NOT_READY
         ok(cu.cuEventSynchronize(self.stop))
-        return float(ok(cu.cuEventElapsedTime(self.start, self.stop))) * 1000
+        return float(ok(cu.cuEventElapsedTime(self.start, self.stop))) * 1000, covered
+
+    def idle_timed_us(self, cycles: int, waves: int) -> float:
+        """Timed from an event recorded on an idle stream: the GPU stamps it at once, and
+        the kernel starts only once the host has launched it, so this holds that gap."""
+        return self._elapsed_us(cycles, waves, None)[0]
 
     def timed_us(self, cycles: int, waves: int) -> float:
         """A kernel's length on the GPU alone: its start event and the kernel queued behind a
@@ -81,14 +90,7 @@ class Spin:
         twice as long; after four tries the last time stands, counted in `uncovered`."""
         blocker, elapsed = BLOCKER_WAVES, 0.0
         for _ in range(4):
-            self.launch(cycles, waves)  # warm: the first launch loads the module
-            self.launch(BLOCKER_CYCLES, blocker)
-            ok(cu.cuEventRecord(self.start, self.stream))
-            self.launch(cycles, waves)
-            ok(cu.cuEventRecord(self.stop, self.stream))
-            covered = cu.cuEventQuery(self.start)[0] == cu.CUresult.CUDA_ERROR_NOT_READY
-            ok(cu.cuEventSynchronize(self.stop))
-            elapsed = float(ok(cu.cuEventElapsedTime(self.start, self.stop))) * 1000
+            elapsed, covered = self._elapsed_us(cycles, waves, blocker)
             if covered:
                 return elapsed
             blocker *= 2
