@@ -26,16 +26,19 @@ def busy():
     while True:
         churn(50)
 
+def blocked():  # the main thread blocked, as a daemon's is, until the test lets go of stdin;
+    print("ready", flush=True)  # "ready" from inside it, so every dump finds it here
+    sys.stdin.buffer.read()
+
 threading.Thread(target=busy, name="churn", daemon=True).start()
-print("ready", flush=True)
-threading.Event().wait(60)  # the main thread blocked, as a daemon's is
+blocked()
 """
 
 
 def test_every_thread_is_dumped_each_time_and_the_process_goes_on() -> None:
     root = Path(__file__).parents[2]
     proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=root)  # fmt: skip
+                            stdin=subprocess.PIPE, text=True, cwd=root)  # fmt: skip
     assert proc.stdout is not None and proc.stderr is not None
     lines: queue.Queue[str] = queue.Queue()
     threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr], daemon=True).start()  # type: ignore[union-attr]
@@ -48,7 +51,7 @@ def test_every_thread_is_dumped_each_time_and_the_process_goes_on() -> None:
                 dump.append(lines.get(timeout=30))  # ends with an empty line
             headers = [x for x in dump if x.startswith("Thread 0x")]
             assert any("(MainThread)" in h for h in headers) and any("(churn)" in h for h in headers), dump
-            assert any("in busy" in x for x in dump) and any("in wait" in x for x in dump), dump
+            assert any("in busy" in x for x in dump) and any("in blocked" in x for x in dump), dump
             assert proc.poll() is None  # alive after each
     finally:
         proc.kill()
