@@ -219,7 +219,7 @@ def test_a_daemon_asked_where_it_is_prints_every_threads_stack_and_goes_on_servi
     d = daemon()
     d.proc.send_signal(signal.SIGUSR1)
 
-    def dumped(log: str) -> bool:  # its own threads, in its own code (the dump is written a thread at a time)
+    def dumped(log: str) -> bool:  # its own threads, in its own code
         return log.count("Thread 0x") >= 2 and "allocator/" in log
 
     deadline = time.monotonic() + 10
