@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -126,21 +127,30 @@ def test_stopped_halfway_it_releases_its_slices(daemon, tmp_path):
     d = daemon([gpu("16Gi"), gpu("16Gi")])
     argv = [sys.executable, "-m", "gpuslice.cli", "selftest", "--config", str(d.config), "--cdi-spec",
             str(spec_for(d, tmp_path)), "--seconds", "60"]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 90
     while len(d.client().list()) < 4:  # each GPU's two share slices: the memory checks are done
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.1)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
     proc.send_signal(signal.SIGUSR1)  # a selftest that seems stuck says where each thread is, and goes on
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while "_gpu_checks" not in "".join(lines):  # the dump is there before it is stopped
+        assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)
+        time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     try:
-        _out, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
     except subprocess.TimeoutExpired:  # where each of its threads is, then its end
         proc.send_signal(signal.SIGUSR1)
         time.sleep(2)
         proc.kill()
-        pytest.fail(f"not stopped within 30 s of SIGTERM; its stderr:\n{proc.communicate()[1]}")
+        reader.join(10)
+        pytest.fail("not stopped within 30 s of SIGTERM; its stderr:\n" + "".join(lines))
+    reader.join(10)
+    err = "".join(lines)
     assert proc.returncode == 1 and "stopped by SIGTERM; its slices were released" in err, err
     assert "Traceback" not in err
     assert err.count("Thread 0x") >= 3 and "_gpu_checks" in err, err  # the main thread and each GPU's
