@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuslice.cdi.registry import Registry
 from gpuslice.cli import sim_daemon
 from gpuslice.paths import built_executable
 
@@ -36,9 +37,22 @@ def gpu_node(work: Path, spec: Path, memory: str = "16Gi", gpus: int = 1) -> Ite
     try:
         made = sim_daemon.cdi_generate(daemon, spec)
         assert made.returncode == 0, made.stderr
+        assert_alone_in_its_directory(spec)
         yield GpuNode(
             daemon, sim_daemon.shim_for(daemon, spec, work / "gpuslice-runtime", built_executable("gpuslice-runtime"))
         )
     finally:
         spec.unlink(missing_ok=True)
         daemon.kill(15)
+
+
+def assert_alone_in_its_directory(spec: Path) -> None:
+    """No other file of the spec's directory defines its devices: where two do, runtimes use
+    neither (the CDI conflict rule), and every runtime test would fail as if gpuslice were
+    wrong. A run killed before its clean-up leaves its spec behind."""
+    specs = {path: s for path, _, s in Registry((spec.parent,)).specs()}
+    mine = specs.pop(spec)
+    names = {d.name for d in mine.devices}
+    clash = {path: sorted(names & {d.name for d in s.devices}) for path, s in specs.items()}
+    said = [f"{path} also defines {mine.kind}={','.join(both)}" for path, both in clash.items() if both]
+    assert not said, f"{'; '.join(said)}: runtimes use neither; left by a run killed before its clean-up? remove it"
