@@ -36,7 +36,6 @@ from gpuslice.allocator.share_groups import ShareEntry
 from gpuslice.allocator.slices import SliceManager
 from gpuslice.atomic_file import write_text_atomically
 from gpuslice.cdi import apply as cdi_apply
-from gpuslice.cdi import spec as cdi_spec
 from gpuslice.cdi.registry import Found, Registry
 from gpuslice.host_root import HostRoot
 
@@ -180,7 +179,7 @@ def _devices(spec_path: str, uuids: list[str], host: Host) -> list[Found]:
     spec directories (with their precedence)."""
     if not spec_path:
         return host.registry.resolve(uuids)
-    spec = cdi_spec.load(host.here(Path(spec_path), "spec"))
+    spec = host.registry.named(host.here(Path(spec_path), "spec"))
     return [Found(spec, spec.device(u), Path(spec_path), 0) for u in uuids]
 
 

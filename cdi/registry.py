@@ -4,23 +4,50 @@ specs are generated, overrides `/etc/cdi`, where an admin keeps static ones).
 A device two files of one directory define is a conflict and neither is used;
 a device a higher-priority directory defines replaces the lower one's.
 
-Parsed specs are kept by (path, mtime, size), so a long-lived reader (the
-daemon, at every container start) validates a file once, not at every call."""
+Parsed specs are kept by path and the version of the file read (device, inode,
+mtime, size, taken from the open file itself), so a long-lived reader (the
+daemon, at every container start) validates a file once, not at every call: a
+spec's schema check costs 0.6 ms, a third of a container's `create`."""
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from gpuslice.cdi.spec import KIND, SUFFIXES, Device, Spec, SpecError, parse_text, validate
+from gpuslice.cdi.spec import KIND, SUFFIXES, Device, Spec, SpecError, load_from, parse_text, validate
 
 log = logging.getLogger(__name__)
 
 STATIC_DIR, DYNAMIC_DIR = Path("/etc/cdi"), Path("/var/run/cdi")  # an admin's specs; generated ones
 SPEC_DIRS = (STATIC_DIR, DYNAMIC_DIR)  # lowest priority first
+NAMED_KEPT = 16  # specs named outright (the shim's GPUSLICE_CDI_SPEC) kept parsed: a node has one or two
+MAX_SPEC_BYTES = 16 << 20  # a spec is a few KiB; a larger file is refused, not read whole
+
+Version = tuple[int, int, int, int]  # st_dev, st_ino, st_mtime_ns, st_size
+
+
+def _read_versioned(path: Path) -> tuple[Version, str]:
+    """The file's text and the version it was read at, both from one open file
+    (a spec replaced between a stat and a read is never cached under the old one)."""
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        if st.st_size > MAX_SPEC_BYTES:
+            raise ValueError(f"{st.st_size} bytes; a CDI spec is at most {MAX_SPEC_BYTES}")
+        text = f.read(MAX_SPEC_BYTES + 1).decode()
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size), text
+
+
+def _version(path: Path) -> Version | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size
 
 
 @dataclass(frozen=True)
@@ -36,27 +63,51 @@ class Found:
 class Registry:
     def __init__(self, dirs: tuple[Path, ...] = SPEC_DIRS) -> None:
         self.dirs = dirs
-        self._parsed: dict[Path, tuple[tuple[int, int], Spec | None]] = {}
+        self._parsed: dict[Path, tuple[Version, Spec | None]] = {}
+        self._named: dict[Path, tuple[Version, Spec]] = {}  # oldest first, at most NAMED_KEPT
+        self._named_lock = threading.Lock()
 
     def _read(self, path: Path, kind: str) -> Spec | None:
-        try:
-            st = path.stat()
-        except OSError:
-            return None
-        key = (st.st_mtime_ns, st.st_size)
+        now = _version(path)
+        if now is None:
+            return None  # gone since the directory was listed
         cached = self._parsed.get(path)
-        if cached and cached[0] == key:
+        if cached and cached[0] == now:
             return cached[1]
         spec: Spec | None = None
         try:
-            data = parse_text(path.read_text(), path.suffix)
+            version, text = _read_versioned(path)
+        except (OSError, ValueError) as e:
+            log.warning("CDI spec %s skipped: %s", path, " ".join(str(e).split()))
+            return None
+        try:
+            data = parse_text(text, path.suffix)
             if data.get("kind") == kind:
                 spec = validate(data)
-        except (OSError, ValueError, yaml.YAMLError) as e:
+        except (ValueError, yaml.YAMLError) as e:
             log.warning("CDI spec %s skipped: %s", path, " ".join(str(e).split()))
         except SpecError as e:
             log.warning("CDI spec %s skipped: %s", path, "; ".join(str(e).splitlines()))
-        self._parsed[path] = (key, spec)
+        self._parsed[path] = (version, spec)
+        return spec
+
+    def named(self, path: Path) -> Spec:
+        """A spec file named outright, whatever its directory, validated once per
+        version of the file; SpecError (naming the file) when it is not a valid spec."""
+        with self._named_lock:
+            cached = self._named.get(path)
+        if cached and cached[0] == _version(path):
+            return cached[1]
+        try:
+            version, text = _read_versioned(path)
+        except (OSError, ValueError) as e:
+            raise SpecError(f"{path}: cannot read a CDI spec: {' '.join(str(e).split())}") from e
+        spec = load_from(text, path)
+        with self._named_lock:
+            self._named.pop(path, None)
+            self._named[path] = (version, spec)
+            while len(self._named) > NAMED_KEPT:
+                del self._named[next(iter(self._named))]
         return spec
 
     def specs(self, kind: str = KIND) -> list[tuple[Path, int, Spec]]:

@@ -411,8 +411,18 @@ def parse_text(text: str, suffix: str) -> dict[str, Any]:
 def load(path: Path) -> Spec:
     """A spec file (JSON or YAML by its suffix), validated."""
     try:
-        data = parse_text(path.read_text(), path.suffix)
-    except (OSError, ValueError, yaml.YAMLError) as e:
+        text = path.read_text()
+    except (OSError, ValueError) as e:
+        raise SpecError(f"{path}: cannot read a CDI spec: {' '.join(str(e).split())}") from e
+    return load_from(text, path)
+
+
+def load_from(text: str, path: Path) -> Spec:
+    """The text of the spec file at `path` (its suffix says JSON or YAML), validated;
+    SpecError lines name the file."""
+    try:
+        data = parse_text(text, path.suffix)
+    except (ValueError, yaml.YAMLError) as e:
         raise SpecError(f"{path}: cannot read a CDI spec: {' '.join(str(e).split())}") from e
     try:
         return validate(data)

@@ -246,6 +246,63 @@ def test_registry_skips_broken_files_and_rereads_changed_ones(tmp_path):
     assert reg.devices("example.com/card")["a"].device.edits.env == ("WHO=2",)
 
 
+def test_a_spec_named_outright_is_validated_once_per_version_of_the_file(tmp_path, monkeypatch):
+    """The shim's GPUSLICE_CDI_SPEC names a spec at every create: its schema check
+    (0.6 ms) is paid once per version of the file, not per container."""
+    from gpuslice.cdi import registry
+
+    checked: list[str] = []
+    real_validate = cdi_spec.validate
+
+    def counting(data):
+        checked.append(data["devices"][0]["containerEdits"]["env"][0])
+        return real_validate(data)
+
+    monkeypatch.setattr(cdi_spec, "validate", counting)
+    reg = Registry((tmp_path / "none",))
+    path = tmp_path / "named.json"
+    _spec_file(path, {"a": "1"})  # writing validates it too
+    checked.clear()
+    first = reg.named(path)
+    assert reg.named(path) is first and checked == ["WHO=1"]
+    _spec_file(path, {"a": "2"})  # replaced as `gpuslice cdi generate` does: a new file
+    checked.clear()
+    assert reg.named(path).devices[0].edits.env == ("WHO=2",) and checked == ["WHO=2"]
+    text = path.read_text().replace("WHO=2", "WHO=33")
+    with open(path, "r+") as f:  # rewritten in place: the same inode, another size
+        f.write(text)
+    assert reg.named(path).devices[0].edits.env == ("WHO=33",)
+
+    path.write_text("{not json")
+    with pytest.raises(SpecError, match=rf"^{path}: cannot read a CDI spec: "):
+        reg.named(path)
+    _spec_file(path, {"a": "4"})  # a failure is not kept: the mended file is read
+    assert reg.named(path).devices[0].edits.env == ("WHO=4",)
+
+    monkeypatch.setattr(registry, "MAX_SPEC_BYTES", 64)
+    path.write_text(text)
+    with pytest.raises(SpecError, match=r"cannot read a CDI spec: \d+ bytes; a CDI spec is at most 64"):
+        reg.named(path)
+
+
+def test_specs_named_outright_are_kept_up_to_a_bound(tmp_path, monkeypatch):
+    from gpuslice.cdi import registry
+
+    checked: list[Path] = []
+    monkeypatch.setattr(cdi_spec, "load_from", lambda text, path: checked.append(path) or cdi_spec.parse_text(text, ""))
+    monkeypatch.setattr(registry, "load_from", cdi_spec.load_from)
+    reg = Registry((tmp_path / "none",))
+    paths = [tmp_path / f"s{i}.json" for i in range(registry.NAMED_KEPT + 1)]
+    for p in paths:
+        p.write_text("{}")
+        reg.named(p)
+    assert checked == paths
+    reg.named(paths[-1])  # the newest is kept
+    assert checked == paths
+    reg.named(paths[0])  # the oldest was let go
+    assert checked == [*paths, paths[0]]
+
+
 def test_the_path_unit_watches_the_files_whose_changes_make_the_spec_read_again(tmp_path):
     from gpuslice.cdi import driver_files
 
