@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 
@@ -26,13 +27,22 @@ from gpuslice.grpc_server import listen_root_only
 log = logging.getLogger(__name__)
 
 
-def base_spec(path: Path | None) -> cdi_spec.Spec:
+def base_spec_source(path: Path | None, registry: Registry | None = None) -> Callable[[], cdi_spec.Spec]:
+    """The node's gpuslice.io/gpu spec as it is at each call: `path`, else the one the
+    CDI directories resolve. The node agent makes the spec anew when the driver
+    changes, so each prepare reads it again (parsed once per version of the file)."""
+    reg = registry or Registry()
     if path is not None:
-        return cdi_spec.load(path)
-    found = Registry().devices().get("all")
-    if found is None:
-        raise errors.FailedPrecondition("no gpuslice.io/gpu spec in /etc/cdi or /var/run/cdi (gpuslice cdi generate)")
-    return found.spec
+        return lambda: reg.named(path)
+
+    def resolved() -> cdi_spec.Spec:
+        found = reg.devices().get("all")
+        if found is None:
+            where = " or ".join(str(d) for d in reg.dirs)
+            raise errors.FailedPrecondition(f"no gpuslice.io/gpu spec in {where} (gpuslice cdi generate)")
+        return found.spec
+
+    return resolved
 
 
 class Plugin:
@@ -40,7 +50,9 @@ class Plugin:
         self.opts = opts
         self.api = api or ClusterApi(opts.kubeconfig)
         self.daemon = AllocatorClient(opts.daemon_socket, timeout=10)
-        self.preparer = Preparer(opts.node, self.daemon, self.api.read_claim, base_spec(opts.base_spec),
+        node_spec = base_spec_source(opts.base_spec)
+        node_spec()  # none, or not valid: the plugin does not start, in one line
+        self.preparer = Preparer(opts.node, self.daemon, self.api.read_claim, node_spec,
                                  opts.cdi_dir, Checkpoint(opts.plugin_dir / "checkpoint.json"))  # fmt: skip
         self.endpoint = opts.plugin_dir / "dra.sock"
         self.registry_socket = opts.registry_dir / f"{resource_slice.DRIVER}-reg.sock"

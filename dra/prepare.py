@@ -114,12 +114,14 @@ def monitoring_edits(base: cdi_spec.ContainerEdits) -> cdi_spec.ContainerEdits:
 
 
 class Preparer:
-    def __init__(self, node: str, daemon: AllocatorClient, read_claim: ClaimReader, base: cdi_spec.Spec,
-                 cdi_dir: Path, checkpoint: Checkpoint) -> None:  # fmt: skip
+    def __init__(self, node: str, daemon: AllocatorClient, read_claim: ClaimReader,
+                 base: Callable[[], cdi_spec.Spec], cdi_dir: Path, checkpoint: Checkpoint) -> None:  # fmt: skip
         self.node = node
         self.daemon = daemon
         self.read_claim = read_claim
-        self.base = base  # the node's gpuslice.io/gpu spec: the edits for each GPU
+        # the node's gpuslice.io/gpu spec as it is now (the edits for each GPU): made anew
+        # when the driver changes, so a claim prepared after that mounts the new driver
+        self.base = base
         self.cdi_dir = cdi_dir
         self.checkpoint = checkpoint
 
@@ -150,6 +152,10 @@ class Preparer:
         uid = (claim.get("metadata") or {}).get("uid")
         if uid != ref.uid:
             raise errors.FailedPrecondition(f"claim {ref.namespace}/{ref.name} is now UID {uid}, not {ref.uid}")
+        try:
+            base = self.base()  # before anything is reserved: no spec, nothing prepared
+        except errors.FailedPrecondition as e:
+            raise errors.FailedPrecondition(f"claim {ref.namespace}/{ref.name}: {e}") from e
         gpus = {g.index: g for g in self.daemon.inventory().gpus}  # read once: checks and the warning
         try:
             parsed = claim_model.parse(claim, self.node)
@@ -164,7 +170,7 @@ class Preparer:
             _warn_memory_only(ref, shares, gpus)
         try:
             try:
-                spec = self._write_specs(parsed, keys)
+                spec = self._write_specs(parsed, keys, base)
             except OSError as e:  # a full disk: said as the checkpoint says it, and the kubelet retries
                 where = e.filename or self.spec_path(ref.uid)
                 raise errors.Unavailable(
@@ -254,13 +260,13 @@ class Preparer:
                                    priority=r.config.priority or "", share_id=r.share))  # fmt: skip
         return shares
 
-    def _write_specs(self, claim: claim_model.Claim, keys: dict[str, str]) -> Path:
+    def _write_specs(self, claim: claim_model.Claim, keys: dict[str, str], base: cdi_spec.Spec) -> Path:
         """The claim's CDI devices: those of shares in one spec whose common
         edits are the interposer's, those of admin access in another whose
         common edits are the driver's alone."""
         shares, admin = [], []
         for n, r in enumerate(claim.results):
-            gpu = self.base.device(str(index_of(r.device))).edits
+            gpu = base.device(str(index_of(r.device))).edits
             if r.admin:
                 admin.append(cdi_spec.Device(device_name(claim.uid, n), gpu))
             else:
@@ -269,8 +275,8 @@ class Preparer:
         kind = constants.CDI_CLAIM_KIND
         path = self.spec_path(claim.uid)
         if shares:
-            cdi_spec.write(cdi_spec.Spec(kind=kind, devices=tuple(shares), edits=self.base.edits), path)
+            cdi_spec.write(cdi_spec.Spec(kind=kind, devices=tuple(shares), edits=base.edits), path)
         if admin:
-            edits = monitoring_edits(self.base.edits)
+            edits = monitoring_edits(base.edits)
             cdi_spec.write(cdi_spec.Spec(kind=kind, devices=tuple(admin), edits=edits), self.admin_spec_path(claim.uid))
         return path if shares else self.admin_spec_path(claim.uid)

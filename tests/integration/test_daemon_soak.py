@@ -24,7 +24,7 @@ import pytest
 from gpuslice import errors
 from gpuslice.cli import sim_daemon
 from gpuslice.dra.checkpoint import Checkpoint
-from gpuslice.dra.plugin import base_spec
+from gpuslice.dra.plugin import base_spec_source
 from gpuslice.dra.prepare import ClaimRef, Preparer
 from tests.harness.machine import gpu, needs_root, oci_bundle
 from tests.harness.shim import SHIM, fake_runtime
@@ -101,7 +101,7 @@ class Soak:
 
     def preparer(self) -> Preparer:
         claims = {c["metadata"]["name"]: c for c in self.claims.values()}
-        return Preparer(NODE, self.d.client(), lambda namespace, name: claims[name], base_spec(self.spec),
+        return Preparer(NODE, self.d.client(), lambda namespace, name: claims[name], base_spec_source(self.spec),
                         self.claim_specs, Checkpoint(self.checkpoint))  # fmt: skip
 
     def dra(self, verb: str, claim: dict) -> None:

@@ -8,6 +8,7 @@ slices."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -29,7 +30,7 @@ from gpuslice.cli import sim_daemon
 from gpuslice.client import AllocatorClient
 from gpuslice.dra import claims as claim_model
 from gpuslice.dra.checkpoint import Checkpoint
-from gpuslice.dra.plugin import base_spec
+from gpuslice.dra.plugin import base_spec_source
 from gpuslice.dra.prepare import ClaimRef, Preparer
 from tests.harness.dra import NODE, DraNode, Result, allocated
 from tests.harness.machine import gpu, needs_root
@@ -354,6 +355,35 @@ def test_memory_only_claims_on_a_shared_gpu_are_said_to_get_best_effort_compute(
         node.unprepare(c)
 
 
+def test_a_claim_prepared_after_the_node_spec_changed_gets_the_new_spec_without_a_restart(node):
+    """The node agent makes the node's spec anew when the driver changes (new library
+    files to mount). The plugin read it once at start, so every claim prepared after
+    a driver update mounted the old driver's files until the plugin restarted."""
+    before = allocated("before", ("gpu-0", "2Gi", "20"))
+    after = allocated("after", ("gpu-0", "2Gi", "20"))
+    gone = allocated("gone", ("gpu-1", "2Gi", "20"))
+    for c in (before, after, gone):
+        node.api.put_claim(c)
+    assert node.prepare(before)[before["metadata"]["uid"]].get("error", "") == ""
+
+    old = cdi_spec.load(node.spec)
+    mark = "GPUSLICE_TEST_DRIVER=updated"
+    new_edits = dataclasses.replace(old.edits, env=(*old.edits.env, mark))
+    cdi_spec.write(dataclasses.replace(old, edits=new_edits), node.spec)  # as `gpuslice cdi generate` writes it
+    assert node.prepare(after)[after["metadata"]["uid"]].get("error", "") == ""
+
+    def common_env(claim: dict) -> tuple[str, ...]:
+        return cdi_spec.load(node.claim_specs / f"gpuslice.io-claim_{claim['metadata']['uid']}.json").edits.env
+
+    assert mark in common_env(after) and mark not in common_env(before)
+
+    node.spec.unlink()  # the spec gone (a driver being removed): one line, nothing reserved
+    error = node.prepare(gone)[gone["metadata"]["uid"]]["error"]
+    assert error.startswith(f"claim ml/gone: {node.spec}: cannot read a CDI spec: "), error
+    assert "\n" not in error and f"claim-{gone['metadata']['uid']}" not in node.slices()
+    node.unprepare(before, after)
+
+
 def test_the_daemons_error_kind_reaches_the_plugin_and_nothing_stays(node, tmp_path):
     """A claim the GPU has no room for now: the daemon's RESOURCE_EXHAUSTED is
     the Preparer's ResourceExhausted (not flattened into another kind), named
@@ -361,9 +391,8 @@ def test_the_daemons_error_kind_reaches_the_plugin_and_nothing_stays(node, tmp_p
     claim = allocated("big", ("gpu-0", "12Gi", None))
     node.d.client().reserve("held", {"gpuslice.io/memory": "8Gi", "gpuslice.io/device": "0"})
     checkpoint = Checkpoint(tmp_path / "checkpoint.json")
-    preparer = Preparer(
-        NODE, node.d.client(), lambda namespace, name: claim, base_spec(node.spec), tmp_path / "claim-specs", checkpoint
-    )
+    preparer = Preparer(NODE, node.d.client(), lambda namespace, name: claim, base_spec_source(node.spec),
+                        tmp_path / "claim-specs", checkpoint)  # fmt: skip
     with pytest.raises(errors.ResourceExhausted, match=r"^claim ml/big: no room for 12\.0 GiB and 0 cores: GPU 0"):
         preparer.prepare(ClaimRef(claim["metadata"]["uid"], "ml", "big"))
     assert checkpoint.get(claim["metadata"]["uid"]) is None and not (tmp_path / "claim-specs").exists()
@@ -378,7 +407,7 @@ def test_a_prepare_with_the_daemon_away_is_unavailable_named_for_the_claim(node,
     away = AllocatorClient(tmp_path / "no-daemon.sock", timeout=2)
     checkpoint = Checkpoint(tmp_path / "checkpoint.json")
     preparer = Preparer(
-        NODE, away, lambda namespace, name: claim, base_spec(node.spec), tmp_path / "claim-specs", checkpoint
+        NODE, away, lambda namespace, name: claim, base_spec_source(node.spec), tmp_path / "claim-specs", checkpoint
     )
     with pytest.raises(errors.Unavailable, match=r"^claim ml/away: ") as said:
         preparer.prepare(ClaimRef(claim["metadata"]["uid"], "ml", "away"))
@@ -414,9 +443,8 @@ def test_a_full_disk_fails_the_prepare_in_words_and_the_retry_prepares_for_real(
     claim = allocated("disk", ("gpu-0", "2Gi", "20"))
     uid = claim["metadata"]["uid"]
     checkpoint = Checkpoint(where / "checkpoint.json")
-    preparer = Preparer(
-        NODE, node.d.client(), lambda namespace, name: claim, base_spec(node.spec), tmp_path / "claim-specs", checkpoint
-    )
+    preparer = Preparer(NODE, node.d.client(), lambda namespace, name: claim, base_spec_source(node.spec),
+                        tmp_path / "claim-specs", checkpoint)  # fmt: skip
     fill(True)
     with pytest.raises(errors.Unavailable, match=rf"^checkpoint {where}/checkpoint.json: No space left on device"):
         preparer.prepare(ClaimRef(uid, "ml", "disk"))
@@ -451,7 +479,7 @@ def test_a_full_disk_under_the_claim_specs_is_one_line_and_nothing_prepared(node
     where, fill = full_fs
     claim = allocated("specs", ("gpu-0", "2Gi", "20"))
     uid = claim["metadata"]["uid"]
-    preparer = Preparer(NODE, node.d.client(), lambda namespace, name: claim, base_spec(node.spec),
+    preparer = Preparer(NODE, node.d.client(), lambda namespace, name: claim, base_spec_source(node.spec),
                         where / "cdi", Checkpoint(tmp_path / "checkpoint.json"))  # fmt: skip
     fill(True)
     with pytest.raises(errors.Unavailable, match=r"^claim ml/specs: its CDI spec .*: No space left on device; nothing"):
