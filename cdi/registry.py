@@ -112,13 +112,17 @@ class Registry:
 
     def specs(self, kind: str = KIND) -> list[tuple[Path, int, Spec]]:
         """(path, priority, spec) of every valid spec of the kind, lowest priority first."""
-        found = []
+        found, listed = [], set()
         for priority, d in enumerate(self.dirs):
             files = sorted(p for p in d.iterdir() if p.suffix in SUFFIXES) if d.is_dir() else []
+            listed.update(files)
             for p in files:
                 spec = self._read(p, kind)
                 if spec is not None:
                     found.append((p, priority, spec))
+        # a file gone is forgotten: /var/run/cdi sees a spec made and removed for every DRA claim
+        for gone in [p for p in list(self._parsed) if p not in listed]:
+            self._parsed.pop(gone, None)
         return found
 
     def devices(self, kind: str = KIND) -> dict[str, Found]:

@@ -246,6 +246,21 @@ def test_registry_skips_broken_files_and_rereads_changed_ones(tmp_path):
     assert reg.devices("example.com/card")["a"].device.edits.env == ("WHO=2",)
 
 
+def test_the_registry_forgets_the_files_that_are_gone(tmp_path):
+    """The daemon's registry lives as long as the daemon, and /var/run/cdi gets a
+    spec made and removed for every DRA claim: what it keeps is what is there."""
+    run = tmp_path / "run"
+    reg = Registry((run,))
+    _spec_file(run / "node.json", {"a": "1"})
+    for n in range(50):
+        claim = run / f"gpuslice.io-claim_{n}.json"
+        _spec_file(claim, {f"c{n}": "x"})
+        assert f"c{n}" in reg.devices("example.com/card")
+        claim.unlink()
+    assert list(reg.devices("example.com/card")) == ["a"]
+    assert list(reg._parsed) == [run / "node.json"]  # the cache itself: nothing of the 50 claims
+
+
 def test_a_spec_named_outright_is_validated_once_per_version_of_the_file(tmp_path, monkeypatch):
     """The shim's GPUSLICE_CDI_SPEC names a spec at every create: its schema check
     (0.6 ms) is paid once per version of the file, not per container."""
