@@ -77,8 +77,9 @@ class Registry:
         spec: Spec | None = None
         try:
             version, text = _read_versioned(path)
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError) as e:  # unreadable, too large, not UTF-8: said once per version
             log.warning("CDI spec %s skipped: %s", path, " ".join(str(e).split()))
+            self._parsed[path] = (now, None)
             return None
         try:
             data = parse_text(text, path.suffix)

@@ -246,6 +246,16 @@ def test_registry_skips_broken_files_and_rereads_changed_ones(tmp_path):
     assert reg.devices("example.com/card")["a"].device.edits.env == ("WHO=2",)
 
 
+def test_a_file_the_registry_cannot_read_is_said_once_per_version(tmp_path, caplog):
+    run = tmp_path / "run"
+    reg = Registry((run,))
+    _spec_file(run / "card.json", {"a": "1"})
+    (run / "latin1.json").write_bytes(b'{"kind": "caf\xe9"}')  # not UTF-8
+    for _ in range(3):
+        assert list(reg.devices("example.com/card")) == ["a"]
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [f"CDI spec {run / 'latin1.json'} skipped"]
+
+
 def test_the_registry_forgets_the_files_that_are_gone(tmp_path):
     """The daemon's registry lives as long as the daemon, and /var/run/cdi gets a
     spec made and removed for every DRA claim: what it keeps is what is there."""
