@@ -111,6 +111,17 @@ class Registry:
                 del self._named[next(iter(self._named))]
         return spec
 
+    def node(self, path: Path | None = None) -> tuple[Spec, Path]:
+        """The node's gpuslice.io/gpu spec and its file: `path` when given, else the
+        file whose `all` device the directories resolve; one SpecError line if none."""
+        if path is not None:
+            return self.named(path), path
+        found = self.devices().get("all")
+        if found is None:
+            where = " or ".join(str(d) for d in self.dirs)
+            raise SpecError(f"no {KIND}=all in {where} (`gpuslice cdi generate` writes it)")
+        return found.spec, found.path
+
     def specs(self, kind: str = KIND) -> list[tuple[Path, int, Spec]]:
         """(path, priority, spec) of every valid spec of the kind, lowest priority first."""
         found, listed = [], set()

@@ -84,14 +84,7 @@ def daemon(cfg: Config, inv: inventory.Inventory) -> Check:
 
 
 def _spec(spec_file: Path | None) -> tuple[cdi_spec.Spec, Path]:
-    if spec_file is not None:
-        return cdi_spec.load(spec_file), spec_file
-    found = Registry().devices().get("all")
-    if found is None:
-        raise cdi_spec.SpecError(
-            "no gpuslice.io/gpu=all in /etc/cdi or /var/run/cdi (`gpuslice cdi generate` writes it)"
-        )
-    return found.spec, found.path
+    return Registry().node(spec_file)
 
 
 def view_links(root: Path, mounts: tuple[cdi_spec.Mount, ...]) -> None:

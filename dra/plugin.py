@@ -28,21 +28,11 @@ log = logging.getLogger(__name__)
 
 
 def base_spec_source(path: Path | None, registry: Registry | None = None) -> Callable[[], cdi_spec.Spec]:
-    """The node's gpuslice.io/gpu spec as it is at each call: `path`, else the one the
-    CDI directories resolve. The node agent makes the spec anew when the driver
-    changes, so each prepare reads it again (parsed once per version of the file)."""
+    """The node's gpuslice.io/gpu spec as it is at each call (`path`, else CDI's). The
+    node agent makes it anew when the driver changes, so each prepare reads it again
+    (parsed once per version of the file)."""
     reg = registry or Registry()
-    if path is not None:
-        return lambda: reg.named(path)
-
-    def resolved() -> cdi_spec.Spec:
-        found = reg.devices().get("all")
-        if found is None:
-            where = " or ".join(str(d) for d in reg.dirs)
-            raise errors.FailedPrecondition(f"no gpuslice.io/gpu spec in {where} (gpuslice cdi generate)")
-        return found.spec
-
-    return resolved
+    return lambda: reg.node(path)[0]
 
 
 class Plugin:

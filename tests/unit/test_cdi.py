@@ -310,6 +310,22 @@ def test_a_spec_named_outright_is_validated_once_per_version_of_the_file(tmp_pat
         reg.named(path)
 
 
+def test_the_node_spec_is_the_file_named_else_the_one_resolving_all(tmp_path):
+    """One rule for the DRA plugin and the selftest: `--cdi-spec`, else gpuslice.io/gpu=all."""
+    run = tmp_path / "run"
+    reg = Registry((tmp_path / "etc", run))
+    none = rf"^no gpuslice.io/gpu=all in {tmp_path}/etc or {run} \(`gpuslice cdi generate` writes it\)$"
+    with pytest.raises(SpecError, match=none):
+        reg.node()
+    node = Spec("gpuslice.io/gpu", (Device("all", ContainerEdits(env=("WHO=node",))),))
+    cdi_spec.write(node, run / "gpuslice.json")
+    spec, path = reg.node()
+    assert path == run / "gpuslice.json" and spec.devices[0].edits.env == ("WHO=node",)
+    _spec_file(tmp_path / "named.json", {"x": "named"})
+    spec, path = reg.node(tmp_path / "named.json")
+    assert path == tmp_path / "named.json" and spec.devices[0].edits.env == ("WHO=named",)
+
+
 def test_specs_named_outright_are_kept_up_to_a_bound(tmp_path, monkeypatch):
     from gpuslice.cdi import registry
 
