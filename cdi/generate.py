@@ -1,9 +1,12 @@
 """Compose the gpuslice CDI spec from the GPUs (NVML) and the driver's files.
 
-Inside a container the interposer stands where the loader looks first
-(LD_LIBRARY_PATH), the real driver libraries sit at a private path behind
-it, the slice socket's directory is mounted, and the hook binds the container
-to its slice at createRuntime and releases it at poststop."""
+Inside a container the interposer stands where the loader looks first (the
+hook puts its directory at the head of the container's loader cache), the
+real driver libraries sit at a private path behind it, the slice socket's
+directory is mounted, and the hook binds the container to its slice at
+createRuntime and releases it at poststop.  The spec sets no LD_LIBRARY_PATH:
+a runtime applying a CDI spec's env replaces the container's own value, and
+images and pods set it for their own libraries."""
 
 from __future__ import annotations
 
@@ -74,7 +77,6 @@ def _common_edits(files: driver_files.DriverFiles, opts: Options) -> ContainerEd
     # the directory, never the socket: a restarted daemon's new socket is seen
     mounts.append(Mount(opts.slice_dir, SLICE_DIR, RW))
     env = [
-        f"LD_LIBRARY_PATH={WRAP_DIR}:{DRIVER_DIR}",
         f"{constants.ENV_REAL_LIBCUDA}={DRIVER_DIR}/libcuda.so.1",
         f"{constants.ENV_REAL_LIBNVML}={DRIVER_DIR}/libnvidia-ml.so.1",
         f"{constants.ENV_SLICE_SOCKET}={SLICE_DIR}/{constants.SLICE_SOCKET_NAME}",
@@ -90,7 +92,7 @@ def _common_edits(files: driver_files.DriverFiles, opts: Options) -> ContainerEd
     hooks = (
         Hook("createRuntime", opts.hook, ("gpuslice-hook", "createRuntime"), hook_env),
         Hook("poststop", opts.hook, ("gpuslice-hook", "poststop"), hook_env),
-        # the loader cache as well as LD_LIBRARY_PATH, for programs that drop the latter
+        # the loader cache, where the container's programs find the interposer
         Hook("createContainer", opts.hook, ("gpuslice-hook", "update-ldcache"), hook_env),
     )
     nodes = tuple(DeviceNode(p) for p in files.control_nodes)

@@ -110,12 +110,22 @@ def in_view(root: Path, value: str) -> str:
     return str(rebased) if known.is_symlink() or known.exists() else value
 
 
-def _view_env(root: Path, env: tuple[str, ...]) -> dict[str, str]:
-    out = {}
+# where the hook's update-ldcache has a container's loader look, after LD_LIBRARY_PATH
+LOADER_CACHE_DIRS = (constants.CONTAINER_WRAP_DIR, constants.CONTAINER_DRIVER_DIR)
+
+
+def _view_env(root: Path, env: tuple[str, ...], cache: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment, rebased on the view. `cache`: the directories the
+    container's loader cache adds behind its library path, which a probe on
+    the host can only be given on its library path."""
+    out: dict[str, str] = {}
     for entry in env:
         key, _, value = entry.partition("=")
         parts = value.split(":") if key == "LD_LIBRARY_PATH" else [value]
         out[key] = ":".join(in_view(root, p) for p in parts)
+    if cache:
+        path = [p for p in out.get("LD_LIBRARY_PATH", "").split(":") if p]
+        out["LD_LIBRARY_PATH"] = ":".join([*path, *(in_view(root, d) for d in cache)])
     return out
 
 
@@ -140,7 +150,7 @@ def cdi(
         return [*checks, failed("CDI spec matches the driver", expected, str(e))], None
     view_links(view, mounts)
     hide_files, hide_dirs = container_view.host_driver(files, simulated)
-    env = _view_env(view, spec.edits.env)
+    env = _view_env(view, spec.edits.env, LOADER_CACHE_DIRS)
     layout = Layout(
         env,
         {g.index: _view_env(view, spec.device(str(g.index)).edits.env) for g in inv.gpus if str(g.index) in names},

@@ -28,8 +28,7 @@ log = logging.getLogger(__name__)
 
 ClaimReader = Callable[[str, str], dict[str, Any]]  # (namespace, name) -> the ResourceClaim
 # what the interposer needs in a container, and a monitoring container does without
-_INTERPOSER_ENV = (constants.ENV_REAL_LIBCUDA, constants.ENV_REAL_LIBNVML, constants.ENV_SLICE_SOCKET,
-                   "LD_LIBRARY_PATH")  # fmt: skip
+_INTERPOSER_ENV = (constants.ENV_REAL_LIBCUDA, constants.ENV_REAL_LIBNVML, constants.ENV_SLICE_SOCKET)
 
 
 def workload_of(claim: dict[str, Any]) -> pb.Workload:
@@ -103,14 +102,15 @@ def share_env(uid: str, n: int, share: str, key: str) -> str:
 
 def monitoring_edits(base: cdi_spec.ContainerEdits) -> cdi_spec.ContainerEdits:
     """The node spec's common edits without the interposer: the real driver
-    libraries first on the library path, the control device nodes, no slice
-    socket and no hooks (an admin-access container holds no slice)."""
+    libraries, found through the loader cache as in a slice's container (the
+    interposer's directory is not mounted), the control device nodes, no slice
+    socket and no createRuntime or poststop hook (an admin-access container
+    holds no slice)."""
     wrap, sockets = constants.CONTAINER_WRAP_DIR, constants.SLICE_SOCKET_DIR
     mounts = tuple(m for m in base.mounts if not m.container_path.startswith((wrap + "/", sockets)))
     env = tuple(e for e in base.env if e.partition("=")[0] not in _INTERPOSER_ENV)
-    return cdi_spec.ContainerEdits(
-        env=(*env, f"LD_LIBRARY_PATH={constants.CONTAINER_DRIVER_DIR}"), device_nodes=base.device_nodes, mounts=mounts
-    )
+    hooks = tuple(h for h in base.hooks if h.args[1:] == ("update-ldcache",))
+    return cdi_spec.ContainerEdits(env=env, device_nodes=base.device_nodes, mounts=mounts, hooks=hooks)
 
 
 class Preparer:

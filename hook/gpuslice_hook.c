@@ -6,9 +6,12 @@
  *
  * createRuntime: any failure aborts the container's creation with one line
  * and leaves nothing reserved.  poststop: failures are warnings (exit 0); the
- * daemon's sweep reclaims what is left.  update-ldcache (createContainer):
- * best effort, the container's loader cache learns the interposer's
- * directories; LD_LIBRARY_PATH finds them anyway. */
+ * daemon's sweep reclaims what is left.  update-ldcache (createContainer): the
+ * container's loader cache learns the interposer's and the driver's
+ * directories, ahead of any the image lists; it is how the container's
+ * programs find the slice's libcuda.so.1 (the spec sets no LD_LIBRARY_PATH,
+ * which would replace the image's own), so a failure aborts the container
+ * with one line. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -60,7 +63,10 @@ static int write_conf(const char *root)
 }
 
 /* ldconfig -r ROOT DIRS...: the directories on the command line too, since
- * many images have no /etc/ld.so.conf.  0, or a reason in why. */
+ * many images have no /etc/ld.so.conf, and because ldconfig puts them in the
+ * cache before the configured ones: the loader takes the first entry of a
+ * soname, so an image's own libcuda.so.1 (a CUDA compat directory in its
+ * ld.so.conf.d) comes after the interposer.  0, or a reason in why. */
 static int run_ldconfig(const char *root, char *why, size_t cap)
 {
     const char *ldconfig = NULL;
@@ -109,8 +115,9 @@ static int update_ldcache(const char *state, size_t n)
         else if (run_ldconfig(reply, why, sizeof why) == 0)
             return 0;
     }
-    fprintf(stderr, "gpuslice-hook: update-ldcache skipped (%s); LD_LIBRARY_PATH still finds the interposer\n", why);
-    return 0;
+    fprintf(stderr, "gpuslice-hook: update-ldcache: %s; without it the container's programs cannot find the "
+                    "libcuda.so.1 its CDI spec mounts\n", why);
+    return 1;
 }
 
 int main(int argc, char **argv)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import gpuslice_sim
 from gpuslice.cli import rootfs
 from gpuslice.cli.container_demo import PODMAN
 from gpuslice.paths import built_executable
@@ -204,6 +206,59 @@ def test_loader_cache_finds_the_interposer_without_ld_library_path(node, root_fs
     )
     out = probe_result(r)
     assert out["total"] == 512 * MiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def test_a_containers_own_library_path_is_kept_and_the_interposer_still_found(node, root_fs):
+    """The spec once set LD_LIBRARY_PATH, and a runtime applying a CDI spec replaces the
+    container's own value: an image's (NGC's, Triton's, conda's) or a pod's was lost."""
+    r = podman(
+        ["--device", "gpuslice.io/gpu=0", "--annotation", "gpuslice.io/memory=512Mi",
+         "--env", "LD_LIBRARY_PATH=/opt/app/lib"],
+        root_fs,
+        ["/bin/sh", "-c", f'echo "path=$LD_LIBRARY_PATH"; exec {rootfs.PROBE}'],
+    )  # fmt: skip
+    assert r.stdout.splitlines()[0] == "path=/opt/app/lib", r.stdout
+    out = probe_result(r)
+    assert out["total"] == 512 * MiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def _libcudas_loaded(r: subprocess.CompletedProcess) -> list[str]:
+    """The libcuda.so.1 files a container's program loaded, in order (glibc's LD_DEBUG=libs)."""
+    return re.findall(r"calling init: (\S*/libcuda\.so\.1)$", r.stderr, re.M)
+
+
+def test_an_images_own_libcuda_in_its_loader_config_comes_after_the_interposer(node, tmp_path):
+    """An image whose ld.so.conf.d names a directory with a libcuda.so.1 of its own (a CUDA
+    compat driver; here the simulator's driver itself, which knows no slice), listed in a file
+    that sorts before gpuslice's: the hook's loader cache still gives the interposer."""
+    root = rootfs.build(tmp_path / "root")
+    compat = root / "usr/local/cuda/compat"
+    compat.mkdir(parents=True)
+    shutil.copy2(gpuslice_sim.lib_dir() / "libcuda.so.1", compat / "libcuda.so.1")
+    (root / "etc/ld.so.conf").write_text("include /etc/ld.so.conf.d/*.conf\n")
+    (root / "etc/ld.so.conf.d").mkdir()
+    (root / "etc/ld.so.conf.d/0-cuda-compat.conf").write_text("/usr/local/cuda/compat\n")
+    (root / "sbin").mkdir()
+    shutil.copy2("/sbin/ldconfig", root / "sbin/ldconfig")  # static: the image's own, as Debian's
+    args = ["--device", "gpuslice.io/gpu=0", "--annotation", "gpuslice.io/memory=512Mi", "--env", "LD_DEBUG=libs"]
+    wrapped = ["/usr/lib/gpuslice/wrap/libcuda.so.1", "/usr/lib/gpuslice/driver/libcuda.so.1"]
+    r = podman(args, root, [rootfs.PROBE])
+    assert _libcudas_loaded(r) == wrapped, r.stderr[-3000:]
+    out = probe_result(r)
+    assert out["total"] == 512 * MiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    # once the container runs ldconfig itself (a package install does), from the configuration alone:
+    # gpuslice's file first, where the image's sorts after 00-gpuslice.conf (a real image's name)
+    (root / "etc/ld.so.conf.d/0-cuda-compat.conf").rename(root / "etc/ld.so.conf.d/99_cuda_compat.conf")
+    again = podman(args, root, ["/bin/sh", "-c", f"/sbin/ldconfig && exec {rootfs.PROBE}"])
+    assert _libcudas_loaded(again) == wrapped, again.stderr[-3000:]
+    assert probe_result(again)["total"] == 512 * MiB
+    # the limit this test guards: a library path naming that directory is searched before the
+    # cache and loads the image's driver; only a driver that limits the container's cgroup itself
+    # (the simulator's does, docs/enforcement.md) still holds it to the slice
+    own_path = f"export LD_LIBRARY_PATH=/usr/local/cuda/compat; exec {rootfs.PROBE}"
+    direct = podman(args, root, ["/bin/sh", "-c", own_path])
+    assert _libcudas_loaded(direct) == ["/usr/local/cuda/compat/libcuda.so.1"], direct.stderr[-3000:]
+    assert probe_result(direct)["total"] == 512 * MiB
 
 
 @pytest.mark.measure  # a share measured over seconds: last and alone under xdist

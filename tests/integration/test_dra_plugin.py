@@ -604,7 +604,9 @@ def test_admin_access_books_nothing_and_gives_the_gpu_for_monitoring(node):
     assert not (node.claim_specs / f"gpuslice.io-claim_{uid}.json").exists()
     admin = cdi_spec.load(node.claim_specs / f"gpuslice.io-claim_{uid}_admin.json")
     assert [d.name for d in admin.devices] == [f"{uid}-0"]
-    assert not admin.edits.hooks and f"LD_LIBRARY_PATH={constants.CONTAINER_DRIVER_DIR}" in admin.edits.env
+    # the driver found through the loader cache, as in a slice's container; no slice's hooks, no library path
+    assert [h.args for h in admin.edits.hooks] == [("gpuslice-hook", "update-ldcache")]
+    assert not any(e.startswith(("LD_LIBRARY_PATH=", constants.ENV_REAL_LIBCUDA)) for e in admin.edits.env)
     assert not any(
         "/wrap/" in m.container_path or m.container_path == constants.SLICE_SOCKET_DIR for m in admin.edits.mounts
     )

@@ -86,11 +86,9 @@ def test_a_spec_that_leaves_the_interposer_out_fails_where_the_limit_is_lost(dae
     d = daemon([gpu("16Gi")])
     spec = spec_for(d, tmp_path)
     data = json.loads(spec.read_text())
-    # the library path without the interposer's directory: the driver's libcuda is found first
-    data["containerEdits"]["env"] = [
-        "LD_LIBRARY_PATH=/usr/lib/gpuslice/driver" if e.startswith("LD_LIBRARY_PATH=") else e
-        for e in data["containerEdits"]["env"]
-    ]
+    # a library path naming the driver's directory: it comes before the loader cache, so the driver's libcuda
+    # is found first, as in a container whose LD_LIBRARY_PATH names a libcuda.so.1 of its own
+    data["containerEdits"]["env"].append("LD_LIBRARY_PATH=/usr/lib/gpuslice/driver")
     spec.write_text(json.dumps(data))
     rc, report = selftest(d, "--no-shares", spec=spec)
     got = verdicts(report)
