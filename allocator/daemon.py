@@ -77,7 +77,11 @@ class Daemon:
         )
         # the driver's per-process counts against the slices' charges (allocator/driver_memory.py)
         self.reconciler = Reconciler(
-            lambda: list(self.watcher.files_in_use().values()), NvmlProcessMemory(), cfg.driver_memory_period
+            lambda: list(self.watcher.files_in_use().values()),
+            NvmlProcessMemory(),
+            cfg.driver_memory_period,
+            gpus=self.manager.gpus_held,
+            owner_of=self.manager.container_files_of,
         )
         self._stop = threading.Event()
         self._server: grpc.Server | None = None

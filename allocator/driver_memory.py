@@ -10,17 +10,27 @@ and NVML in the slice show it; status, the metrics and Get report it.
 Per process, what the driver counts beyond what it charged, never below
 zero: a context's reserve (charged at attach) is a floor the driver's figure
 replaces once it is larger, so nothing is counted twice. A process that
-exits takes its part along at the next period (its row is gone)."""
+exits takes its part along at the next period (its row is gone).
+
+A process of a slice's container that holds memory on the GPU without
+having attached loaded a libcuda.so.1 of its own (an image's compat driver
+on its library path, or the driver's file opened by path): the interposer
+never saw it. All the driver counts for it is charged to the slice, so the
+slice's other processes are held to the limit it leaves them, and it is
+named once in the log and counted in gpuslice_unsliced_processes_total.
+Its own allocations and launches are not the interposer's to refuse
+(docs/enforcement.md)."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import pynvml
 
+from gpuslice.allocator import metrics
 from gpuslice.allocator.slice_files import SliceFiles
 
 log = logging.getLogger(__name__)
@@ -57,42 +67,92 @@ class Over:
     over: int  # bytes past the limit
 
 
+def _no_owner(pid: int) -> SliceFiles | None:
+    return None
+
+
 @dataclass
 class Reconciler:
     files_in_use: Callable[[], list[SliceFiles]]
     read: ProcessMemory
     period: float = 1.0
+    gpus: Callable[[], Iterable[str]] = tuple  # the UUIDs of the GPUs slices hold, looked at for unsliced processes
+    owner_of: Callable[[int], SliceFiles | None] = _no_owner  # a process's slice by its container (SliceManager)
     over: dict[tuple[str, int], int] = field(default_factory=dict)  # (slice, GPU index) -> bytes past its limit
     charged: dict[str, SliceFiles] = field(default_factory=dict)  # slices with a driver-side figure
+    unsliced: dict[tuple[int, str], str] = field(default_factory=dict)  # (pid, GPU) -> its slice, once named
+    suspects: set[tuple[int, str]] = field(default_factory=set)  # (pid, GPU) seen unattached once, last period
 
     def once(self) -> None:
         readings: dict[str, dict[int, int]] = {}
         in_use = self.files_in_use()
-        seen = {f.slice_id for f in in_use}
-        for sid, files in list(self.charged.items()):
-            if sid not in seen:  # its last process went: what the driver held for it went too
-                for g in range(files.gpu_count()):
-                    files.set_driver_side(g, 0)
-                    self._say_if_over(files, g)
-                del self.charged[sid]
         # each process's charges before the driver is read, and after: a free between the two reads
         # would otherwise count as the driver's own until the next period (and refuse allocations
         # that fit), and so would an allocation charged and freed between them that the driver's
         # count caught: what the process ever charged, read on both sides, bounds what it held
         before = [_held(f) for f in in_use]
+        extras: dict[str, tuple[SliceFiles, list[int]]] = {}
         for files, held in zip(in_use, before, strict=True):
             pids = files.slot_pids()
+            row = extras.setdefault(files.slice_id, (files, [0] * files.gpu_count()))[1]
             for g in range(files.gpu_count()):
-                uuid = files.gpu_uuid(g)
-                counts = readings.get(uuid)
-                if counts is None:
-                    counts = readings[uuid] = self.read(uuid)
-                extra = sum(max(0, counts.get(pid, 0) - _most_held(files, slot, g, pid, held.get((slot, g))))
-                            for slot, pid in pids.items())  # fmt: skip
+                counts = self._reading(readings, files.gpu_uuid(g))
+                row[g] = sum(max(0, counts.get(pid, 0) - _most_held(files, slot, g, pid, held.get((slot, g))))
+                             for slot, pid in pids.items())  # fmt: skip
+        self._charge_unsliced(readings, extras)
+        for sid, files in list(self.charged.items()):
+            if sid not in extras:  # its last process went: what the driver held for it went too
+                for g in range(files.gpu_count()):
+                    files.set_driver_side(g, 0)
+                    self._say_if_over(files, g)
+                del self.charged[sid]
+        for sid, (files, row) in extras.items():
+            for g, extra in enumerate(row):
                 files.set_driver_side(g, extra)
                 if extra:
-                    self.charged[files.slice_id] = files
+                    self.charged[sid] = files
                 self._say_if_over(files, g)
+
+    def _reading(self, readings: dict[str, dict[int, int]], uuid: str) -> dict[int, int]:
+        counts = readings.get(uuid)
+        if counts is None:
+            counts = readings[uuid] = self.read(uuid)
+        return counts
+
+    def _charge_unsliced(self, readings: dict[str, dict[int, int]], extras: dict[str, tuple[SliceFiles, list[int]]]
+                         ) -> None:  # fmt: skip
+        """What the driver holds for processes of slices' containers that never attached."""
+        for uuid in self.gpus():
+            self._reading(readings, uuid)
+        # who is attached is read after the driver: a process attaches at cuInit, before it holds
+        # any memory, so one that holds memory and is in no slot now never attached
+        attached = {pid for f in self.files_in_use() for pid in f.slot_pids().values()}
+        seen: set[tuple[int, str]] = set()
+        suspects: set[tuple[int, str]] = set()
+        for uuid, counts in readings.items():
+            for pid, used in counts.items():
+                if used <= 0 or pid in attached:
+                    continue
+                files = self.owner_of(pid)
+                gpus = [files.gpu_uuid(g) for g in range(files.gpu_count())] if files else []
+                if files is None or uuid not in gpus:
+                    continue
+                key = (pid, uuid)
+                if key not in self.unsliced and key not in self.suspects:
+                    suspects.add(key)  # a process leaving its slot as the driver still counts it: next period
+                    continue
+                g = gpus.index(uuid)
+                extras.setdefault(files.slice_id, (files, [0] * files.gpu_count()))[1][g] += used
+                seen.add(key)
+                if key not in self.unsliced:
+                    self.unsliced[key] = files.slice_id
+                    metrics.UNSLICED.labels(uuid).inc()
+                    log.warning("slice %s GPU %d: process %d of its container holds %d bytes on the GPU without "
+                                "the interposer (it loaded a libcuda.so.1 of its own); charged to the slice, "
+                                "its launches not gated", files.slice_id, g, pid, used)  # fmt: skip
+        self.suspects = suspects
+        for key in set(self.unsliced) - seen:
+            log.info("slice %s: process %d, unsliced, no longer holds memory on %s", self.unsliced.pop(key), *key)
 
     def _say_if_over(self, files: SliceFiles, g: int) -> None:
         key = (files.slice_id, g)

@@ -46,6 +46,12 @@ RESERVATIONS = Counter(
     "slices asked for, by owner kind (container, claim, devices, member) and result (ok, or the refusal's kind)",
     ["kind", "result"],
 )
+UNSLICED = Counter(
+    "gpuslice_unsliced_processes_total",
+    "processes found holding memory on a slice's GPU from the slice's container without the interposer "
+    "(a libcuda.so.1 of their own): their memory is charged to the slice, their launches are not gated",
+    ["gpu"],
+)
 
 WORKLOAD = ["node", "namespace", "pod", "container"]
 SLICE = [*WORKLOAD, "container_id", "slice"]

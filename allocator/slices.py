@@ -440,6 +440,29 @@ class SliceManager:
             raise SliceFull(f"slice {rec.id} has no free process slot")
         return Attachment(rec, files, slot)
 
+    def gpus_held(self) -> list[str]:
+        """The UUIDs of the GPUs that slices hold."""
+        with self._lock:
+            recs = list(self.index.by_container.values())
+        return list(dict.fromkeys(u for r in recs for u in r.file_gpus))
+
+    def container_files_of(self, pid: int) -> SliceFiles | None:
+        """The files of the slice whose container the process (this host's pid)
+        is in, by the rule a process attaches by, for a process in a pid
+        namespace not the daemon's (a container's: a host process's cgroup is
+        shared by its whole session); None for any other, or one gone."""
+        try:
+            who = identity.of_pid(pid, self.proc)
+        except (identity.NoSuchProcess, OSError):
+            return None
+        if who.pid_ns == self.own.pid_ns:
+            return None
+        rec = self.slice_of(who)
+        if rec is None:
+            return None
+        with self._lock:
+            return self.files.get(rec.id)
+
     def attached(self) -> list[tuple[SliceFiles, int, int]]:
         """(files, slot, pid) of every process attached to a slice, as the files
         say (after a restart, those attached before it)."""

@@ -16,9 +16,10 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+import gpuslice_sim
 from gpuslice.cli import sim_daemon
 from tests.harness.interposer import Slice
-from tests.harness.machine import GiB, MiB, needs_root
+from tests.harness.machine import Agent, GiB, MiB, needs_root
 from tests.integration.test_interposer import run_stress
 
 pytestmark = needs_root
@@ -91,6 +92,30 @@ def test_a_slice_the_driver_alone_pushes_over_its_limit_is_refused_until_back_un
     assert s.used() == 300 * MiB and a.call("alloc", path="mem", size=1)["error"] == "CUDA_SUCCESS"
     said = until(lambda: "back under its limit" in s.d.log(), True)
     assert said and "past its limit" in s.d.log(), s.d.log()[-2000:]
+
+
+def test_a_process_of_the_container_that_loads_its_own_driver_is_charged_to_the_slice(daemon, containers, started):
+    """A process of the slice's container that loaded a libcuda.so.1 of its own (here the
+    simulator's, as an image's compat driver on its library path would be) is not the
+    interposer's: the driver's count of it is charged to the slice, so the container's other
+    processes get only what it leaves; it is named once, counted, and gone with it."""
+    s = slice_(daemon, containers)
+    a = s.agent(started)
+    own = Agent({**s.env, "LD_LIBRARY_PATH": str(gpuslice_sim.lib_dir())}, prefix=s.box.command([]))
+    started.append(own)
+    assert own.call("init")["error"] == "CUDA_SUCCESS"
+    assert own.call("alloc", path="mem", size=300 * MiB)["error"] == "CUDA_SUCCESS"
+    # its context (100 MiB, as the driver counts it) and its 300 MiB
+    assert until(lambda: s.files.driver_side(0), 400 * MiB) == 400 * MiB
+    assert s.used() == 500 * MiB and a.call("meminfo")["free"] == GiB - 500 * MiB
+    assert a.call("alloc", path="mem", size=600 * MiB)["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert a.call("alloc", path="mem", size=500 * MiB)["error"] == "CUDA_SUCCESS"
+    log = s.d.log()
+    assert log.count("without the interposer") == 1 and f"process {own.host_pid} of its container" in log, log[-2000:]
+    assert metric(s, "gpuslice_unsliced_processes") == 1  # the family of gpuslice_unsliced_processes_total
+    own.kill()
+    assert until(lambda: s.files.driver_side(0), 0) == 0
+    assert until(lambda: "unsliced, no longer holds memory" in s.d.log(), True)
 
 
 def test_local_memory_and_a_librarys_own_allocations_are_charged_once_across_processes(daemon, containers, started):

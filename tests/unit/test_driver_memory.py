@@ -4,6 +4,7 @@ processes allocate and free while it reads."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import pytest
@@ -136,3 +137,56 @@ def test_on_the_real_ledger_a_process_s_churn_while_the_driver_is_read_leaves_no
     files.release_slot(slot)
     again = files.claim_slot(11)
     assert again == slot and (files.proc_used(slot, 0), files.proc_charged(slot, 0)) == (0, 0)
+
+
+def test_a_process_of_the_slices_container_that_never_attached_is_charged_whole(caplog):
+    """A process that loaded a libcuda.so.1 of its own (an image's compat driver) holds memory
+    the interposer never saw. From its second period on (a process leaving its slot while the
+    driver still counts it is not one), all of it is charged to its container's slice; named
+    once; gone with it. Processes of no slice's container, or on a GPU the slice does not
+    hold, are not the slice's."""
+    caplog.set_level(logging.INFO)
+    f = Files({0: 100 * MiB}, {0: 10})
+    counts = {"GPU-a": {10: 100 * MiB, 20: 300 * MiB, 30: 50 * MiB}, "GPU-b": {40: 70 * MiB}}
+    owners = {20: f, 40: f}  # 40 is the container's too, but on a GPU the slice does not hold
+    r = Reconciler(lambda: [f], lambda uuid: counts[uuid], gpus=lambda: ["GPU-a", "GPU-b"], owner_of=owners.get)
+    r.once()
+    assert f.said == [0]
+    r.once()
+    r.once()
+    assert f.said == [0, 300 * MiB, 300 * MiB]
+    warned = [m for m in caplog.messages if "without the interposer" in m]
+    assert warned == [
+        "slice s GPU 0: process 20 of its container holds 314572800 bytes on the GPU without the interposer "
+        "(it loaded a libcuda.so.1 of its own); charged to the slice, its launches not gated"
+    ]
+    del counts["GPU-a"][20]
+    r.once()
+    assert f.said[-1] == 0 and "slice s: process 20, unsliced, no longer holds memory on GPU-a" in caplog.messages
+
+
+def test_a_slice_whose_only_process_never_attached_is_charged_and_cleared():
+    f = Files({}, {})
+    counts = {20: 300 * MiB}
+    r = Reconciler(list, lambda uuid: counts, gpus=lambda: ["GPU-a"], owner_of={20: f}.get)
+    r.once()
+    r.once()
+    assert f.driver == 300 * MiB and f.used() == [300 * MiB]
+    counts.clear()
+    r.once()
+    assert f.driver == 0
+
+
+def test_a_process_that_attaches_while_the_driver_is_read_is_not_unsliced():
+    """Who is attached is read after the driver: a process that attached between would
+    otherwise be charged whole beside its own charges."""
+    f = Files({0: 100 * MiB}, {})
+
+    def read(uuid: str) -> dict[int, int]:
+        f.pids[0] = 20  # it attaches now
+        return {20: 100 * MiB}
+
+    r = Reconciler(lambda: [f], read, gpus=lambda: ["GPU-a"], owner_of={20: f}.get)
+    r.once()
+    r.once()
+    assert f.said == [0, 0]
