@@ -38,6 +38,7 @@ SCHEMA = {
         "runtime_request_timeout": {"type": "number", "exclusiveMinimum": 0, "maximum": constants.RUNTIME_TIMEOUT_S},
         "memory_oversubscription": {"type": "number", "minimum": 1, "maximum": 16},
         "context_reserve": {"type": ["string", "integer"]},
+        "unsliced_processes": {"enum": ["charge", "kill"]},
         "nvml": {"enum": ["driver", "sim"]},
         "host_root": {"type": "string", "pattern": "^/"},
         "cdi_dirs": {"type": "array", "items": {"type": "string", "pattern": "^/"}, "minItems": 1},
@@ -71,6 +72,9 @@ class Config:
     runtime_request_timeout: float = float(constants.RUNTIME_TIMEOUT_S)
     memory_oversubscription: float = 1.0
     context_reserve: int = 0  # bytes the interposer charges per CUDA context
+    # a process of a slice's container holding GPU memory without the interposer: charged to the
+    # slice, or killed as well (docs/enforcement.md)
+    unsliced_processes: str = "charge"
     nvml: str = "driver"
     sim_config: str | None = None
     sim_state_dir: str | None = None
@@ -125,6 +129,7 @@ def load(path: str | Path | None) -> Config:
         runtime_request_timeout=float(data.get("runtime_request_timeout", d.runtime_request_timeout)),
         memory_oversubscription=float(data.get("memory_oversubscription", d.memory_oversubscription)),
         context_reserve=reserve,
+        unsliced_processes=data.get("unsliced_processes", d.unsliced_processes),
         nvml=data.get("nvml", d.nvml),
         sim_config=sim.get("config"),
         sim_state_dir=sim.get("state_dir"),

@@ -16,7 +16,7 @@ from gpuslice.allocator import container_start, metrics, slice_files
 from gpuslice.allocator.compute import ComputeController
 from gpuslice.allocator.config import Config
 from gpuslice.allocator.driver_limits import DriverLimits
-from gpuslice.allocator.driver_memory import NvmlProcessMemory, Reconciler
+from gpuslice.allocator.driver_memory import NvmlProcessMemory, Reconciler, kill_unsliced
 from gpuslice.allocator.membership import MembershipKey
 from gpuslice.allocator.runtime_socket import RuntimeSocketServer
 from gpuslice.allocator.service import AllocatorService
@@ -82,6 +82,7 @@ class Daemon:
             cfg.driver_memory_period,
             gpus=self.manager.gpus_held,
             owner_of=self.manager.container_files_of,
+            on_unsliced=kill_unsliced(self.manager.container_files_of) if cfg.unsliced_processes == "kill" else None,
         )
         self._stop = threading.Event()
         self._server: grpc.Server | None = None

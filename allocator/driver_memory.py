@@ -24,6 +24,8 @@ Its own allocations and launches are not the interposer's to refuse
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -78,6 +80,7 @@ class Reconciler:
     period: float = 1.0
     gpus: Callable[[], Iterable[str]] = tuple  # the UUIDs of the GPUs slices hold, looked at for unsliced processes
     owner_of: Callable[[int], SliceFiles | None] = _no_owner  # a process's slice by its container (SliceManager)
+    on_unsliced: Callable[[int, SliceFiles], None] | None = None  # told of each once named (the `kill` policy)
     over: dict[tuple[str, int], int] = field(default_factory=dict)  # (slice, GPU index) -> bytes past its limit
     charged: dict[str, SliceFiles] = field(default_factory=dict)  # slices with a driver-side figure
     unsliced: dict[tuple[int, str], str] = field(default_factory=dict)  # (pid, GPU) -> its slice, once named
@@ -150,6 +153,8 @@ class Reconciler:
                     log.warning("slice %s GPU %d: process %d of its container holds %d bytes on the GPU without "
                                 "the interposer (it loaded a libcuda.so.1 of its own); charged to the slice, "
                                 "its launches not gated", files.slice_id, g, pid, used)  # fmt: skip
+                    if self.on_unsliced is not None:
+                        self.on_unsliced(pid, files)
         self.suspects = suspects
         for key in set(self.unsliced) - seen:
             log.info("slice %s: process %d, unsliced, no longer holds memory on %s", self.unsliced.pop(key), *key)
@@ -197,3 +202,29 @@ def _most_held(files: SliceFiles, slot: int, g: int, pid: int, before: Held | No
     if before is None or before.pid != pid or ever < before.ever:  # a new process in the row
         return max(used, ever)
     return max(used, before.used + ever - before.ever)
+
+
+def kill_unsliced(owner_of: Callable[[int], SliceFiles | None]) -> Callable[[int, SliceFiles], None]:
+    """The `kill` policy: SIGKILL a process of a slice's container found holding
+    GPU memory without the interposer. The pidfd holds the process, so the
+    check that it is still that container's is about the process killed, not
+    a pid reused in between."""
+
+    def kill(pid: int, files: SliceFiles) -> None:
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return  # gone already
+        try:
+            now = owner_of(pid)
+            if now is None or now.slice_id != files.slice_id:
+                return
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            log.warning("slice %s: killed process %d, which used the GPU without the interposer "
+                        "(unsliced_processes: kill)", files.slice_id, pid)  # fmt: skip
+        except OSError as e:
+            log.warning("slice %s: could not kill process %d: %s", files.slice_id, pid, e.strerror or e)
+        finally:
+            os.close(fd)
+
+    return kill

@@ -118,6 +118,21 @@ def test_a_process_of_the_container_that_loads_its_own_driver_is_charged_to_the_
     assert until(lambda: "unsliced, no longer holds memory" in s.d.log(), True)
 
 
+def test_with_the_kill_policy_a_process_that_loads_its_own_driver_is_killed(daemon, containers, started):
+    """`unsliced_processes: kill`: the process is killed once seen, and the container's
+    attached processes go on with their slice whole."""
+    s = Slice(daemon, containers, "1Gi", sim={"context_memory": "100Mi"}, context_reserve="100Mi",
+              driver_memory_period=PERIOD, unsliced_processes="kill")  # fmt: skip
+    a = s.agent(started)
+    own = Agent({**s.env, "LD_LIBRARY_PATH": str(gpuslice_sim.lib_dir())}, prefix=s.box.command([]))
+    started.append(own)
+    assert own.call("init")["error"] == "CUDA_SUCCESS"  # its context: 100 MiB the driver counts for it
+    assert until(lambda: own.proc.poll() is not None, True)  # nsenter reports its child's SIGKILL
+    assert until(lambda: f"killed process {own.host_pid}" in s.d.log(), True), s.d.log()[-2000:]
+    assert until(lambda: s.files.driver_side(0), 0) == 0
+    assert a.call("alloc", path="mem", size=900 * MiB)["error"] == "CUDA_SUCCESS"
+
+
 def test_local_memory_and_a_librarys_own_allocations_are_charged_once_across_processes(daemon, containers, started):
     """Two processes of one slice: one grows its local memory (a stack limit:
     sms x 2048 threads x 3 KiB more), the other allocates through the

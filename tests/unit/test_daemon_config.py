@@ -27,3 +27,15 @@ def test_a_runtime_socket_deadline_past_the_clients_wait_or_none_is_one_line(tmp
     with pytest.raises(config.ConfigError) as e:
         config.load(path)
     assert str(e.value).count("\n") == 0 and "runtime_request_timeout" in str(e.value) and said in str(e.value)
+
+
+def test_unsliced_processes_are_charged_unless_kill_is_asked_and_nothing_else_is_accepted(tmp_path):
+    path = tmp_path / "daemon.yaml"
+    path.write_text("sweep_interval: 1\n")
+    assert config.load(path).unsliced_processes == "charge"
+    path.write_text("unsliced_processes: kill\n")
+    assert config.load(path).unsliced_processes == "kill"
+    path.write_text("unsliced_processes: ignore\n")
+    with pytest.raises(config.ConfigError) as e:
+        config.load(path)
+    assert str(e.value) == f"config {path}: unsliced_processes: 'ignore' is not one of ['charge', 'kill']"
