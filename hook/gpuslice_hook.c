@@ -18,13 +18,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "runtime_call.h"
 
 #define NDIRS 2
+#define LOCK_WAIT_MS 10000 /* another container's ldconfig on a shared root: well under a second */
 /* where the CDI spec mounts the interposer and the real driver in a container */
 static const char *const LIB_DIRS[NDIRS] = {GS_CONTAINER_WRAP_DIR, GS_CONTAINER_DRIVER_DIR};
 static const char *const LDCONFIG[] = {"/sbin/ldconfig", "/usr/sbin/ldconfig", "/bin/ldconfig", "/usr/bin/ldconfig"};
@@ -45,7 +48,22 @@ static void close_all(const int *fds, int n)
             close(fds[i]);
 }
 
-/* <root>/etc/ld.so.conf.d/00-gpuslice.conf; 0 or an errno. */
+/* Takes the lock on an open file, waiting at most LOCK_WAIT_MS; 0 or an errno. */
+static int lock_bounded(int fd)
+{
+    const struct timespec step = {0, 10 * 1000 * 1000};
+    for (int waited = 0; flock(fd, LOCK_EX | LOCK_NB) != 0; waited += 10) {
+        if (errno != EWOULDBLOCK || waited >= LOCK_WAIT_MS)
+            return errno == EWOULDBLOCK ? ETIMEDOUT : errno;
+        nanosleep(&step, NULL);
+    }
+    return 0;
+}
+
+/* <root>/etc/ld.so.conf.d/00-gpuslice.conf, written and left open and locked:
+ * the caller runs ldconfig under the lock, since containers that share a root
+ * (Podman's --rootfs) start together, and ldconfig runs on one root at once
+ * fail to rename the cache's temporary file.  The open fd, or -errno. */
 static int write_conf(const char *root)
 {
     int fds[4] = {-1, -1, -1, -1};
@@ -53,13 +71,35 @@ static int write_conf(const char *root)
     fds[1] = subdir(fds[0], "etc");
     fds[2] = subdir(fds[1], "ld.so.conf.d");
     if (fds[2] >= 0)
-        fds[3] = openat(fds[2], "00-gpuslice.conf", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0644);
-    int err = fds[3] < 0 ? errno : 0;
+        fds[3] = openat(fds[2], "00-gpuslice.conf", O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    int err = fds[3] < 0 ? errno : lock_bounded(fds[3]);
+    if (!err && ftruncate(fds[3], 0) != 0)
+        err = errno;
     for (int i = 0; !err && i < NDIRS; i++)
         if (dprintf(fds[3], "%s\n", LIB_DIRS[i]) < 0)
             err = errno ? errno : EIO;
-    close_all(fds, 4);
-    return err;
+    close_all(fds, err ? 4 : 3);
+    return err ? -err : fds[3];
+}
+
+/* The first line of what the child wrote on `fd`, into why (bounded); the rest is read and dropped. */
+static void first_line(int fd, char *why, size_t cap)
+{
+    size_t n = 0;
+    char sink[256];
+    for (;;) {
+        char *to = n + 1 < cap ? why + n : sink;
+        size_t room = n + 1 < cap ? cap - 1 - n : sizeof sink;
+        ssize_t got = read(fd, to, room);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break;
+        if (to != sink)
+            n += (size_t)got;
+    }
+    why[n] = '\0';
+    why[strcspn(why, "\n")] = '\0';
 }
 
 /* ldconfig -r ROOT DIRS...: the directories on the command line too, since
@@ -77,24 +117,34 @@ static int run_ldconfig(const char *root, char *why, size_t cap)
         snprintf(why, cap, "no ldconfig in /sbin, /usr/sbin, /bin or /usr/bin");
         return -1;
     }
+    int err[2];
+    if (pipe2(err, O_CLOEXEC) != 0) {
+        snprintf(why, cap, "cannot run %s: %s", ldconfig, strerror(errno));
+        return -1;
+    }
     pid_t pid = fork();
     if (pid == 0) {
         int null = open("/dev/null", O_WRONLY);
-        if (null >= 0) {
+        if (null >= 0)
             dup2(null, 1);
-            dup2(null, 2);
-        }
+        dup2(err[1], 2);
         char *argv[] = {(char *)ldconfig, "-r", (char *)root, (char *)LIB_DIRS[0], (char *)LIB_DIRS[1], NULL};
         execv(ldconfig, argv);
         _exit(127);
     }
+    close(err[1]);
+    char said[256] = "";
+    if (pid > 0)
+        first_line(err[0], said, sizeof said);
+    close(err[0]);
     int status = 0;
     if (pid < 0 || waitpid(pid, &status, 0) < 0) {
         snprintf(why, cap, "cannot run %s: %s", ldconfig, strerror(errno));
         return -1;
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        snprintf(why, cap, "%s -r %s failed (status %d)", ldconfig, root, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        snprintf(why, cap, "%s -r %s failed (status %d)%s%s", ldconfig, root,
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1, *said ? ": " : "", said);
         return -1;
     }
     return 0;
@@ -109,11 +159,15 @@ static int update_ldcache(const char *state, size_t n)
     if (r != 0) {
         snprintf(why, sizeof why, "%s", reply);
     } else {
-        int err = write_conf(reply);
-        if (err)
-            snprintf(why, sizeof why, "cannot write %s/etc/ld.so.conf.d/00-gpuslice.conf: %s", reply, strerror(err));
-        else if (run_ldconfig(reply, why, sizeof why) == 0)
-            return 0;
+        int conf = write_conf(reply);
+        if (conf < 0) {
+            snprintf(why, sizeof why, "cannot write %s/etc/ld.so.conf.d/00-gpuslice.conf: %s", reply, strerror(-conf));
+        } else {
+            int r = run_ldconfig(reply, why, sizeof why);
+            close(conf); /* the lock goes with it */
+            if (r == 0)
+                return 0;
+        }
     }
     fprintf(stderr, "gpuslice-hook: update-ldcache: %s; without it the container's programs cannot find the "
                     "libcuda.so.1 its CDI spec mounts\n", why);

@@ -111,6 +111,38 @@ def test_update_ldcache_never_follows_an_images_symlink_out_of_its_root(tmp_path
     assert list(outside.iterdir()) == []
 
 
+def test_containers_that_share_a_root_start_together(tmp_path, daemon):
+    """Podman's --rootfs gives containers one root: their hooks' ldconfig runs on it at once
+    failed renaming the cache's temporary file (the demo's three containers, on a fresh
+    clone's CI). The hooks take turns."""
+    d = daemon()
+    b = bundle(tmp_path, {"gpuslice.io/memory": "1Gi"})
+    state = json.dumps({"id": "c", "bundle": str(b)})
+    env = {**os.environ, "GPUSLICE_SOCKET": str(d.socket)}
+    for _ in range(4):
+        runs = [subprocess.Popen([str(HOOK), "update-ldcache"], stdin=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env=env) for _ in range(16)]  # fmt: skip
+        for r in runs:  # all of them waiting for their state, then all at once
+            assert r.stdin
+            r.stdin.write(state)
+        for r in runs:
+            assert r.stdin
+            r.stdin.close()
+        said = [(r.wait(timeout=60), r.stderr.read() if r.stderr else "")[1] for r in runs]
+        assert [r.returncode for r in runs] == [0] * 16, said
+    assert not (b / "rootfs/etc/ld.so.cache~").exists()
+
+
+def test_an_ldconfig_that_fails_aborts_the_container_with_its_reason(tmp_path, daemon):
+    d = daemon()
+    b = bundle(tmp_path, {"gpuslice.io/memory": "1Gi"})
+    (b / "rootfs/etc/ld.so.cache/x").mkdir(parents=True)  # the cache cannot be renamed into place
+    r = hook("update-ldcache", {"id": "c", "bundle": str(b)}, d.socket)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"gpuslice-hook: update-ldcache: /sbin/ldconfig -r {b / 'rootfs'} failed (status 1): ")
+    assert "ld.so.cache" in r.stderr and r.stderr.rstrip().endswith("cannot find the libcuda.so.1 its CDI spec mounts")
+
+
 @pytest.mark.parametrize("stage", ["createRuntime", "poststop"])
 def test_a_container_that_asks_for_nothing_is_left_alone(tmp_path, daemon, stage):
     d = daemon()
