@@ -143,8 +143,14 @@ static int run_ldconfig(const char *root, char *why, size_t cap)
         return -1;
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        snprintf(why, cap, "%s -r %s failed (status %d)%s%s", ldconfig, root,
-                 WIFEXITED(status) ? WEXITSTATUS(status) : -1, *said ? ": " : "", said);
+        snprintf(why, cap, "%s -r %s failed (status %d)", ldconfig, root, WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+        size_t n = strlen(why);
+        if (*said && n + 2 < cap) { /* ldconfig's reason, as much as fits */
+            size_t k = strnlen(said, cap - 3 - n);
+            memcpy(why + n, ": ", 2);
+            memcpy(why + n + 2, said, k);
+            why[n + 2 + k] = '\0';
+        }
         return -1;
     }
     return 0;

@@ -72,6 +72,17 @@ def test_podman_cdi_device_with_annotations(node, root_fs):
     assert node.wait_empty() == []
 
 
+def test_a_container_running_as_a_user_other_than_root_gets_its_slice(node, tmp_path):
+    """Most images and pods run as some uid other than root (USER, runAsNonRoot)."""
+    root = rootfs.build(tmp_path / "root")
+    root.chmod(0o755)  # an image's / as any uid reads it
+    r = podman(["--device", "gpuslice.io/gpu=0", "--annotation", "gpuslice.io/memory=1Gi", "--user", "1000:1000"],
+               root, [rootfs.PROBE])  # fmt: skip
+    out = probe_result(r)
+    assert out["total"] == GiB and out["allocated"] == GiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert node.wait_empty() == []
+
+
 def test_podman_runtime_shim_with_annotations_only(node, root_fs):
     r = podman(
         ["--runtime", str(node.shim), "--annotation", "gpuslice.io/memory=2Gi", "--annotation", "gpuslice.io/cores=30"],

@@ -92,9 +92,13 @@ def test_hook_and_shim_are_clean_under_asan_and_ubsan(tmp_path, daemon):
     bad = oci_bundle(tmp_path / "bad", {"gpuslice.io/cores": "150"})
     plain = oci_bundle(tmp_path / "plain", {})
     state = json.dumps({"id": "san", "pid": os.getpid(), "bundle": str(asks)})
+    broken = oci_bundle(tmp_path / "broken", {"gpuslice.io/memory": "1Gi"})
+    (broken / "rootfs/etc/ld.so.cache/x").mkdir(parents=True)  # ldconfig fails and says why: read back
+    broken_state = json.dumps({"id": "san2", "pid": os.getpid(), "bundle": str(broken)})
     log = tmp_path / "log.json"
     runs = [
         ([hook, "update-ldcache"], state, env, 0),
+        ([hook, "update-ldcache"], broken_state, env, 1),
         ([hook, "createRuntime"], "{not json", env, 1),
         ([hook, "poststop"], state, env, 0),
         ([hook, "prestart"], "", env, 2),
