@@ -47,13 +47,21 @@ FIT_FEW = 4
 # points: a cost off by e moves a share s by about 100 s (1 - s) e points
 FIT_POINTS = 0.25
 OUTLIER = 4  # a row off the fit by this many times the median row's error (and more than
-OUTLIER_FLOOR = 0.02  # this part of the period) is left out
+OUTLIER_FLOOR = 0.01  # this part of the period) is left out (a row's rounding is within half of it)
 UNSEEN = 0.005  # of the period: a driver's integer percent rounds less than this down to nothing
 SATURATED = 0.97  # a reading at least this busy shows only that the GPU was full: not a row
 LEARN_SCALE = 0.4  # while a fit runs, each slice gets this part of its share ...
 LEARN_BOOST = 0.4  # ... and, one at a time in turn, this much more of the GPU
 LEARN_BACKOFF = 0.7  # a full GPU (costs off) scales the shares down by this, to at most
 LEARN_MIN_SCALE = 0.1
+# ... and each block's budgets (the scale and the boost) by 1 - LEARN_DITHER x a number in [0, 1) that
+# differs from block to block. A driver's integer percent rounds a steady reading the same way every
+# time: with the same budgets in every block, that is one error repeated in every row, which no number
+# of rows averages out, and a light slice's cost (its threads the same in every row) takes all of it,
+# divided by its small use: fitted 5.9-9.3 % high on the simulator, a hard 50 % slice that lent what
+# its 10 % load left got 47.5 % once it saturated (tests/unit/test_cost_split.py: up to 10.6 % off).
+LEARN_DITHER = 0.5
+GOLDEN = 0.6180339887498949  # block x this, mod 1: evenly spread, never repeating
 # after a fit: what the GPU did, against the launches times the fitted costs, over DRIFT_WINDOW_NS
 # stretches; off from the first ones by more than DRIFT of the time in DRIFT_STRIKES stretches in a row,
 # the same way, the costs are fitted again (a tenant whose kernels grew or shrank: the split would
@@ -173,7 +181,8 @@ class CostSplit:
         # a GPU that filled up scales the boost down with the shares: a boosted slice whose cost
         # is not known yet may launch more than the GPU holds, and no reading of its boost would count
         boost = LEARN_BOOST if f.scale == LEARN_SCALE else LEARN_BOOST * f.scale / LEARN_SCALE
-        return f.scale, boost if p < len(f.order) and f.order[p] == k else 0.0
+        dither = 1 - LEARN_DITHER * (f.readings // FIT_BLOCK * GOLDEN % 1)
+        return f.scale * dither, boost if p < len(f.order) and f.order[p] == k else 0.0
 
     def forget(self, keep: set[Key]) -> None:
         """Slices gone from the GPU."""

@@ -11,6 +11,7 @@ from gpuslice.allocator.cost_split import (
     FIT_EXTRA,
     FIT_SKIP,
     LEARN_BOOST,
+    LEARN_DITHER,
     LEARN_SCALE,
     CostSplit,
     least_squares,
@@ -111,12 +112,36 @@ def test_while_a_fit_runs_the_gpu_is_not_full_and_each_slice_gets_its_boost_in_t
     for _ in range(6):
         turns.append((split.learning(A), split.learning(B)))
         split.split(100.0, {A: 10, B: 10}, WINDOW)
-    assert {t for t in turns} == {
-        ((LEARN_SCALE, LEARN_BOOST), (LEARN_SCALE, 0.0)),
-        ((LEARN_SCALE, 0.0), (LEARN_SCALE, LEARN_BOOST)),
-        ((LEARN_SCALE, 0.0), (LEARN_SCALE, 0.0)),
-    }
+    # each block's scale is its own (LEARN_DITHER), the same for every slice in it
+    assert all(a[0] == b[0] and LEARN_SCALE * (1 - LEARN_DITHER) <= a[0] <= LEARN_SCALE for a, b in turns)
+    assert len({a[0] for a, _ in turns}) > 1
+    assert {(a[1], b[1]) for a, b in turns} == {(LEARN_BOOST, 0.0), (0.0, LEARN_BOOST), (0.0, 0.0)}
     assert LEARN_SCALE + LEARN_BOOST < 0.9  # headroom: what the GPU does is then what was launched
+
+
+def test_a_light_slices_cost_takes_no_repeated_rounding_error():
+    """A light slice (a steady 6-14 % of the GPU, whatever its budget) beside a
+    saturating one (50-90 %), both of one kernel, the GPU's time in integer percent.
+    The light slice's threads are the same in every row, so its cost is what the rows
+    leave over at none of the other's threads: every error common to the rows lands on
+    it, divided by its small use. With the same budgets in every block, a steady
+    reading rounded the same way every time was such an error: up to 8.7 % off here
+    (on the simulator 5.9-9.3 % high, and a hard 50 % slice that had lent what its
+    10 % load left got 47.5 % once it saturated). Each block's budgets now differ."""
+    errors = []
+    for i in range(100):
+        light, share = 0.06 + 0.08 * (i * 0.618034 % 1), 0.5 + 0.4 * (i * 0.754878 % 1)
+        split = CostSplit()
+        for _ in range(300):
+            part, boost = split.learning(B) or (1.0, 0.0)
+            threads = {A: round(light * WINDOW), B: round((part * share + boost) * WINDOW / (split.cost(B) or 1.0))}
+            total = round(100 * sum(threads.values()) / WINDOW) / 100 * WINDOW  # 1 ns a thread, in integer percent
+            split.split(total, threads, WINDOW, {A: light, B: share})
+            if split.fit is None and A in split.costs:
+                break
+        errors.append(abs(split.costs[A] - 1.0))
+    errors.sort()
+    assert errors[90] <= 0.035 and errors[-1] <= 0.05, errors[85:]
 
 
 def test_a_full_gpu_is_no_row_and_scales_the_shares_down():
