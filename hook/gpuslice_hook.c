@@ -15,6 +15,8 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,9 @@
 
 #define NDIRS 2
 #define LOCK_WAIT_MS 10000 /* another container's ldconfig on a shared root: well under a second */
+/* ldconfig on an image's root: under a second; an /etc/ld.so.conf that is a FIFO, or a root on a
+ * stalled filesystem, holds it for good, and with it the runtime's create and the lock */
+#define LDCONFIG_WAIT_MS 20000
 /* where the CDI spec mounts the interposer and the real driver in a container */
 static const char *const LIB_DIRS[NDIRS] = {GS_CONTAINER_WRAP_DIR, GS_CONTAINER_DRIVER_DIR};
 static const char *const LDCONFIG[] = {"/sbin/ldconfig", "/usr/sbin/ldconfig", "/bin/ldconfig", "/usr/bin/ldconfig"};
@@ -82,24 +87,61 @@ static int write_conf(const char *root)
     return err ? -err : fds[3];
 }
 
-/* The first line of what the child wrote on `fd`, into why (bounded); the rest is read and dropped. */
-static void first_line(int fd, char *why, size_t cap)
+static long long now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1000LL + t.tv_nsec / 1000000;
+}
+
+/* The first line of what the child wrote on `fd`, into why (bounded); the rest
+ * is read and dropped.  1 once the child closed it (it ended), 0 at the deadline. */
+static int first_line(int fd, char *why, size_t cap, long long deadline)
 {
     size_t n = 0;
     char sink[256];
-    for (;;) {
+    int ended = 0;
+    for (long long left; !ended && (left = deadline - now_ms()) > 0;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        int r = poll(&p, 1, (int)left);
+        if (r < 0 && errno != EINTR)
+            break;
+        if (r <= 0)
+            continue;
         char *to = n + 1 < cap ? why + n : sink;
         size_t room = n + 1 < cap ? cap - 1 - n : sizeof sink;
         ssize_t got = read(fd, to, room);
         if (got < 0 && errno == EINTR)
             continue;
         if (got <= 0)
-            break;
-        if (to != sink)
+            ended = 1;
+        else if (to != sink)
             n += (size_t)got;
     }
     why[n] = '\0';
     why[strcspn(why, "\n")] = '\0';
+    return ended;
+}
+
+/* The child's exit status, waited for until the deadline; -1 (the child killed
+ * and reaped) after it, -2 (errno set) where it cannot be waited for. */
+static int wait_bounded(pid_t pid, long long deadline)
+{
+    const struct timespec step = {0, 5 * 1000 * 1000};
+    int status = 0;
+    for (;;) {
+        pid_t r = waitpid(pid, &status, WNOHANG);
+        if (r == pid)
+            return status;
+        if (r < 0 && errno != EINTR)
+            return -2;
+        if (now_ms() >= deadline) {
+            kill(pid, SIGKILL); /* our own child, not yet reaped: its pid is still its own */
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        nanosleep(&step, NULL);
+    }
 }
 
 /* ldconfig -r ROOT DIRS...: the directories on the command line too, since
@@ -122,6 +164,7 @@ static int run_ldconfig(const char *root, char *why, size_t cap)
         snprintf(why, cap, "cannot run %s: %s", ldconfig, strerror(errno));
         return -1;
     }
+    signal(SIGCHLD, SIG_DFL); /* an ignored SIGCHLD (inherited from the runtime) reaps it unseen */
     pid_t pid = fork();
     if (pid == 0) {
         int null = open("/dev/null", O_WRONLY);
@@ -133,13 +176,22 @@ static int run_ldconfig(const char *root, char *why, size_t cap)
         _exit(127);
     }
     close(err[1]);
-    char said[256] = "";
-    if (pid > 0)
-        first_line(err[0], said, sizeof said);
-    close(err[0]);
-    int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) < 0) {
+    if (pid < 0) {
         snprintf(why, cap, "cannot run %s: %s", ldconfig, strerror(errno));
+        close(err[0]);
+        return -1;
+    }
+    char said[256] = "";
+    long long deadline = now_ms() + LDCONFIG_WAIT_MS;
+    first_line(err[0], said, sizeof said, deadline);
+    close(err[0]);
+    int status = wait_bounded(pid, deadline);
+    if (status == -2) {
+        snprintf(why, cap, "cannot wait for %s: %s", ldconfig, strerror(errno));
+        return -1;
+    }
+    if (status < 0) {
+        snprintf(why, cap, "%s -r %s did not finish within %d s (stopped)", ldconfig, root, LDCONFIG_WAIT_MS / 1000);
         return -1;
     }
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {

@@ -143,6 +143,35 @@ def test_an_ldconfig_that_fails_aborts_the_container_with_its_reason(tmp_path, d
     assert "ld.so.cache" in r.stderr and r.stderr.rstrip().endswith("cannot find the libcuda.so.1 its CDI spec mounts")
 
 
+def _running_with(arg: str) -> list[int]:
+    """The processes with `arg` among their arguments."""
+    found = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and arg in (p / "cmdline").read_bytes().decode(errors="replace").split("\0"):
+                found.append(int(p.name))
+        except OSError:  # gone meanwhile
+            pass
+    return found
+
+
+def test_an_ldconfig_that_never_ends_is_stopped_and_aborts_the_container(tmp_path, daemon):
+    """An image's /etc/ld.so.conf that is a FIFO holds ldconfig in its open for good, as a root
+    on a stalled filesystem would: the hook stops it at its bound and says so in one line, and
+    the root's lock goes with it."""
+    d = daemon()
+    b = bundle(tmp_path, {"gpuslice.io/memory": "1Gi"})
+    conf = b / "rootfs/etc/ld.so.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(conf)
+    r = hook("update-ldcache", {"id": "c", "bundle": str(b)}, d.socket)  # today's bound is 20 s; the helper's 60
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"gpuslice-hook: update-ldcache: /sbin/ldconfig -r {b / 'rootfs'} did not finish within")
+    assert not _running_with(str(b / "rootfs")), "ldconfig left running"
+    conf.unlink()
+    assert hook("update-ldcache", {"id": "c", "bundle": str(b)}, d.socket).returncode == 0  # nothing left locked
+
+
 @pytest.mark.parametrize("stage", ["createRuntime", "poststop"])
 def test_a_container_that_asks_for_nothing_is_left_alone(tmp_path, daemon, stage):
     d = daemon()
