@@ -65,18 +65,27 @@ static int lock_bounded(int fd)
     return 0;
 }
 
+#define NOT_A_FILE (-100000) /* write_conf: the image has something else by that name */
+
 /* <root>/etc/ld.so.conf.d/00-gpuslice.conf, written and left open and locked:
  * the caller runs ldconfig under the lock, since containers that share a root
  * (Podman's --rootfs) start together, and ldconfig runs on one root at once
- * fail to rename the cache's temporary file.  The open fd, or -errno. */
+ * fail to rename the cache's temporary file.  The open fd, -errno, or
+ * NOT_A_FILE: an image's FIFO by that name held the open for good, and a
+ * device node's open is the device's. */
 static int write_conf(const char *root)
 {
     int fds[4] = {-1, -1, -1, -1};
     fds[0] = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
     fds[1] = subdir(fds[0], "etc");
     fds[2] = subdir(fds[1], "ld.so.conf.d");
-    if (fds[2] >= 0)
-        fds[3] = openat(fds[2], "00-gpuslice.conf", O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+    struct stat st;
+    if (fds[2] >= 0 && fstatat(fds[2], "00-gpuslice.conf", &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
+        close_all(fds, 3);
+        return NOT_A_FILE;
+    }
+    if (fds[2] >= 0) /* O_NONBLOCK: a FIFO put there since is refused, not waited on */
+        fds[3] = openat(fds[2], "00-gpuslice.conf", O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
     int err = fds[3] < 0 ? errno : lock_bounded(fds[3]);
     if (!err && ftruncate(fds[3], 0) != 0)
         err = errno;
@@ -210,7 +219,7 @@ static int run_ldconfig(const char *root, char *why, size_t cap)
 
 static int update_ldcache(const char *state, size_t n)
 {
-    char reply[GS_REPLY_MAX], why[GS_REPLY_MAX + 64];
+    char reply[GS_REPLY_MAX], why[GS_REPLY_MAX + 128];
     int r = gs_runtime_call("ldcache-root", NULL, state, n, reply, sizeof reply);
     if (r == 0 && !*reply)
         return 0; /* the daemon found nothing to do */
@@ -218,7 +227,9 @@ static int update_ldcache(const char *state, size_t n)
         snprintf(why, sizeof why, "%s", reply);
     } else {
         int conf = write_conf(reply);
-        if (conf < 0) {
+        if (conf == NOT_A_FILE) {
+            snprintf(why, sizeof why, "%s/etc/ld.so.conf.d/00-gpuslice.conf is not a regular file", reply);
+        } else if (conf < 0) {
             snprintf(why, sizeof why, "cannot write %s/etc/ld.so.conf.d/00-gpuslice.conf: %s", reply, strerror(-conf));
         } else {
             int r = run_ldconfig(reply, why, sizeof why);

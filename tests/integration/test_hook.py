@@ -143,6 +143,19 @@ def test_an_ldconfig_that_fails_aborts_the_container_with_its_reason(tmp_path, d
     assert "ld.so.cache" in r.stderr and r.stderr.rstrip().endswith("cannot find the libcuda.so.1 its CDI spec mounts")
 
 
+def test_an_image_with_something_else_by_the_conf_files_name_aborts_the_container(tmp_path, daemon):
+    """A FIFO where the hook writes its loader configuration held the hook's open for good (no
+    reader ever comes); a device node's open would be the device's. Neither is opened."""
+    d = daemon()
+    b = bundle(tmp_path, {"gpuslice.io/memory": "1Gi"})
+    conf = b / "rootfs/etc/ld.so.conf.d/00-gpuslice.conf"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(conf)
+    r = hook("update-ldcache", {"id": "c", "bundle": str(b)}, d.socket)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"gpuslice-hook: update-ldcache: {conf} is not a regular file; "), r.stderr
+
+
 def _running_with(arg: str) -> list[int]:
     """The processes with `arg` among their arguments."""
     found = []
