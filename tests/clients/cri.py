@@ -84,6 +84,7 @@ class Kubelet:
         cdi_devices: list[str] = (),  # type: ignore[assignment]
         log_path: str = "",
         mounts: dict[str, str] | None = None,  # container path -> host path, read-only
+        readonly_rootfs: bool = False,  # what the kubelet sends for readOnlyRootFilesystem
     ) -> str:
         pb = self.pb
         config = pb.ContainerConfig(
@@ -95,6 +96,9 @@ class Kubelet:
             CDI_devices=[pb.CDIDevice(name=d) for d in cdi_devices],
             log_path=log_path,
             mounts=[pb.Mount(container_path=c, host_path=h, readonly=True) for c, h in (mounts or {}).items()],
+            linux=pb.LinuxContainerConfig(security_context=pb.LinuxContainerSecurityContext(readonly_rootfs=True))
+            if readonly_rootfs
+            else None,
         )
         reply = self.runtime.CreateContainer(
             pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=config, sandbox_config=pod_config),

@@ -88,7 +88,7 @@ def test_a_container_with_a_read_only_root_gets_its_slice(node, tmp_path):
     loader cache into the root at createContainer, before the runtime makes it read-only."""
     root = rootfs.build(tmp_path / "root")
     r = podman(["--device", "gpuslice.io/gpu=0", "--annotation", "gpuslice.io/memory=1Gi", "--read-only"],
-               root, ["/bin/sh", "-c", f"touch /etc/x 2>/dev/null && echo writable; exec {rootfs.PROBE}"])  # fmt: skip
+               root, ["/bin/sh", "-c", f"touch /.x 2>/dev/null && echo writable; exec {rootfs.PROBE}"])  # fmt: skip
     assert "writable" not in r.stdout, r.stdout  # the root really is read-only to the container
     out = probe_result(r)
     assert out["total"] == GiB and out["allocated"] == GiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"

@@ -119,6 +119,17 @@ def test_pod_annotations_give_the_app_container_its_slice_and_the_sandbox_none(n
     assert gpu_node.wait_slices(0) == []
 
 
+def test_a_container_with_a_read_only_root_gets_its_slice(node, pods, gpu_node):
+    """readOnlyRootFilesystem: the hook writes the container's loader cache before runc makes
+    its root read-only, so the interposer is found all the same."""
+    pod = pods("readonly", {"gpuslice.io/memory": "2Gi"})
+    pod.run("app", ["/bin/sh", "-c", f"touch /.x 2>/dev/null && echo writable; {rootfs.PROBE}; exec sleep 600"],
+            readonly_rootfs=True)  # fmt: skip
+    out = pod.probe("app")
+    assert out["total"] == 2 * GiB and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert "writable" not in (pod.logs / "app.log").read_text()
+
+
 def test_two_app_containers_get_two_slices_and_a_sidecar_outside_the_list_none(node, pods, gpu_node):
     pod = pods("three", {"gpuslice.io/memory": "3Gi", "gpuslice.io/containers": "trainer,eval"})
     trainer, evaluator, sidecar = pod.run("trainer"), pod.run("eval"), pod.run("log-shipper")
