@@ -58,8 +58,8 @@ LEARN_MIN_SCALE = 0.1
 # differs from block to block. A driver's integer percent rounds a steady reading the same way every
 # time: with the same budgets in every block, that is one error repeated in every row, which no number
 # of rows averages out, and a light slice's cost (its threads the same in every row) takes all of it,
-# divided by its small use: fitted 5.9-9.3 % high on the simulator, a hard 50 % slice that lent what
-# its 10 % load left got 47.5 % once it saturated (tests/unit/test_cost_split.py: up to 10.6 % off).
+# divided by its small use: fitted 2.8-9.3 % high on the simulator, a hard 50 % slice that lent what
+# its 10 % load left got 47.5 % once it saturated (tests/unit/test_cost_split.py: up to 8.7 % off).
 LEARN_DITHER = 0.5
 GOLDEN = 0.6180339887498949  # block x this, mod 1: evenly spread, never repeating
 # after a fit: what the GPU did, against the launches times the fitted costs, over DRIFT_WINDOW_NS

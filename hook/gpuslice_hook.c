@@ -79,13 +79,15 @@ static int write_conf(const char *root)
     fds[0] = open(root, O_PATH | O_DIRECTORY | O_CLOEXEC);
     fds[1] = subdir(fds[0], "etc");
     fds[2] = subdir(fds[1], "ld.so.conf.d");
-    struct stat st;
-    if (fds[2] >= 0 && fstatat(fds[2], "00-gpuslice.conf", &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
-        close_all(fds, 3);
-        return NOT_A_FILE;
-    }
-    if (fds[2] >= 0) /* O_NONBLOCK: a FIFO put there since is refused, not waited on */
+    if (fds[2] >= 0) {
+        struct stat st;
+        if (fstatat(fds[2], "00-gpuslice.conf", &st, AT_SYMLINK_NOFOLLOW) == 0 && !S_ISREG(st.st_mode)) {
+            close_all(fds, 3);
+            return NOT_A_FILE;
+        }
+        /* O_NONBLOCK: a FIFO put there since is refused, not waited on */
         fds[3] = openat(fds[2], "00-gpuslice.conf", O_WRONLY | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+    }
     int err = fds[3] < 0 ? errno : lock_bounded(fds[3]);
     if (!err && ftruncate(fds[3], 0) != 0)
         err = errno;
@@ -104,8 +106,8 @@ static long long now_ms(void)
 }
 
 /* The first line of what the child wrote on `fd`, into why (bounded); the rest
- * is read and dropped.  1 once the child closed it (it ended), 0 at the deadline. */
-static int first_line(int fd, char *why, size_t cap, long long deadline)
+ * is read and dropped, until the child closes it or the deadline. */
+static void first_line(int fd, char *why, size_t cap, long long deadline)
 {
     size_t n = 0;
     char sink[256];
@@ -129,7 +131,6 @@ static int first_line(int fd, char *why, size_t cap, long long deadline)
     }
     why[n] = '\0';
     why[strcspn(why, "\n")] = '\0';
-    return ended;
 }
 
 /* The child's exit status, waited for until the deadline; -1 (the child killed

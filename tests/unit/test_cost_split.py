@@ -126,7 +126,7 @@ def test_a_light_slices_cost_takes_no_repeated_rounding_error():
     leave over at none of the other's threads: every error common to the rows lands on
     it, divided by its small use. With the same budgets in every block, a steady
     reading rounded the same way every time was such an error: up to 8.7 % off here
-    (on the simulator 5.9-9.3 % high, and a hard 50 % slice that had lent what its
+    (on the simulator 2.8-9.3 % high, and a hard 50 % slice that had lent what its
     10 % load left got 47.5 % once it saturated). Each block's budgets now differ."""
     errors = []
     for i in range(100):
