@@ -1,7 +1,9 @@
 """SIGTERM while the main thread is inside the stop event's own wait (gpuslice/stop_signals.py).
 
 A Python process whose main thread holds a `threading.Event`'s lock, as `Event.wait()` does
-for a few bytecodes on the way in and out, gets SIGTERM. Its handler runs right there."""
+for a few bytecodes on the way in and out, gets SIGTERM. Its handler runs right there.
+And a SIGTERM the kernel delivers to a thread other than the main one, while the main thread
+sleeps in the event's wait: CPython runs Python handlers in the main thread only."""
 
 from __future__ import annotations
 
@@ -16,13 +18,31 @@ from tests.harness import REPO
 pytestmark = pytest.mark.unit
 
 PROGRAM = textwrap.dedent("""
-    import os, signal, sys, threading
+    import linecache, os, signal, sys, threading, time
     from gpuslice import stop_signals
     ev = threading.Event()
     if sys.argv[1] == "handler sets the event":  # what the daemon, the node agent and app.serve did
         signal.signal(signal.SIGTERM, lambda *_: ev.set())
     else:
         stop_signals.set_on_signals(ev)
+    if sys.argv[1] == "to another thread":
+        main = threading.main_thread()
+
+        def asleep_in_the_wait():  # in the lock's C call, not between bytecodes (where it would run a handler)
+            frame = sys._current_frames()[main.ident]
+            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+            with open(f"/proc/self/task/{main.native_id}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            return frame.f_code is threading.Condition.wait.__code__ and "waiter.acquire" in line and state == "S"
+
+        def other():
+            while not asleep_in_the_wait():
+                time.sleep(0.001)
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread, not the main one
+
+        threading.Thread(target=other).start()
+        print("stopped" if ev.wait(20) else "not stopped", flush=True)
+        sys.exit(0)
     with ev._cond:  # where Event.wait() holds its lock
         os.kill(os.getpid(), signal.SIGTERM)
         for _ in range(1000):  # the handler runs between two of these bytecodes
@@ -44,6 +64,31 @@ def test_a_handler_that_sets_the_event_itself_hangs_for_good():
         run("handler sets the event", timeout=5)
 
 
+def test_a_sigterm_delivered_to_another_thread_stops_a_main_thread_asleep_in_the_wait():
+    """The fault CI showed at 99c9a2f: before the signal relay, the main thread slept on in its wait
+    (here until its 20 s ran out: "not stopped")."""
+    r = run("to another thread", timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "stopped\n", "")
+
+
 def test_the_stop_signals_set_the_event_from_a_thread_of_their_own():
     r = run("through a pipe", timeout=60)
     assert (r.returncode, r.stdout, r.stderr) == (0, "stopped\n", "")
+
+
+BOTH = textwrap.dedent("""
+    import os, signal, sys, threading
+    from gpuslice import stack_dump, stop_signals
+    ev = threading.Event()
+    assert stack_dump.dump_on(signal.SIGUSR1, sys.stdout)  # as cli/main.py does, before the component
+    stop_signals.set_on_signals(ev)
+    os.kill(os.getpid(), signal.SIGUSR1)
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("stopped" if ev.wait(60) else "not stopped", flush=True)
+""")
+
+
+def test_the_stack_dump_and_the_stop_share_the_one_wakeup_fd():
+    r = subprocess.run([sys.executable, "-c", BOTH], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0 and r.stderr == "", r
+    assert "(MainThread) (most recent call first):" in r.stdout and r.stdout.endswith("stopped\n"), r.stdout
