@@ -47,7 +47,7 @@ def test_every_thread_is_dumped_each_time_and_the_process_goes_on() -> None:
         for _ in range(30):
             proc.send_signal(signal.SIGUSR1)
             dump: list[str] = []
-            while sum(x == "\n" for x in dump) < 3:  # three threads (main, churn, stack-dump), each section
+            while sum(x == "\n" for x in dump) < 3:  # three threads (main, churn, signal-relay), each section
                 dump.append(lines.get(timeout=30))  # ends with an empty line
             headers = [x for x in dump if x.startswith("Thread 0x")]
             assert any("(MainThread)" in h for h in headers) and any("(churn)" in h for h in headers), dump

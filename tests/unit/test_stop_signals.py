@@ -92,3 +92,26 @@ def test_the_stack_dump_and_the_stop_share_the_one_wakeup_fd():
     r = subprocess.run([sys.executable, "-c", BOTH], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0 and r.stderr == "", r
     assert "(MainThread) (most recent call first):" in r.stdout and r.stdout.endswith("stopped\n"), r.stdout
+
+
+TAKEN = textwrap.dedent("""
+    import logging, os, signal, sys, threading
+    from gpuslice import stop_signals
+    logging.basicConfig(stream=sys.stdout, format="%(levelname)s %(message)s")
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)  # someone else's, as an asyncio loop's is
+    ev = threading.Event()
+    stop_signals.set_on_signals(ev)
+    os.kill(os.getpid(), signal.SIGTERM)
+    print("stopped" if ev.wait(60) else "not stopped", flush=True)
+""")
+
+
+def test_where_the_wakeup_fd_is_taken_the_stop_comes_through_a_handler_and_says_so():
+    r = subprocess.run([sys.executable, "-c", TAKEN], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0 and r.stderr == "", r
+    assert r.stdout.splitlines() == [
+        "WARNING the interpreter's wakeup fd is taken: a stop signal is acted on only once the main thread runs",
+        "stopped",
+    ], r.stdout
