@@ -3,6 +3,7 @@ its stderr, again and again, while its threads' frames come and go, and it goes 
 
 from __future__ import annotations
 
+import io
 import queue
 import signal
 import subprocess
@@ -11,6 +12,8 @@ import threading
 from pathlib import Path
 
 import pytest
+
+from gpuslice import stack_dump
 
 pytestmark = pytest.mark.unit
 
@@ -56,3 +59,45 @@ def test_every_thread_is_dumped_each_time_and_the_process_goes_on() -> None:
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def _blocked_in_a_context_manager(entered: threading.Event, leave: threading.Event) -> None:
+    from contextlib import contextmanager
+
+    @contextmanager
+    def holding():  # a selftest's GPU thread waits inside such a generator, entering a slice
+        entered.set()
+        leave.wait(30)
+        yield
+
+    def checks() -> None:  # the function a reader of the dump looks for
+        with holding():
+            pass
+
+    checks()
+
+
+@pytest.mark.parametrize("memfd", [True, False], ids=["faulthandler", "without memfd"])
+def test_a_thread_inside_a_context_manager_is_dumped_down_to_its_start(monkeypatch, memfd: bool) -> None:
+    """Both ways of walking the stacks: faulthandler's, and the frames' own where no memfd can be made."""
+    if not memfd:
+
+        def refused(*_args: object) -> int:
+            raise OSError(1, "memfd_create refused")
+
+        monkeypatch.setattr(stack_dump.os, "memfd_create", refused)
+    entered, leave = threading.Event(), threading.Event()
+    t = threading.Thread(target=_blocked_in_a_context_manager, args=(entered, leave), name="gpu-0")
+    t.start()
+    try:
+        assert entered.wait(30)
+        out = io.StringIO()
+        stack_dump.write_stacks(out)
+    finally:
+        leave.set()
+        t.join(30)
+    sections = out.getvalue().split("\n\n")
+    mine = next(s for s in sections if "(gpu-0) (most recent call first):" in s)
+    calls = [line.rsplit(" in ", 1)[1] for line in mine.splitlines()[1:]]
+    assert calls[-1] == "_bootstrap" and "checks" in calls and "holding" in calls, mine
+    assert any("(MainThread)" in s for s in sections), out.getvalue()
