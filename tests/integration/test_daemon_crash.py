@@ -31,7 +31,9 @@ def storm(client, worker: int, outcome: dict[str, str], stop: threading.Event) -
                 continue
             return  # the daemon is gone
         # give back older slices now and then, keeping the GPUs busy
-        held = [c for c, s in outcome.items() if s == "held" and c.startswith(f"w{worker}-")]
+        # a copy (one C call, under the GIL): the other workers add to the dict meanwhile, and
+        # iterating it live ended a worker with "dictionary changed size during iteration" (CI at 3dc6c7d)
+        held = [c for c, s in list(outcome.items()) if s == "held" and c.startswith(f"w{worker}-")]
         if len(held) > 2 or rnd.random() < 0.3:
             victim = rnd.choice(held)
             outcome[victim] = "unknown"
