@@ -6,12 +6,12 @@ every check passed."""
 from __future__ import annotations
 
 import os
-import signal
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuslice import stop_signals
 from gpuslice.allocator.config import Config
 from gpuslice.cli import selftest_node as node
 from gpuslice.cli import selftest_shares as shares
@@ -35,14 +35,10 @@ class Stopped(Exception):
     pass
 
 
-def _stop(signum: int, _frame: object) -> None:
-    raise Stopped(f"stopped by {signal.Signals(signum).name}")
-
-
 def run(opts: Options) -> list[Check]:
-    # SIGTERM and SIGHUP unwind like Ctrl-C: the temporary slices are released on the way out
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _stop)
+    # SIGTERM and SIGHUP unwind like Ctrl-C, whichever thread got them: the temporary slices
+    # are released on the way out
+    stop_signals.raise_on_signals(lambda s: Stopped(f"stopped by {s.name}"))
     with tempfile.TemporaryDirectory(prefix="gpuslice-selftest-") as view:
         return _run(opts, Path(view))
 

@@ -36,8 +36,8 @@ def dump_on(signum: signal.Signals, file: TextIO) -> bool:
 
 def write_stacks(file: TextIO) -> None:
     """Each thread's stack, most recent call first, in faulthandler's layout with
-    each thread's name."""
-    names = {t.ident: t.name for t in threading.enumerate()}
+    each thread's name and kernel thread id."""
+    names = {t.ident: f"{t.name}, tid {t.native_id}" for t in threading.enumerate()}  # tid: as top -H shows it
     try:
         text = _faulthandler_dump()
     except OSError:  # no memfd (a seccomp profile): the frame objects' chain, as near as it gets

@@ -4,6 +4,7 @@ its stderr, again and again, while its threads' frames come and go, and it goes 
 from __future__ import annotations
 
 import io
+import os
 import queue
 import signal
 import subprocess
@@ -53,7 +54,8 @@ def test_every_thread_is_dumped_each_time_and_the_process_goes_on() -> None:
             while sum(x == "\n" for x in dump) < 3:  # three threads (main, churn, signal-relay), each section
                 dump.append(lines.get(timeout=30))  # ends with an empty line
             headers = [x for x in dump if x.startswith("Thread 0x")]
-            assert any("(MainThread)" in h for h in headers) and any("(churn)" in h for h in headers), dump
+            assert any(f"(MainThread, tid {proc.pid})" in h for h in headers), dump
+            assert any("(churn, tid " in h for h in headers), dump
             assert any("in busy" in x for x in dump) and any("in blocked" in x for x in dump), dump
             assert proc.poll() is None  # alive after each
     finally:
@@ -97,7 +99,7 @@ def test_a_thread_inside_a_context_manager_is_dumped_down_to_its_start(monkeypat
         leave.set()
         t.join(30)
     sections = out.getvalue().split("\n\n")
-    mine = next(s for s in sections if "(gpu-0) (most recent call first):" in s)
+    mine = next(s for s in sections if f"(gpu-0, tid {t.native_id}) (most recent call first):" in s)
     calls = [line.rsplit(" in ", 1)[1] for line in mine.splitlines()[1:]]
     assert calls[-1] == "_bootstrap" and "checks" in calls and "holding" in calls, mine
-    assert any("(MainThread)" in s for s in sections), out.getvalue()
+    assert any(f"(MainThread, tid {os.getpid()})" in s for s in sections), out.getvalue()

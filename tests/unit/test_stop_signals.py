@@ -91,7 +91,7 @@ BOTH = textwrap.dedent("""
 def test_the_stack_dump_and_the_stop_share_the_one_wakeup_fd():
     r = subprocess.run([sys.executable, "-c", BOTH], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0 and r.stderr == "", r
-    assert "(MainThread) (most recent call first):" in r.stdout and r.stdout.endswith("stopped\n"), r.stdout
+    assert "(MainThread, tid " in r.stdout and r.stdout.endswith("stopped\n"), r.stdout
 
 
 TAKEN = textwrap.dedent("""
@@ -115,3 +115,60 @@ def test_where_the_wakeup_fd_is_taken_the_stop_comes_through_a_handler_and_says_
         "WARNING the interpreter's wakeup fd is taken: a stop signal is acted on only once the main thread runs",
         "stopped",
     ], r.stdout
+
+
+RAISE = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from concurrent.futures import ThreadPoolExecutor
+    from gpuslice import stop_signals
+
+    class Stopped(Exception):
+        pass
+
+    if sys.argv[1] == "a handler that raises":  # what the selftest did
+        def handler(signum, _frame):
+            raise Stopped(signal.Signals(signum).name)
+        signal.signal(signal.SIGTERM, handler)
+    else:
+        stop_signals.raise_on_signals(lambda s: Stopped(s.name))
+    main_asleep = threading.Event()
+    release = threading.Event()
+
+    def worker():  # a GPU's checks: it gets the signal while the main thread waits for its result
+        while not asleep_in_the_result():
+            time.sleep(0.001)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread, not the main one
+        release.wait(20)
+        return "worker done"
+
+    def asleep_in_the_result():
+        main = threading.main_thread()
+        frame = sys._current_frames()[main.ident]
+        with open(f"/proc/self/task/{main.native_id}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return frame.f_code is threading.Condition.wait.__code__ and state == "S"
+
+    start = time.monotonic()
+    with ThreadPoolExecutor(1) as pool:
+        future = pool.submit(worker)
+        try:
+            print(future.result(), flush=True)
+        except Stopped as e:
+            print(f"stopped by {e} in {time.monotonic() - start:.0f} s", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)  # a second one, while it unwinds
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(0.5)
+            print("unwound", flush=True)
+        finally:
+            release.set()
+""")
+
+
+def test_a_sigterm_delivered_to_a_worker_raises_in_a_main_thread_asleep_in_its_result():
+    """The selftest's main thread waits for each GPU's checks. With its own handler (the program's
+    first mode) it raised only once the worker's 20 s were over ("stopped by SIGTERM in 20 s"), and
+    the second SIGTERM raised again inside the unwinding: a traceback, exit status 1."""
+    r = subprocess.run([sys.executable, "-c", RAISE, "raise_on_signals"], capture_output=True, text=True,
+                       timeout=60, cwd=REPO)  # fmt: skip
+    assert (r.returncode, r.stderr) == (0, ""), r
+    assert r.stdout.splitlines() == ["stopped by SIGTERM in 0 s", "unwound"], r.stdout
