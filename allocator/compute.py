@@ -106,7 +106,8 @@ class GateState:
             self.history.popleft()
 
 
-def targets(shares: list[Share], active: set[str], needs: dict[str, float] | None = None) -> dict[str, float]:
+def targets(shares: list[Share], active: set[str], needs: dict[str, float] | None = None,
+            lend: bool = True) -> dict[str, float]:  # fmt: skip
     """Target fraction of the GPU per slice id, for the slices on one GPU.
 
     Guarantees first, by priority; the capacity no active slice is guaranteed
@@ -114,7 +115,9 @@ def targets(shares: list[Share], active: set[str], needs: dict[str, float] | Non
     any and wants more, split by their shares.  `needs` holds the active
     slices that use well under their guarantee (and have not waited for budget
     lately): what they need; they keep their guarantee as their own target,
-    and lend the rest until they need it."""
+    and lend the rest until they need it. `lend` False: no elastic slice gets
+    more than its guarantee (a slice's cost is being measured again, and the GPU
+    must not be full, CostSplit.refining)."""
     needs = needs or {}
     out: dict[str, float] = {}
     left = 1.0
@@ -123,7 +126,7 @@ def targets(shares: list[Share], active: set[str], needs: dict[str, float] | Non
             out[s.slice_id] = min(s.guarantee, max(left, 0.0))
             if s.slice_id in active:
                 left -= min(out[s.slice_id], needs.get(s.slice_id, out[s.slice_id]))
-    for tier in TIERS:
+    for tier in TIERS if lend else ():
         takers = [
             s for s in shares if s.priority == tier and not s.hard and s.slice_id in active and s.slice_id not in needs
         ]
@@ -276,16 +279,17 @@ class ComputeController:
                 if hungry:
                     st.last_hungry = now
             needs = {s.slice_id: n for s in on_gpu if s.slice_id in active and (n := self._needs(s, now)) is not None}
-            goal = targets(on_gpu, active, needs)
+            split = self.splits.get(uuid)
+            lend = not (split and split.refining)
+            goal = targets(on_gpu, active, needs, lend)
             idle = {s.slice_id for s in on_gpu} - active
             if idle:
                 # an idle slice's budget is what it would get if it started now, together with the
                 # other idle ones (one pass, not one per idle slice: exact when one is idle, a little
                 # less when several are, for the one period until it counts as active)
-                started = targets(on_gpu, active | idle, needs)
+                started = targets(on_gpu, active | idle, needs, lend)
                 for sid in idle:
                     goal[sid] = started[sid]
-            split = self.splits.get(uuid)
             if split and any(abs(goal[s.slice_id] - self.state[(s.slice_id, s.gpu)].target) > TARGET_MOVED
                              for s in on_gpu):  # fmt: skip
                 split.settle()

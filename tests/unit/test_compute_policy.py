@@ -61,3 +61,11 @@ def test_lent_capacity_goes_only_to_elastic_slices_that_want_more():
     shares = [share("light", 50), share("busy", 30), share("capped", 20, hard=True)]
     got = targets(shares, {"light", "busy", "capped"}, needs={"light": 0.1})
     assert got == pytest.approx({"light": 0.5, "busy": 0.7, "capped": 0.2})
+
+
+def test_while_a_cost_is_measured_again_no_elastic_slice_gets_more_than_its_guarantee():
+    """CostSplit.refining: the GPU must not be full, so nothing is lent or spare is shared."""
+    shares = [share("light", 50, hard=True), share("busy", 30), share("be", 0)]
+    got = targets(shares, {"light", "busy", "be"}, lend=False)
+    assert got == pytest.approx({"light": 0.5, "busy": 0.3, "be": BEST_EFFORT_FLOOR})
+    assert targets(shares, {"light", "busy", "be"})["busy"] > 0.45  # the spare, shared with best effort

@@ -13,6 +13,9 @@ from gpuslice.allocator.cost_split import (
     LEARN_BOOST,
     LEARN_DITHER,
     LEARN_SCALE,
+    REFINE_MAX,
+    REFINE_ROWS,
+    REFINE_SKIP,
     CostSplit,
     least_squares,
 )
@@ -221,3 +224,64 @@ def test_a_load_that_reads_off_its_fit_by_turns_is_fitted_again_ever_less_often(
     run(split, true, share, 10.0)
     fits = run(split, true, share, 150.0, lambda i: 1.0 if (i // 15) % 2 else 0.8)
     assert split.hold_ns >= 4 * DRIFT_HOLD_NS and 2 <= fits <= 4
+
+
+def light_then_saturating(i: int, guarantees: tuple[float, float]) -> tuple[float, float, CostSplit, list[bool]]:
+    """Light slice A (a steady 6-14 % of the GPU, hard guarantees[0]) beside B (elastic
+    guarantees[1], borrowing the rest), one kernel (1 ns a thread), integer percent. Once
+    the costs are fitted, A saturates: it claims its guarantee, B gets the rest, or only
+    its guarantee while A's cost is measured again. A's cost's error after the fit and
+    after the rise, and whether each reading after the rise was one of the refine's."""
+    light = 0.06 + 0.08 * (i * 0.618034 % 1)
+    ga, gb = guarantees
+    split = CostSplit()
+    queued = [0]  # ns launched and not yet run: a full reading's excess runs in the next
+
+    def reading(a: int, b: int, shares: dict) -> None:
+        ran = min(queued[0] + a + b, WINDOW)
+        queued[0] += a + b - ran
+        split.split(round(100 * ran / WINDOW) / 100 * WINDOW, {A: a, B: b}, WINDOW, shares)
+
+    for _ in range(300):
+        part, boost = split.learning(B) or (1.0, 0.0)
+        borrowed = (part * gb + boost) if split.fit else 1 - light
+        reading(round(light * WINDOW), round(borrowed * WINDOW / (split.cost(B) or 1.0)), {A: light, B: gb})
+        if split.fit is None and A in split.costs:
+            break
+    fitted = split.costs[A] - 1.0
+    held = []
+    b_share = 1 - light  # the first reading after the rise: B's budget set while A lent (the GPU over-full)
+    for _ in range(20):  # A saturates: its budget is its guarantee at its fitted cost
+        held.append(split.refining)
+        reading(round(ga * WINDOW / split.costs[A]), round(b_share * WINDOW / split.costs[B]), {A: ga, B: gb})
+        b_share = gb if split.refining else 1 - ga
+    return fitted, split.costs[A] - 1.0, split, held
+
+
+def test_a_light_slice_that_saturates_has_its_cost_measured_again_at_its_share():
+    """A light slice's cost, fitted only as exactly as its light use needs, lands 2-5 %
+    off (on the simulator the lending test's hard 50 % slice 3.0 % off in root mean
+    square, 5.6 % in one run: it got 47.3 % once it saturated). When it claims its
+    guarantee, the elastic slice beside it is held to its own for a few readings, the
+    GPU is not full, and what the GPU did less the other's cost is the light slice's.
+    The reading after a full one runs what that one queued: counted, it put the cost
+    5.7 % high on the simulator (here, without the backlog left out: 4.2 % at the 90th
+    percentile, 12.4 % at worst)."""
+    before, after = [], []
+    for i in range(100):
+        fitted, refined, split, held = light_then_saturating(i, (0.5, 0.3))
+        before.append(abs(fitted))
+        after.append(abs(refined))
+        assert held[0] is False and any(held) and not held[-1], held  # lending held only while measuring
+        assert sum(held) <= REFINE_SKIP + 4 + REFINE_ROWS, held  # the over-full GPU drains in a few readings
+        assert split.fitted_for[A] == 0.5
+    before.sort()
+    after.sort()
+    assert before[90] > 0.02  # what the fit alone leaves
+    assert after[90] <= 0.012 and after[-1] <= 0.02, after[85:]
+
+
+def test_where_the_guarantees_fill_the_gpu_the_cost_is_kept_and_not_measured_again_and_again():
+    fitted, refined, split, held = light_then_saturating(3, (0.6, 0.4))
+    assert refined == fitted and sum(held) == REFINE_MAX - 1 and not held[-1]  # the first reading began it
+    assert split.fitted_for[A] == 0.6
