@@ -19,7 +19,9 @@ and in turn one slice at a time gets LEARN_BOOST of the GPU more. The costs
 are measured while the slices share the GPU, as they will run, and none waits
 for another's to be known. A reading is then split in proportion to
 threads x cost, so the slices' figures always add up to what the GPU did: a
-cost off by the same factor for every slice changes nothing."""
+cost off by the same factor for every slice changes nothing. A slice's cost is
+fitted only as exactly as the share it used then needs; when it claims more
+(a lender that saturates), that cost alone is measured again (Refine)."""
 
 from __future__ import annotations
 
