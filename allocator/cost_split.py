@@ -146,7 +146,7 @@ class Refine:
     backlog: bool = False  # the last reading was full
     own_ns: list[float] = field(default_factory=list)  # per row: the reading's time less the others' costed
     threads: list[int] = field(default_factory=list)  # ... and the slice's threads in it
-    others_err_ns: list[float] = field(default_factory=list)  # ... and the others' costs' standard errors, in ns
+    others_err_ns: float = 0.0  # over its rows: the others' costs' standard errors, in ns
 
 
 @dataclass
@@ -380,11 +380,11 @@ class CostSplit:
         mine = launched.get(r.key, 0)
         full = not window_ns or total_ns >= SATURATED * window_ns
         backlog, r.backlog = r.backlog, full  # after a full reading, the next ran what that one queued
-        if (r.readings > REFINE_SKIP and counted and mine > 0 and not full and not backlog
-                and all(k in self.costs for k in launched)):  # fmt: skip
+        # every slice launching has a cost: a new one began a fit, which ended the refine (split)
+        if r.readings > REFINE_SKIP and counted and mine > 0 and not full and not backlog:
             others = {k: t for k, t in launched.items() if k != r.key}
             r.own_ns.append(total_ns - sum(t * self.costs[k] for k, t in others.items()))
-            r.others_err_ns.append(sum(t * self.costs[k] * self.errors.get(k, 0.0) for k, t in others.items()))
+            r.others_err_ns += sum(t * self.costs[k] * self.errors.get(k, 0.0) for k, t in others.items())
             r.threads.append(mine)
         if len(r.own_ns) >= REFINE_ROWS:
             self._refined(r)
@@ -404,7 +404,7 @@ class CostSplit:
         ratios = [o / t / cost for o, t in zip(r.own_ns, r.threads, strict=True)]
         spread = statistics.stdev(ratios) / len(ratios) ** 0.5
         # the others' costs' errors, in proportion to their time against its own, land on it whole
-        carried = sum(r.others_err_ns) / own
+        carried = r.others_err_ns / own
         self.costs[r.key] = cost
         self.errors[r.key] = (spread**2 + carried**2) ** 0.5
         self.drift = Drift()  # what the GPU does is watched against the new cost

@@ -17,8 +17,20 @@ from tests.harness import REPO
 
 pytestmark = pytest.mark.unit
 
-PROGRAM = textwrap.dedent("""
-    import linecache, os, signal, sys, threading, time
+ASLEEP = textwrap.dedent("""
+    import linecache, sys, threading
+
+    def main_asleep_in_a_lock():  # in the lock's C call, not between bytecodes (where it would run a handler)
+        main = threading.main_thread()
+        frame = sys._current_frames()[main.ident]
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+        with open(f"/proc/self/task/{main.native_id}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return frame.f_code is threading.Condition.wait.__code__ and "waiter.acquire" in line and state == "S"
+""")
+
+PROGRAM = ASLEEP + textwrap.dedent("""
+    import os, signal, sys, threading, time
     from gpuslice import stop_signals
     ev = threading.Event()
     if sys.argv[1] == "handler sets the event":  # what the daemon, the node agent and app.serve did
@@ -26,17 +38,8 @@ PROGRAM = textwrap.dedent("""
     else:
         stop_signals.set_on_signals(ev)
     if sys.argv[1] == "to another thread":
-        main = threading.main_thread()
-
-        def asleep_in_the_wait():  # in the lock's C call, not between bytecodes (where it would run a handler)
-            frame = sys._current_frames()[main.ident]
-            line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
-            with open(f"/proc/self/task/{main.native_id}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-            return frame.f_code is threading.Condition.wait.__code__ and "waiter.acquire" in line and state == "S"
-
         def other():
-            while not asleep_in_the_wait():
+            while not main_asleep_in_a_lock():
                 time.sleep(0.001)
             signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread, not the main one
 
@@ -117,7 +120,7 @@ def test_where_the_wakeup_fd_is_taken_the_stop_comes_through_a_handler_and_says_
     ], r.stdout
 
 
-RAISE = textwrap.dedent("""
+RAISE = ASLEEP + textwrap.dedent("""
     import os, signal, sys, threading, time
     from concurrent.futures import ThreadPoolExecutor
     from gpuslice import stop_signals
@@ -131,22 +134,14 @@ RAISE = textwrap.dedent("""
         signal.signal(signal.SIGTERM, handler)
     else:
         stop_signals.raise_on_signals(lambda s: Stopped(s.name))
-    main_asleep = threading.Event()
     release = threading.Event()
 
     def worker():  # a GPU's checks: it gets the signal while the main thread waits for its result
-        while not asleep_in_the_result():
+        while not main_asleep_in_a_lock():  # in Future.result()'s wait
             time.sleep(0.001)
         signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread, not the main one
         release.wait(20)
         return "worker done"
-
-    def asleep_in_the_result():
-        main = threading.main_thread()
-        frame = sys._current_frames()[main.ident]
-        with open(f"/proc/self/task/{main.native_id}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return frame.f_code is threading.Condition.wait.__code__ and state == "S"
 
     start = time.monotonic()
     with ThreadPoolExecutor(1) as pool:
