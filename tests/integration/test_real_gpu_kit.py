@@ -64,7 +64,8 @@ def test_the_kit_on_the_simulator_passes_its_driver_steps_and_skips_the_framewor
     assert view["NVML inside the slice: processes"]["verdict"] == "PASS"
     assert view["NVML inside the slice: memory"]["verdict"] == "PASS"
     assert view["SIGKILL gives the holder's memory back"]["verdict"] == "PASS"
-    for step in ("pytorch", "cupy", "jax", "nccl", "transformers", "cuda-graph", "shares", "share-bias", "cost", "mps"):
+    for step in ("pytorch", "cupy", "jax", "nccl", "transformers", "cuda-graph", "shares", "share-bias", "lend", "cost",
+                 "mps"):  # fmt: skip
         (row,) = rows_of(report, step).values()
         assert row["verdict"] == "SKIP" and "cudart does not run on the simulator" in row["observed"]
     md = (kit_dirs["out"] / "report.md").read_text()
@@ -74,6 +75,8 @@ def test_the_kit_on_the_simulator_passes_its_driver_steps_and_skips_the_framewor
     assert len(list(kit_dirs["out"].iterdir())) <= 8  # what the device tool brings back
     ticks = [line for s in report["steps"] for line in s["facts"].get("controller_ticks", [])]
     assert ticks and all(re.search(r" ticks in [0-9.]+ s: mean .* late$", line) for line in ticks)  # tick times
+    costs = [line for s in report["steps"] for line in s["facts"].get("costs", [])]
+    assert any("fitting the costs of 2 slices" in line for line in costs), costs  # the trace's tenants, controlled
     trace = rows_of(report, "trace")
     # a tenant each, every phase the simulator runs (one of each kind: 1 + 1 + 2 + 4 + 2)
     assert len(trace) == 10 and all(r["verdict"] == "INFO" for r in trace.values())

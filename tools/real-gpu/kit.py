@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the kit's modules, b
 
 from kit_node import SIM_CONFIG, Daemon, LogLines, NodeError, NodePaths, context_cost, generate_spec, write_config
 from kit_report import FAIL, StepResult, as_json, as_markdown, begin_call, calls, load, load_all, save
-from kit_steps import STEPS, Kit, not_runnable, run_step
+from kit_steps import REFINE, STEPS, Kit, not_runnable, run_step
 
 from gpuslice import inventory
 from gpuslice.allocator import config as daemon_config
@@ -38,6 +38,8 @@ from gpuslice.paths import built_executable
 log = logging.getLogger("real-gpu")
 TWO_MIB = 2 << 20
 TICKS = " ticks in "  # the daemon's summary of its controller's ticks (gpuslice.allocator.compute.ticks)
+# the daemon's lines on the costs it fits and measures again (gpuslice.allocator.cost_split, INFO)
+COSTS = ("fitting the costs", "costs fitted", "costs drifted", *REFINE)
 VERSIONS = ("torch", "jax", "jaxlib", "cupy-cuda13x", "cupy-cuda12x", "transformers", "cuda-bindings",
             "nvidia-ml-py", "nvidia-nccl-cu13", "nvidia-nccl-cu12", "grpcio")  # fmt: skip
 
@@ -168,11 +170,12 @@ def _steps(paths: NodePaths, state: Path, out: Path, deadline: float, only: tupl
         call = begin_call(
             state, {"date": facts["date"], "gpuslice": facts["gpuslice"], "options": " ".join(sys.argv[1:])}
         )
-        # how long the controller's ticks took: each step keeps the log's lines that came by its end
-        ticks = LogLines(paths.work / "daemon.log")
+        # how long the controller's ticks took, and the costs it fitted: each step keeps the log's
+        # lines that came by its end
+        said = LogLines(paths.work / "daemon.log")
         with AllocatorClient(str(paths.socket), timeout=30) as client:
             kit = Kit(client, gpu, layout, paths.sim, reserve, deadline, paths.config, paths.spec, gpuslice, out,
-                      paths.work / "slices")  # fmt: skip
+                      paths.work / "slices", paths.work / "daemon.log")  # fmt: skip
             for step in (s for s in STEPS if not only or s.name in only):
                 if not again and load(step.name, state) is not None:
                     continue
@@ -182,8 +185,11 @@ def _steps(paths: NodePaths, state: Path, out: Path, deadline: float, only: tupl
                 log.info("%s ...", step.name)
                 result = run_step(step, kit)
                 result.call = call
-                if lines := ticks.new(TICKS):
-                    result.facts["controller_ticks"] = lines
+                lines = said.new(TICKS, *COSTS)
+                if ticks := [line for line in lines if TICKS in line]:
+                    result.facts["controller_ticks"] = ticks
+                if costs := [line for line in lines if TICKS not in line]:
+                    result.facts["costs"] = costs
                 save(result, state)
                 bad = [f"{r.name} ({r.observed})" for r in result.rows if r.verdict == FAIL]
                 log.info("%s: %d rows in %.0f s%s", step.name, len(result.rows), result.seconds,

@@ -153,11 +153,16 @@ class Daemon:
 class LogLines:
     """The daemon log's lines since the last look: a step keeps those its time added."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, at_end: bool = False) -> None:
+        """`at_end`: from what the log holds now on (a step that reads what its own time added)."""
         self.path = path
         self.offset = 0
+        if at_end:
+            with contextlib.suppress(OSError):
+                self.offset = path.stat().st_size
 
-    def new(self, marker: str) -> list[str]:
+    def new(self, *markers: str) -> list[str]:
+        """The whole lines added since the last look that hold any of `markers`."""
         try:
             with self.path.open("rb") as f:
                 f.seek(self.offset)
@@ -166,7 +171,7 @@ class LogLines:
             return []
         data = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next look
         self.offset += len(data)
-        return [line for line in data.decode(errors="replace").splitlines() if marker in line]
+        return [line for line in data.decode(errors="replace").splitlines() if any(m in line for m in markers)]
 
 
 def _stop_earlier(pidfile: Path) -> None:

@@ -21,6 +21,7 @@ import grpc
 import kit_accounting
 import kit_mps
 import kit_trace
+from kit_node import LogLines
 from kit_report import Row, StepResult, check, skipped
 from kit_slices import RECLAIM_S, Gate, Outcome, Probe, ProbeError, Sample, run_probe, wait_released, without_interposer
 from probes.common import CHUNK  # what probes allocate at a time: the tolerance at the limit
@@ -195,6 +196,7 @@ class Kit:
     gpuslice: Path
     out: Path
     slices: Path  # the daemon's slice files: a probe that overruns gets its gate's record
+    daemon_log: Path | None = None  # a step that judges what the daemon said reads it
 
     def gate(self, box: Box) -> Gate:
         def record() -> dict:
@@ -487,12 +489,16 @@ def cuda_graph(kit: Kit) -> StepResult:
 
 
 def _tenants(kit: Kit, boxes: list, seconds: float, idle_after: list[float],
-             envs: list[dict[str, str]] | None = None) -> tuple[list[Probe], list[int]]:  # fmt: skip
-    """Matmul tenants, one a box (its environment, or `envs`), all ready, then all let go."""
+             envs: list[dict[str, str]] | None = None,
+             more: list[list[str]] | None = None) -> tuple[list[Probe], list[int]]:  # fmt: skip
+    """Matmul tenants, one a box (its environment, or `envs`; `more` arguments
+    each, matmul_loop.py's), all ready, then all let go."""
     probes: list[Probe] = []
     try:
-        for b, i, env in zip(boxes, idle_after, envs or [b.env for b in boxes], strict=True):
-            probes.append(Probe(b, "matmul_loop.py", [str(seconds), str(i)], env, kit.timeout(180), kit.gate(b)))
+        for b, i, env, extra in zip(boxes, idle_after, envs or [b.env for b in boxes], more or [[] for _ in boxes],
+                                    strict=True):  # fmt: skip
+            probes.append(Probe(b, "matmul_loop.py", [str(seconds), str(i), *extra], env, kit.timeout(180),
+                                kit.gate(b)))  # fmt: skip
         for p in probes:
             p.message(time.monotonic() + p.timeout)
         for p in probes:
@@ -579,8 +585,8 @@ def _alone_row(step: str, rate: float, busy: float) -> Row:
                  f"{rate:.1f} products/s; NVML {busy:.1f} %", None)  # fmt: skip
 
 
-def _fit_row(step: str, label: str, pair: Pair) -> Row:
-    fitted = f"{pair.fit_s:.1f} s" if pair.fit_s is not None else f"not within {FIT_WAIT:g} s"
+def _fit_row(step: str, label: str, fit_s: float | None) -> Row:
+    fitted = f"{fit_s:.1f} s" if fit_s is not None else f"not within {FIT_WAIT:g} s"
     return check(step, f"{label}: the daemon's fit of their costs", "a fact: from the start", fitted, None)
 
 
@@ -593,7 +599,7 @@ def shares(kit: Kit) -> StepResult:
         for policy in ("hard", "elastic"):
             pair = _pair(kit, (30, 70), policy, idle_first=policy == "elastic")
             facts[policy] = pair.facts()
-            rows.append(_fit_row(step, f"{policy} 30/70", pair))
+            rows.append(_fit_row(step, f"{policy} 30/70", pair.fit_s))
             for i, target in enumerate((30, 70)):
                 rows += share_rows(step, f"{policy} {target} %", target, [w[i] for w in pair.busy],
                                    pair.per_second[i][pair.span], alone)  # fmt: skip
@@ -622,7 +628,7 @@ def share_bias(kit: Kit) -> StepResult:
             label = f"hard {'/'.join(map(str, targets))}, in that order"
             pair = _pair(kit, targets, "hard")
             facts[label] = pair.facts()
-            rows.append(_fit_row(step, label, pair))
+            rows.append(_fit_row(step, label, pair.fit_s))
             points = FOUR_POINTS if len(targets) > 2 else None
             for i, target in enumerate(targets):
                 rows += share_rows(step, f"{label}: #{i + 1}, {target} %", target, [w[i] for w in pair.busy],
@@ -630,6 +636,112 @@ def share_bias(kit: Kit) -> StepResult:
                 rows.append(accounted_row(step, f"{label}: #{i + 1}", pair.accounted[i], pair.accounting))
     except FAILURES as e:
         failed, more = _failed(step, "two tenants' shares, order and equal", "run in slices", e)
+        rows += failed
+        facts.update(more)
+    return StepResult(step, rows, 0, facts)
+
+
+LEND = (50, 30)  # a hard 50 % lender beside an elastic 30 % borrower, as the simulator's lending test
+LEND_LIGHT = 10.0  # % of its rate alone: the lender's load until it rises
+RISE_AT = FIT_WAIT + 8.0  # s: when the lender saturates; the light seconds are after the fit, before this
+LEND_AFTER = 10.0  # s: how long both then saturate
+GIVE_BACK_S = 2.0  # the lender has its share back within this, as on the simulator
+BORROWS = 75.0  # % of its rate alone the borrower does at least while the lender is light (the simulator's test)
+REFINE = ("measuring it again", "cost measured again", "to measure its cost again")  # cost_split's lines
+
+
+@dataclass
+class Lending:
+    """The lender and the borrower, as measured: light, then both saturating."""
+
+    fit_s: float | None
+    light: slice  # the seconds judged while the lender is light (after the fit)
+    after: slice  # the seconds judged once both saturate (from GIVE_BACK_S + 1 after the rise)
+    busy_light: list[list[float]]  # each one's NVML use per 1 s window of `light`
+    busy_after: list[list[float]]  # ... of `after`
+    per_second: list[list[int]]  # each one's products per second, from its start
+    refine: list[str]  # the daemon's lines about measuring the lender's cost again
+
+    def facts(self) -> dict:
+        return {"fitted_s": self.fit_s, "busy_light": self.busy_light, "busy_after": self.busy_after,
+                "per_second": self.per_second, "refine": self.refine}  # fmt: skip
+
+
+def given_back_s(rates: list[int], rise: int, target: float, alone: float, points: float = SHARE_POINTS) -> int | None:
+    """Seconds from the rise to the end of the first second from which every full
+    second's throughput is within `points` of `target` % of its rate alone (1: the
+    second of the rise already is); None: never."""
+    thr = [100 * r / alone for r in rates[rise:-1]]  # the last second is cut short by the loop's end
+    for i in range(len(thr)):
+        if all(abs(t - target) <= points for t in thr[i:]):
+            return i + 1
+    return None
+
+
+def lend_rows(step: str, r: Lending, alone: float) -> list[Row]:
+    (lender, lend_to), rise = LEND, int(RISE_AT)
+    thr_light = [statistics.fmean(100 * x / alone for x in p[r.light]) if alone else 0.0 for p in r.per_second]
+    back = given_back_s(r.per_second[0], rise, lender, alone)
+    back_ok = back is not None and back <= GIVE_BACK_S
+    label = f"hard {lender} % at a {LEND_LIGHT:g} % load beside elastic {lend_to} %"
+    rows = [
+        _fit_row(step, label, r.fit_s),
+        check(step, f"{label}: the light one's throughput", f"{LEND_LIGHT:g} ± {SHARE_POINTS:g} % of its rate alone",
+              f"{thr_light[0]:.1f} % ({r.light.stop - r.light.start} s)",
+              abs(thr_light[0] - LEND_LIGHT) <= SHARE_POINTS),
+        check(step, f"{label}: the borrower's throughput", f"≥ {BORROWS:g} % of its rate alone",
+              f"{thr_light[1]:.1f} %; NVML {statistics.fmean(w[1] for w in r.busy_light):.1f} %"
+              if r.busy_light else f"{thr_light[1]:.1f} %", thr_light[1] >= BORROWS),
+        check(step, f"hard {lender} % once it saturates: its share back", f"within {GIVE_BACK_S:g} s, "
+              f"{lender} ± {SHARE_POINTS:g} % by throughput from then on",
+              f"within {back} s" if back is not None else "not within the run", back_ok),
+        check(step, f"hard {lender} % once it saturates: its cost measured again", "a fact: the daemon's lines",
+              " | ".join(r.refine) if r.refine else "no line: its cost was not measured again", None),
+    ]  # fmt: skip
+    for i, target in enumerate((lender, 100 - lender)):
+        rows += share_rows(step, f"{'hard' if i == 0 else 'elastic'} {LEND[i]} % once both saturate", target,
+                           [w[i] for w in r.busy_after], r.per_second[i][r.after], alone)  # fmt: skip
+    return rows
+
+
+def _lending(kit: Kit, alone: float) -> Lending:
+    seconds = RISE_AT + LEND_AFTER
+    said = LogLines(kit.daemon_log, at_end=True) if kit.daemon_log else None
+    with contextlib.ExitStack() as stack:
+        boxes = [stack.enter_context(slice_box(kit.client, kit.gpu, kit.layout, {**_hard(t), request.POLICY: policy}))
+                 for t, policy in zip(LEND, ("hard", "elastic"), strict=True)]  # fmt: skip
+        light = [str(alone * LEND_LIGHT / 100), str(RISE_AT)]
+        probes, pids = _tenants(kit, boxes, seconds, [0.0, 0.0], more=[light, []])
+        started = time.monotonic()
+        try:
+            settled = kit.client.compute_settled([b.name for b in boxes], FIT_WAIT)
+            fit_s = (settled / 1e9 - started) if settled is not None else None
+            first = max(3, math.ceil((fit_s if fit_s is not None else FIT_WAIT) + 1))
+            judged = slice(first, int(RISE_AT)), slice(int(RISE_AT + GIVE_BACK_S) + 1, int(seconds) - 1)
+            busy_light = _windows(kit.gpu.uuid, pids, judged[0].start, judged[0].stop, started)
+            busy_after = _windows(kit.gpu.uuid, pids, judged[1].start, judged[1].stop, started)
+            results = [p.message(time.monotonic() + 60)["result"]["per_second"] for p in probes]
+        finally:
+            for p in probes:
+                p.kill()
+    refine = said.new(*REFINE) if said else []
+    return Lending(fit_s, judged[0], judged[1], busy_light, busy_after, results, refine)
+
+
+def lend(kit: Kit) -> StepResult:
+    """A light slice lends what it leaves and has its share back once it saturates: its cost,
+    fitted at its light use, is measured again at its share (docs/compute.md; on the simulator
+    light 49.3-50.1 %, given back in 1.0-1.6 s). Not yet measured on a real driver."""
+    step, facts, rows = "lend", {}, []
+    try:
+        alone, facts["alone_busy"] = _alone(kit)
+        facts["alone_per_s"] = alone
+        rows.append(_alone_row(step, alone, facts["alone_busy"]))
+        lending = _lending(kit, alone)
+        facts.update(lending.facts())
+        rows += lend_rows(step, lending, alone)
+    except FAILURES as e:
+        failed, more = _failed(step, "a light slice's lending", "runs in slices", e)
         rows += failed
         facts.update(more)
     return StepResult(step, rows, 0, facts)
@@ -772,6 +884,7 @@ STEPS = (
     Step("trace", 175, trace, True, ("cuda.bindings", "pynvml")),
     Step("shares", 150, shares, False, ("torch",)),
     Step("share-bias", 160, share_bias, False, ("torch",)),
+    Step("lend", 70, lend, False, ("torch",)),
     Step("cost", 120, cost, False, ("torch",)),
     Step("mps", 70, mps, False, ("torch",)),
 )
