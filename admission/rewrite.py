@@ -184,37 +184,7 @@ def rewrite(
     _refuse_constraints(annotations, mode)
     pinned = _pinned(annotations)
     for i, c, ask in asks:
-        said = f"container {c.get('name', i)}"
-        if largest_gpu_mib and ask.memory_mib is not None and ask.memory_mib > largest_gpu_mib:
-            raise errors.InvalidArgument(f"{said}: {ask.names.memory} {ask.memory_mib} MiB is more than this "
-                                         f"cluster's largest GPU has; accepted: up to {largest_gpu_mib}")  # fmt: skip
-        out.patch += _remove_theirs(i, c, ask)
-        env: dict[str, str] = {}
-        if mode == "devicePlugin":
-            ops, asked = _device_plugin(i, ask, said)
-            out.patch += ops
-        else:
-            env = _runtime_class(ask, said)
-            asked = dict(env)
-        if not ask.whole:
-            policy = _policy(c)
-            if policy is None:
-                env.pop("GPUSLICE_CORES", None)
-                asked.pop("gpuslice.io/cores", None)
-                out.patch = [op for op in out.patch if not op["path"].endswith(_escape("gpuslice.io/cores"))]
-            elif ask.cores:
-                env["GPUSLICE_COMPUTE_POLICY"] = policy
-            if (word := hami.priority_word(ask)) is not None:
-                env["GPUSLICE_PRIORITY"] = word
-        if mode == "devicePlugin":
-            env.pop("GPUSLICE_GPUS", None)
-        else:
-            if pinned:
-                env["GPUSLICE_DEVICE"] = pinned  # the container's own: a pod annotation would pin its sidecars too
-            _as_the_hook_reads_it(env, said)
-        out.patch += _env_ops(i, c, env)
-        out.record[c.get("name", str(i))] = {"from": _theirs(c, ask), "to": {**asked, **env}}
-    extra: dict[str, str] = {}
+        _rewrite_container(out, i, c, ask, mode, pinned, largest_gpu_mib)
     if mode == "runtimeClass":
         out.patch.append({"op": "add", "path": "/spec/runtimeClassName", "value": RUNTIME_CLASS})
     scheduler = (pod.get("spec") or {}).get("schedulerName")
@@ -223,7 +193,7 @@ def rewrite(
         out.record["schedulerName"] = {"from": scheduler, "to": schedulers[scheduler]}
     if annotations.get(hami.POLICY):
         out.record[hami.POLICY] = {"from": str(annotations[hami.POLICY]), "to": None}  # not translated: a preference
-    extra[RECORD] = json.dumps(out.record, sort_keys=True, separators=(",", ":"))
+    extra = {RECORD: json.dumps(out.record, sort_keys=True, separators=(",", ":"))}
     if not (pod.get("metadata") or {}).get("annotations"):
         out.patch.append({"op": "add", "path": "/metadata/annotations", "value": extra})
     else:
@@ -231,6 +201,41 @@ def rewrite(
             {"op": "add", "path": f"/metadata/annotations/{_escape(k)}", "value": v} for k, v in extra.items()
         ]
     return out
+
+
+def _rewrite_container(out: Rewrite, i: int, c: dict[str, Any], ask: hami.Ask, mode: str, pinned: str | None,
+                       largest_gpu_mib: int) -> None:  # fmt: skip
+    """One container's part of the patch, and its record (what it asked, what it asks now)."""
+    said = f"container {c.get('name', i)}"
+    if largest_gpu_mib and ask.memory_mib is not None and ask.memory_mib > largest_gpu_mib:
+        raise errors.InvalidArgument(f"{said}: {ask.names.memory} {ask.memory_mib} MiB is more than this "
+                                     f"cluster's largest GPU has; accepted: up to {largest_gpu_mib}")  # fmt: skip
+    out.patch += _remove_theirs(i, c, ask)
+    env: dict[str, str] = {}
+    if mode == "devicePlugin":
+        ops, asked = _device_plugin(i, ask, said)
+        out.patch += ops
+    else:
+        env = _runtime_class(ask, said)
+        asked = dict(env)
+    if not ask.whole:
+        policy = _policy(c)
+        if policy is None:
+            env.pop("GPUSLICE_CORES", None)
+            asked.pop("gpuslice.io/cores", None)
+            out.patch = [op for op in out.patch if not op["path"].endswith(_escape("gpuslice.io/cores"))]
+        elif ask.cores:
+            env["GPUSLICE_COMPUTE_POLICY"] = policy
+        if (word := hami.priority_word(ask)) is not None:
+            env["GPUSLICE_PRIORITY"] = word
+    if mode == "devicePlugin":
+        env.pop("GPUSLICE_GPUS", None)
+    else:
+        if pinned:
+            env["GPUSLICE_DEVICE"] = pinned  # the container's own: a pod annotation would pin its sidecars too
+        _as_the_hook_reads_it(env, said)
+    out.patch += _env_ops(i, c, env)
+    out.record[c.get("name", str(i))] = {"from": _theirs(c, ask), "to": {**asked, **env}}
 
 
 def _theirs(c: dict[str, Any], ask: hami.Ask) -> dict[str, str]:

@@ -241,65 +241,81 @@ class ComputeController:
         dt = max(now - self._last, 1e-3)
         self._last = now
         files = self.files()
-        shares = self.shares(files)
         by_gpu: dict[str, list[Share]] = {}
-        for s in shares:
+        for s in self.shares(files):
             by_gpu.setdefault(s.uuid, []).append(s)
-        seen = set()
         next_refill = int((now + self.period) * 1e9)  # CLOCK_MONOTONIC, as the interposer reads it
         for uuid, on_gpu in by_gpu.items():
-            reading = self.sample(uuid)
-            active = set()
-            for s in on_gpu:
-                st = self.state.setdefault((s.slice_id, s.gpu), GateState())
-                f = files[s.slice_id]
-                self._count(st, int(f.usage.gate[s.gpu].tokens))
-                pids = f.slot_pids().values()
-                window = reading.window_of(pids)  # its processes' own time, where each has its own clock
-                st.busy_ns = sum(reading.busy_ns.get(pid, 0.0) for pid in pids) if window else 0.0
-                st.window_ns, st.age_ns = window, reading.age_of(pids)
-            self._split(uuid, on_gpu, files, reading, now, dt)
-            for s in on_gpu:
-                st = self.state[(s.slice_id, s.gpu)]
-                f = files[s.slice_id]
-                window = st.window_ns
-                if window:
-                    st.busy = st.busy_ns / window
-                    w = min(1.0, window / 1e9)
-                    st.used_avg += w * (st.busy - st.used_avg)
-                waits = f.gate_waits(s.gpu)
-                hungry = waits > st.waits
-                st.waits = waits
-                was_active = now - st.last_active < ACTIVE_HOLD_S
-                if hungry or st.consumed > 0 or st.busy_ns > 0:
-                    st.last_active = now
-                if now - st.last_active < ACTIVE_HOLD_S:
-                    active.add(s.slice_id)
-                    self._remember_use(st, was_active, window)
-                if hungry:
-                    st.last_hungry = now
-            needs = {s.slice_id: n for s in on_gpu if s.slice_id in active and (n := self._needs(s, now)) is not None}
-            split = self.splits.get(uuid)
-            lend = not (split and split.refining)
-            goal = targets(on_gpu, active, needs, lend)
-            idle = {s.slice_id for s in on_gpu} - active
-            if idle:
-                # an idle slice's budget is what it would get if it started now, together with the
-                # other idle ones (one pass, not one per idle slice: exact when one is idle, a little
-                # less when several are, for the one period until it counts as active)
-                started = targets(on_gpu, active | idle, needs, lend)
-                for sid in idle:
-                    goal[sid] = started[sid]
-            if split and any(abs(goal[s.slice_id] - self.state[(s.slice_id, s.gpu)].target) > TARGET_MOVED
-                             for s in on_gpu):  # fmt: skip
-                split.settle()
-            known = sorted(r for s in on_gpu if (r := self.state[(s.slice_id, s.gpu)].ns_per_thread()) is not None)
-            prior = known[len(known) // 2] if known else None
-            for s in on_gpu:
-                st = self.state[(s.slice_id, s.gpu)]
-                self._budget(files[s.slice_id], s, st, goal[s.slice_id], dt, next_refill, prior)
-                seen.add((s.slice_id, s.gpu))
-        for key in set(self.state) - seen:  # gone, or no longer controlled
+            self._tick_gpu(uuid, on_gpu, files, now, dt, next_refill)
+        self._forget(by_gpu)
+
+    def _tick_gpu(self, uuid: str, on_gpu: list[Share], files: dict[str, SliceFiles], now: float, dt: float,
+                  next_refill: int) -> None:  # fmt: skip
+        """One GPU's period: read, split, decide each slice's target and refill its gate."""
+        reading = self.sample(uuid)
+        for s in on_gpu:
+            self._read(self.state.setdefault((s.slice_id, s.gpu), GateState()), files[s.slice_id], s.gpu, reading)
+        self._split(uuid, on_gpu, files, reading, now, dt)
+        active = {s.slice_id for s in on_gpu if self._observe(self.state[(s.slice_id, s.gpu)], files[s.slice_id],
+                                                                  s.gpu, now)}  # fmt: skip
+        goal = self._goals(uuid, on_gpu, active, now)
+        known = sorted(r for s in on_gpu if (r := self.state[(s.slice_id, s.gpu)].ns_per_thread()) is not None)
+        prior = known[len(known) // 2] if known else None
+        for s in on_gpu:
+            st = self.state[(s.slice_id, s.gpu)]
+            self._budget(files[s.slice_id], s, st, goal[s.slice_id], dt, next_refill, prior)
+
+    def _read(self, st: GateState, f: SliceFiles, gpu: int, reading: Reading) -> None:
+        """The threads a slice launched since the last refill, and its processes' own samples."""
+        self._count(st, int(f.usage.gate[gpu].tokens))
+        pids = f.slot_pids().values()
+        window = reading.window_of(pids)  # its processes' own time, where each has its own clock
+        st.busy_ns = sum(reading.busy_ns.get(pid, 0.0) for pid in pids) if window else 0.0
+        st.window_ns, st.age_ns = window, reading.age_of(pids)
+
+    def _observe(self, st: GateState, f: SliceFiles, gpu: int, now: float) -> bool:
+        """What a slice used (its reading, as split) and whether it waited for budget: whether it is active."""
+        window = st.window_ns
+        if window:
+            st.busy = st.busy_ns / window
+            w = min(1.0, window / 1e9)
+            st.used_avg += w * (st.busy - st.used_avg)
+        waits = f.gate_waits(gpu)
+        hungry = waits > st.waits
+        st.waits = waits
+        was_active = now - st.last_active < ACTIVE_HOLD_S
+        if hungry or st.consumed > 0 or st.busy_ns > 0:
+            st.last_active = now
+        if hungry:
+            st.last_hungry = now
+        if now - st.last_active >= ACTIVE_HOLD_S:
+            return False
+        self._remember_use(st, was_active, window)
+        return True
+
+    def _goals(self, uuid: str, on_gpu: list[Share], active: set[str], now: float) -> dict[str, float]:
+        """Each slice's target on one GPU (targets); a change large enough restarts the watch for drift."""
+        needs = {s.slice_id: n for s in on_gpu if s.slice_id in active and (n := self._needs(s, now)) is not None}
+        split = self.splits.get(uuid)
+        lend = not (split and split.refining)
+        goal = targets(on_gpu, active, needs, lend)
+        idle = {s.slice_id for s in on_gpu} - active
+        if idle:
+            # an idle slice's budget is what it would get if it started now, together with the
+            # other idle ones (one pass, not one per idle slice: exact when one is idle, a little
+            # less when several are, for the one period until it counts as active)
+            started = targets(on_gpu, active | idle, needs, lend)
+            for sid in idle:
+                goal[sid] = started[sid]
+        if split and any(abs(goal[s.slice_id] - self.state[(s.slice_id, s.gpu)].target) > TARGET_MOVED
+                         for s in on_gpu):  # fmt: skip
+            split.settle()
+        return goal
+
+    def _forget(self, by_gpu: dict[str, list[Share]]) -> None:
+        """Slices gone, or no longer controlled, and GPUs none of them is on."""
+        seen = {(s.slice_id, s.gpu) for on_gpu in by_gpu.values() for s in on_gpu}
+        for key in set(self.state) - seen:
             del self.state[key]
         for uuid in set(self.splits) - set(by_gpu):
             del self.splits[uuid]
@@ -405,12 +421,40 @@ class ComputeController:
         next_refill: int,
         prior: float | None,
     ) -> None:
+        """Refill a slice's gate for the next period, or open it."""
         tokens = int(f.usage.gate[s.gpu].tokens)
         self._pair(st, dt)
-        entitled = st.opened and st.target >= OPEN_AT and not s.hard  # had the whole GPU to itself
         split = self.splits.get(s.uuid) if self.one_per_period.get(s.uuid) else None
         # where the GPU's time is split by cost, a slice's fitted cost is its cost
         ratio = (split.costs.get((s.slice_id, s.gpu)) if split else None) or st.ns_per_thread() or prior
+        self._integrate(s, st, target, ratio)
+        # an elastic slice entitled to the whole GPU, unless its GPU's costs are being fitted
+        want_open = target >= OPEN_AT and not s.hard and st.learning is None
+        if want_open:
+            before, after = f.open_gate(s.gpu, next_refill)
+        else:
+            cost = split.cost((s.slice_id, s.gpu)) if split and st.learning else None
+            threads = self._threads(st, target, dt, ratio or st.ns_per_thread(settled=False), cost, tokens)
+            before, after = f.refill_gate(s.gpu, threads, 2 * threads, next_refill)
+        log.debug(
+            "%s/%d target %.3f busy %.3f credit %.1f ms ratio %s open %s window %.1f used %.3f ms hungry %s tokens %d",
+            s.slice_id[:8], s.gpu, target, st.busy, st.credit_ns / 1e6, st.ns_per_thread(), want_open,
+            st.window_ns / 1e6, st.busy_ns / 1e6, st.last_hungry == self._last, after,
+        )  # fmt: skip
+        # the period after a first refill or a gate opened or closed ran what was queued before
+        # (a whole launch queue, against a trickle of launches while learning): not paired
+        st.switched = st.switched or st.after is None or st.opened != want_open
+        # what was launched between the count and this refill is the next period's: counted
+        # nowhere, a slice that launches steadily (not in a burst after each refill) read a few
+        # per cent fewer threads than it ran, and its cost that much higher (a light hard 50 %
+        # slice's cost fitted 5-13 % over a saturating one's for the same kernels)
+        st.after = after + (st.counted - before if st.counted is not None else 0)
+        st.opened = want_open
+        st.target = target
+
+    def _integrate(self, s: Share, st: GateState, target: float, ratio: float | None) -> None:
+        """The integral of the slice's error (its credit), bounded to CREDIT_S of its target."""
+        entitled = st.opened and st.target >= OPEN_AT and not s.hard  # had the whole GPU to itself
         if st.quiet and st.window_ns:
             st.quiet -= 1
             st.credit_ns = 0.0
@@ -435,41 +479,23 @@ class ComputeController:
             st.credit_ns = min(max(st.credit_ns, -limit), limit)
         else:
             st.credit_ns = 0.0
-        # an elastic slice entitled to the whole GPU, unless its GPU's costs are being fitted
-        want_open = target >= OPEN_AT and not s.hard and st.learning is None
-        if want_open:
-            before, after = f.open_gate(s.gpu, next_refill)
-        else:
-            # KI per reading, spread over the refills between readings
-            allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns * min(1.0, dt * 1e9 / (st.reading_ns or 1)))
-            ratio = ratio or st.ns_per_thread(settled=False)
-            cost = split.cost((s.slice_id, s.gpu)) if split and st.learning else None
-            if cost and st.learning:  # its GPU's costs are being fitted (CostSplit.learning)
-                part, boost = st.learning
-                threads = max(1, int((part * target + boost) * dt * 1e9 / cost))
-            elif ratio is None:
-                # nothing measured yet: one launch, then twice what it launched in the last
-                # period every LEARN_DOUBLING_S, until NVML sees enough use to measure
-                debt = -tokens if tokens < 0 else 0
-                threads = max(1 + debt, self.learn_growth * (st.consumed if not st.opened else 0))
-            else:
-                threads = max(1, int(allowance_ns / ratio))
-            before, after = f.refill_gate(s.gpu, threads, 2 * threads, next_refill)
-        log.debug(
-            "%s/%d target %.3f busy %.3f credit %.1f ms ratio %s open %s window %.1f used %.3f ms hungry %s tokens %d",
-            s.slice_id[:8], s.gpu, target, st.busy, st.credit_ns / 1e6, st.ns_per_thread(), want_open,
-            st.window_ns / 1e6, st.busy_ns / 1e6, st.last_hungry == self._last, after,
-        )  # fmt: skip
-        # the period after a first refill or a gate opened or closed ran what was queued before
-        # (a whole launch queue, against a trickle of launches while learning): not paired
-        st.switched = st.switched or st.after is None or st.opened != want_open
-        # what was launched between the count and this refill is the next period's: counted
-        # nowhere, a slice that launches steadily (not in a burst after each refill) read a few
-        # per cent fewer threads than it ran, and its cost that much higher (a light hard 50 %
-        # slice's cost fitted 5-13 % over a saturating one's for the same kernels)
-        st.after = after + (st.counted - before if st.counted is not None else 0)
-        st.opened = want_open
-        st.target = target
+
+    def _threads(self, st: GateState, target: float, dt: float, ratio: float | None, cost: float | None,
+                 tokens: int) -> int:  # fmt: skip
+        """The threads a slice may launch next period: its target's time over its cost, plus
+        KI of its credit per reading (spread over the refills between readings); while its GPU's
+        costs are fitted, its part of that and its boost (CostSplit.learning, `cost`); before any
+        cost is known, a doubling of what it launched."""
+        if cost and st.learning:
+            part, boost = st.learning
+            return max(1, int((part * target + boost) * dt * 1e9 / cost))
+        if ratio is None:
+            # nothing measured yet: one launch, then twice what it launched in the last
+            # period every LEARN_DOUBLING_S, until NVML sees enough use to measure
+            debt = -tokens if tokens < 0 else 0
+            return max(1 + debt, self.learn_growth * (st.consumed if not st.opened else 0))
+        allowance_ns = max(0.0, target * dt * 1e9 + KI * st.credit_ns * min(1.0, dt * 1e9 / (st.reading_ns or 1)))
+        return max(1, int(allowance_ns / ratio))
 
     def report(self) -> Iterable[tuple[str, int, float, float]]:
         """(slice id, slice GPU, target, used over about a second) for metrics."""

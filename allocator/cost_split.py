@@ -246,6 +246,11 @@ class CostSplit:
 
     def _learn(self, f: Fit, total_ns: float, launched: dict[Key, int], window_ns: int,
                shares: dict[Key, float]) -> None:  # fmt: skip
+        if self._row(f, total_ns, launched, window_ns):
+            self._try_fit(f, window_ns, shares)
+
+    def _row(self, f: Fit, total_ns: float, launched: dict[Key, int], window_ns: int) -> bool:
+        """One reading into the fit: a row once two readings of one boost agree in phase (True)."""
         for k in launched:
             if k not in f.order:
                 f.order.append(k)
@@ -268,10 +273,10 @@ class CostSplit:
             f.full += full
             if full and not (ramp or mixed):
                 self._full(f, ran)
-            return
+            return False
         if f.pending is None or f.pending[0] != ran:
             f.pending = (ran, (total_ns, dict(launched)))
-            return
+            return False
         # the two readings of a boost as one row: a launch paired with the wrong one of them (a kernel
         # that ran across the edge, a tick late) is then in the row all the same
         first = f.pending[1]
@@ -281,6 +286,11 @@ class CostSplit:
         f.pending = None
         if ran < len(f.order):
             f.boosted[f.order[ran]] = f.boosted.get(f.order[ran], 0) + 1
+        return True
+
+    def _try_fit(self, f: Fit, window_ns: int, shares: dict[Key, float]) -> None:
+        """Fit the costs once there are rows enough and each slice had its boosts; keep them once
+        they are exact enough for the shares they set, or the rows are all there will be."""
         keys = [k for k in f.order if any(k in r[1] for r in f.rows)]
         boosts = FIT_BOOSTS if len(keys) <= FIT_FEW else 1
         if len(f.rows) < len(keys) + FIT_EXTRA or any(f.boosted.get(k, 0) < boosts for k in keys):
