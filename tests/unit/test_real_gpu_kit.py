@@ -272,6 +272,27 @@ def test_accounting_turns_two_reads_into_each_tenant_s_share_and_says_why_there_
     assert turned[-1] == 0  # put back as it was found
 
 
+def stand_in_slices(monkeypatch, made: list[tuple[str, str]], tenants, fit_s: float, daemon_log=None):  # type: ignore[no-untyped-def]
+    """The share steps' slices (each one's cores and policy added to `made`), tenants, NVML
+    windows (50 % each), clock and the daemon's fit (`fit_s` after the start), stood in; the kit."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def box(client, gpu, layout, ask):  # type: ignore[no-untyped-def]
+        made.append((ask.get(ks.request.CORES, "-"), ask.get(ks.request.POLICY, "-")))
+        yield type("B", (), {"name": f"box{len(made)}", "env": {}})()
+
+    clock = [1000.0]
+    monkeypatch.setattr(ks, "slice_box", box)
+    monkeypatch.setattr(ks, "_tenants", tenants)
+    monkeypatch.setattr(ks, "_windows", lambda uuid, pids, first, last, started: [[50.0] * len(pids)] * (last - first))
+    monkeypatch.setattr(ks.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(ks.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    client = type("C", (), {"compute_settled": lambda self, names, wait: int((clock[0] + fit_s) * 1e9)})()
+    return type("K", (), {"client": client, "gpu": type("G", (), {"uuid": "GPU-x"})(), "layout": None,
+                          "daemon_log": daemon_log})()  # fmt: skip
+
+
 def test_the_share_steps_run_their_tenants_and_judge_each_after_the_fit(monkeypatch):
     """The shares and share-bias steps need PyTorch, so they run only on a real GPU: their
     whole path runs here on stand-ins (slices, tenants, NVML), so a GPU minute is not what
@@ -279,11 +300,6 @@ def test_the_share_steps_run_their_tenants_and_judge_each_after_the_fit(monkeypa
     import contextlib
 
     made: list[tuple[str, str]] = []
-
-    @contextlib.contextmanager
-    def box(client, gpu, layout, ask):  # type: ignore[no-untyped-def]
-        made.append((ask.get(ks.request.CORES, "-"), ask.get(ks.request.POLICY, "-")))
-        yield type("B", (), {"name": f"box{len(made)}", "env": {}})()
 
     class Tenant:  # its share, none once it idles, 95 % once another's idling lends it the GPU
         def __init__(self, share: float, idle_at: float, lent_at: float) -> None:
@@ -304,16 +320,9 @@ def test_the_share_steps_run_their_tenants_and_judge_each_after_the_fit(monkeypa
         tenants = [Tenant(s, i, 0.0 if i else lent) for s, i in zip(shares, idle, strict=True)]
         return tenants, list(range(100, 100 + len(boxes)))
 
-    clock = [1000.0]
-    monkeypatch.setattr(ks, "slice_box", box)
-    monkeypatch.setattr(ks, "_tenants", tenants)
-    monkeypatch.setattr(ks, "_windows", lambda uuid, pids, first, last, started: [[50.0] * len(pids)] * (last - first))
-    monkeypatch.setattr(ks.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(ks.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    kit = stand_in_slices(monkeypatch, made, tenants, 4.2)
     monkeypatch.setattr(kit_accounting, "accounting", lambda uuid: contextlib.nullcontext("accounting unavailable"))
     monkeypatch.setattr(kit_accounting, "gpu_ms", lambda uuid, pids: [None] * len(pids))
-    client = type("C", (), {"compute_settled": lambda self, names, wait: int((clock[0] + 4.2) * 1e9)})()
-    kit = type("K", (), {"client": client, "gpu": type("G", (), {"uuid": "GPU-x"})(), "layout": None})()
     for step in (ks.shares, ks.share_bias):
         made.clear()
         result = step(kit)  # type: ignore[arg-type]
@@ -506,16 +515,9 @@ def test_the_lend_step_judges_the_light_slice_s_share_back_by_its_throughput(mon
     stand-ins. A hard 50 % lender at a 10 % load, then saturating, has its 50 % back `back_in`
     seconds after it rises: within 2 s passes, 4 s fails; the daemon's line on measuring its
     cost again is kept as the step's fact."""
-    import contextlib
-
     made: list[tuple[str, str]] = []
     log = tmp_path / "daemon.log"
     log.write_text("earlier: abc/0 cost measured again at 50 %: 1 ±1% (was 1, +0.0%)\n")  # not this step's
-
-    @contextlib.contextmanager
-    def box(client, gpu, layout, ask):  # type: ignore[no-untyped-def]
-        made.append((ask.get(ks.request.CORES, "-"), ask.get(ks.request.POLICY, "-")))
-        yield type("B", (), {"name": f"box{len(made)}", "env": {}})()
 
     rise = int(ks.RISE_AT)
 
@@ -545,15 +547,7 @@ def test_the_lend_step_judges_the_light_slice_s_share_back_by_its_throughput(mon
         borrower = rates(88, [70.0] * (back_in - 1) + [50.0], int(seconds))
         return [Tenant(lender), Tenant(borrower)], [101, 102]
 
-    clock = [1000.0]
-    monkeypatch.setattr(ks, "slice_box", box)
-    monkeypatch.setattr(ks, "_tenants", tenants)
-    monkeypatch.setattr(ks, "_windows", lambda uuid, pids, first, last, started: [[50.0] * len(pids)] * (last - first))
-    monkeypatch.setattr(ks.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(ks.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
-    client = type("C", (), {"compute_settled": lambda self, names, wait: int((clock[0] + 5.5) * 1e9)})()
-    kit = type("K", (), {"client": client, "gpu": type("G", (), {"uuid": "GPU-x"})(), "layout": None,
-                         "daemon_log": log})()  # fmt: skip
+    kit = stand_in_slices(monkeypatch, made, tenants, 5.5, log)
     result = ks.lend(kit)  # type: ignore[arg-type]
     rows = {r.name: r for r in result.rows}
     assert made == [("-", "-"), ("50", "hard"), ("30", "elastic")]
