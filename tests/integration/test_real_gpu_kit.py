@@ -148,7 +148,7 @@ def test_a_probe_that_does_not_answer_leaves_its_stacks_and_gate_in_the_report(d
     gpu = next(g for g in client.inventory().gpus if g.index == 0)
     layout = Layout(sim_daemon.interposer_env(d))
     kit = kit_steps.Kit(client, gpu, layout, True, 0, 0.0, d.config, tmp_path / "spec.json", Path("gpuslice"),
-                        tmp_path, d.slice_files_dir)  # fmt: skip
+                        tmp_path, d.slice_files_dir, d.dir / "daemon.log")  # fmt: skip
     stuck = str(REPO / "tests" / "clients" / "stuck_probe.py")
     with (
         slice_box(client, gpu, layout, {"gpuslice.io/memory": "1Gi"}) as box,

@@ -583,3 +583,13 @@ def test_the_light_matmul_tenant_keeps_to_its_rate_until_it_rises(tmp_path):
     assert lines[0]["hold"] == "ready", out.stderr
     light, full = lines[-1]["result"]["per_second"]
     assert 96 <= light <= 104 and full >= 3 * light, (light, full)
+
+
+def test_the_cost_lines_the_kit_keeps_are_the_daemon_s_own_words():
+    """The kit keeps the daemon's log lines by what they say: a line reworded in the daemon
+    would be lost without a word, so each marker is checked against the daemon's source."""
+    import kit
+
+    source = "".join((REPO / "allocator" / name).read_text() for name in ("compute.py", "cost_split.py"))
+    assert all(marker in source for marker in kit.COSTS), [m for m in kit.COSTS if m not in source]
+    assert kit.TICKS in source

@@ -196,7 +196,7 @@ class Kit:
     gpuslice: Path
     out: Path
     slices: Path  # the daemon's slice files: a probe that overruns gets its gate's record
-    daemon_log: Path | None = None  # a step that judges what the daemon said reads it
+    daemon_log: Path  # a step that judges what the daemon said reads it
 
     def gate(self, box: Box) -> Gate:
         def record() -> dict:
@@ -534,6 +534,15 @@ class Pair:
                 "accounted": self.accounted, "accounting": self.accounting}  # fmt: skip
 
 
+def _after_fit(kit: Kit, boxes: list, started: float) -> tuple[float | None, int]:
+    """The daemon first fits the slices' costs where the driver gives each period to one
+    process (docs/compute.md): (seconds from `started` to its end, None if not within
+    FIT_WAIT; the first second judged, one after it)."""
+    settled = kit.client.compute_settled([b.name for b in boxes], FIT_WAIT)
+    fit_s = (settled / 1e9 - started) if settled is not None else None
+    return fit_s, max(3, math.ceil((fit_s if fit_s is not None else FIT_WAIT) + 1))
+
+
 def _pair(kit: Kit, targets: tuple[int, ...], policy: str, idle_first: bool = False) -> Pair:
     # an H200 fitted two matmul tenants' costs in 4 to 15 s: the windows start a second after the
     # fit, and an elastic first tenant idles once the windows are done
@@ -546,11 +555,7 @@ def _pair(kit: Kit, targets: tuple[int, ...], policy: str, idle_first: bool = Fa
         probes, pids = _tenants(kit, boxes, seconds, idle)
         started = time.monotonic()
         try:
-            # the daemon first fits the slices' costs where the driver gives each period to
-            # one process (docs/compute.md): the windows start a second after it is done
-            settled = kit.client.compute_settled([b.name for b in boxes], FIT_WAIT)
-            fit_s = (settled / 1e9 - started) if settled is not None else None
-            first = max(3, math.ceil((fit_s if fit_s is not None else FIT_WAIT) + 1))
+            fit_s, first = _after_fit(kit, boxes, started)
             span = slice(first, int(IDLE_AT) - 1 if idle_first else first + 20)
             time.sleep(max(0.0, started + span.start - time.monotonic()))
             before, at = kit_accounting.gpu_ms(kit.gpu.uuid, pids), time.monotonic()
@@ -706,7 +711,7 @@ def lend_rows(step: str, r: Lending, alone: float) -> list[Row]:
 
 def _lending(kit: Kit, alone: float) -> Lending:
     seconds = RISE_AT + LEND_AFTER
-    said = LogLines(kit.daemon_log, at_end=True) if kit.daemon_log else None
+    said = LogLines(kit.daemon_log, at_end=True)
     with contextlib.ExitStack() as stack:
         boxes = [stack.enter_context(slice_box(kit.client, kit.gpu, kit.layout, {**_hard(t), request.POLICY: policy}))
                  for t, policy in zip(LEND, ("hard", "elastic"), strict=True)]  # fmt: skip
@@ -714,9 +719,7 @@ def _lending(kit: Kit, alone: float) -> Lending:
         probes, pids = _tenants(kit, boxes, seconds, [0.0, 0.0], more=[light, []])
         started = time.monotonic()
         try:
-            settled = kit.client.compute_settled([b.name for b in boxes], FIT_WAIT)
-            fit_s = (settled / 1e9 - started) if settled is not None else None
-            first = max(3, math.ceil((fit_s if fit_s is not None else FIT_WAIT) + 1))
+            fit_s, first = _after_fit(kit, boxes, started)
             judged = slice(first, int(RISE_AT)), slice(int(RISE_AT + GIVE_BACK_S) + 1, int(seconds) - 1)
             busy_light = _windows(kit.gpu.uuid, pids, judged[0].start, judged[0].stop, started)
             busy_after = _windows(kit.gpu.uuid, pids, judged[1].start, judged[1].stop, started)
@@ -724,7 +727,7 @@ def _lending(kit: Kit, alone: float) -> Lending:
         finally:
             for p in probes:
                 p.kill()
-    refine = said.new(*REFINE) if said else []
+    refine = said.new(*REFINE)
     return Lending(fit_s, judged[0], judged[1], busy_light, busy_after, results, refine)
 
 
