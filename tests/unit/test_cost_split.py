@@ -3,6 +3,8 @@ driver gives each sample period to one process (allocator/cost_split.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gpuslice.allocator.cost_split import (
@@ -18,6 +20,7 @@ from gpuslice.allocator.cost_split import (
     REFINE_SKIP,
     CostSplit,
     least_squares,
+    robust_fit,
 )
 from gpuslice.allocator.utilization import Sample, Spans
 
@@ -106,6 +109,54 @@ def test_a_slice_boosted_in_one_row_that_read_high_is_not_fitted_from_it_alone()
         threads = budgets(split, share, {k: 1.0 for k in share})
     assert split.fit is None and high == FIT_BLOCK
     assert split.costs[D] / split.costs[A] == pytest.approx(1.0, abs=0.01)
+
+
+CI_ROWS = Path(__file__).parents[1] / "data" / "sim-ci" / "f1c2829-fit-rows.txt"
+
+
+def test_the_rows_that_put_a_slice_s_cost_9_percent_off_on_a_ci_run_now_fit_it_with_the_others():
+    """The 16 rows of a fresh clone's CI at f1c2829 (10/20/30/40, one kernel in every
+    slice): the 20 % slice's first boost read 11 % high. Its pull on the first fit made
+    its three other boosted rows look off, all four were left out together, and its cost
+    came out 8.8 % over the others' (18.65 % of 20). Left out one at a time, the high
+    row goes and the other three stay."""
+    keys = [A, B, C, ("d", 0)]
+    line = next(t for t in CI_ROWS.read_text().splitlines() if not t.startswith("#"))
+    rows = [
+        (float(ms) * 1e6, dict(zip(keys, map(int, threads.split(",")), strict=True)))
+        for ms, threads in (tok.split(":") for tok in line.split())
+    ]
+    costs, errors, used = robust_fit(rows, keys, 2 * WINDOW)
+    assert used == len(rows) - 1
+    mean = sum(costs.values()) / len(costs)
+    assert all(c / mean == pytest.approx(1.0, abs=0.005) for c in costs.values()), costs
+    assert max(errors.values()) < 0.005
+
+
+@pytest.mark.parametrize("high", [1.11, 1.3])
+def test_a_boost_that_reads_high_once_leaves_its_slice_s_cost_with_the_others(high: float):
+    """Four slices of one kernel at hard 10 / 20 / 30 / 40, each reading in integer
+    percent plus 2 ms the costs do not explain (the CI's rows had about that): the 20 %
+    slice's first boost reads `high` times what was launched (a queue filling). The
+    fit ends on its precision, not at FIT_ROWS rows with that slice's cost unsure (it
+    did, ±4 %: the CI's fit claimed ±3.0 % and was 8.8 % off)."""
+    share = {A: 0.1, B: 0.2, C: 0.3, ("d", 0): 0.4}
+    split = CostSplit()
+    threads = {k: round(s * WINDOW) for k, s in share.items()}
+    first = 0  # readings of B's first boost
+    for _ in range(200):
+        total = float(sum(threads.values())) + 1e6  # the kernel costs 1 ns a thread in every slice
+        if split.fit is not None and (split.learning(B) or (0, 0))[1] > 0 and first < FIT_BLOCK:
+            first += 1
+            total *= high
+        split.split(round(100 * total / WINDOW) / 100 * WINDOW, threads, WINDOW, share)
+        if split.fit is None:
+            break
+        threads = budgets(split, share, {k: 1.0 for k in share})
+    assert split.fit is None and first == FIT_BLOCK
+    mean = sum(split.costs.values()) / len(split.costs)
+    assert split.costs[B] / mean == pytest.approx(1.0, abs=0.005), split.costs
+    assert max(split.errors.values()) < 0.01, split.errors
 
 
 def test_while_a_fit_runs_the_gpu_is_not_full_and_each_slice_gets_its_boost_in_turn():
