@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import statistics
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 log = logging.getLogger(__name__)
@@ -109,6 +109,7 @@ class Fit:
     estimate: dict[Key, float] = field(default_factory=dict)  # the latest fit
     pending: tuple[int, Row] | None = None  # the first reading of a boost's two, and its phase
     boosted: dict[Key, int] = field(default_factory=dict)  # rows in which each slice had its boost
+    whose: deque[Key | None] = field(default_factory=lambda: deque(maxlen=FIT_ROWS))  # each row's boost
     backlog: int = 0  # readings left that ran what a full one queued
     elapsed_ns: int = 0  # the readings' time since it began
     full: int = 0  # readings that filled the GPU
@@ -238,7 +239,9 @@ class CostSplit:
             f.order = [k for k in f.order if k in keep]
             f.skip = {k: n for k, n in f.skip.items() if k in keep}
             f.estimate = {k: c for k, c in f.estimate.items() if k in keep}
-            f.rows = deque((r for r in f.rows if set(r[1]) <= keep), maxlen=FIT_ROWS)
+            rows = [(r, w) for r, w in zip(f.rows, f.whose, strict=True) if set(r[1]) <= keep]
+            f.rows = deque((r for r, _ in rows), maxlen=FIT_ROWS)
+            f.whose = deque((w for _, w in rows), maxlen=FIT_ROWS)
             f.boosted = {k: n for k, n in f.boosted.items() if k in keep}
             f.pending = None
             if not f.order:
@@ -284,6 +287,7 @@ class CostSplit:
             (first[0] + total_ns, {k: first[1].get(k, 0) + launched.get(k, 0) for k in {*first[1], *launched}})
         )
         f.pending = None
+        f.whose.append(f.order[ran] if ran < len(f.order) else None)
         if ran < len(f.order):
             f.boosted[f.order[ran]] = f.boosted.get(f.order[ran], 0) + 1
         return True
@@ -295,7 +299,7 @@ class CostSplit:
         boosts = FIT_BOOSTS if len(keys) <= FIT_FEW else 1
         if len(f.rows) < len(keys) + FIT_EXTRA or any(f.boosted.get(k, 0) < boosts for k in keys):
             return
-        fitted = robust_fit(list(f.rows), keys, 2 * window_ns)
+        fitted = robust_fit(list(f.rows), keys, 2 * window_ns, list(f.whose), boosts)
         if fitted is None:
             return
         f.estimate, errors, used = fitted
@@ -461,7 +465,8 @@ def student_t(dof: int) -> float:
 Fitted = tuple[dict[Key, float], dict[Key, float], int]  # costs, their relative errors, the rows used
 
 
-def robust_fit(rows: list[Row], keys: list[Key], window_ns: int) -> Fitted | None:
+def robust_fit(rows: list[Row], keys: list[Key], window_ns: int,
+               whose: list[Key | None] | None = None, boosts: int = 0) -> Fitted | None:  # fmt: skip
     """least_squares over the rows, less those far off the fit: a reading whose
     threads were paired with the wrong one (a tick late on a busy node) is off by
     a part of a period, and the one after by as much the other way; a boost's
@@ -470,25 +475,40 @@ def robust_fit(rows: list[Row], keys: list[Key], window_ns: int) -> Fitted | Non
     pulls its slice's cost with it, and the rows that are right then look off too
     (a fresh clone's CI at f1c2829: the 20 % slice's first boost read 11 % high,
     all four of its boosted rows were left out at once, and its cost came out
-    8.8 % over the others' for the same kernels)."""
+    8.8 % over the others' for the same kernels). `whose[i]`: the slice boosted
+    in row i; none is left with fewer than `boosts` of its boosted rows (its cost
+    set by one row leaves that row no residual: whichever of its two rows is off,
+    the fit splits the difference, and the right one may look the further off),
+    and where that row is the furthest off, its slice's cost is taken to be as
+    unsure as the row is off, so the fit waits for its next boost."""
     # a driver's integer percent rounds each reading by up to half a percent of it: the rows'
     # error is at least that, however well a few rows happen to agree (two of a row's readings)
     floor = 2 * (0.01 * window_ns / 2) ** 2 / 12
-    kept = list(rows)
-    fitted = least_squares(kept, keys, floor)
+    kept = list(range(len(rows)))
+    fitted = least_squares(rows, keys, floor)
     if fitted is None:
         return None
+    boosted = Counter(whose or ())
     while len(kept) > 2 * len(keys) + FIT_EXTRA:
-        off = [abs(r[0] - sum(fitted[0][k] * r[1].get(k, 0) for k in keys)) for r in kept]
-        limit = max(OUTLIER * sorted(off)[len(off) // 2], OUTLIER_FLOOR * window_ns)
-        worst = max(range(len(kept)), key=off.__getitem__)
+        off = {i: abs(rows[i][0] - sum(fitted[0][k] * rows[i][1].get(k, 0) for k in keys)) for i in kept}
+        limit = max(OUTLIER * sorted(off.values())[len(off) // 2], OUTLIER_FLOOR * window_ns)
+        worst = max(kept, key=off.__getitem__)
+        slice_ = whose[worst] if whose and whose[worst] in fitted[0] else None
         if off[worst] <= limit:
             break
-        fewer = least_squares(kept[:worst] + kept[worst + 1 :], keys, floor)
+        if slice_ is not None and boosted[slice_] <= boosts:
+            # its cost is as unsure as that row is off: the fit goes on to its next boost
+            part = fitted[0][slice_] * rows[worst][1].get(slice_, 0)
+            errors = {**fitted[1], slice_: max(fitted[1][slice_], off[worst] / part if part > 0 else float("inf"))}
+            fitted = (fitted[0], errors)
+            break
+        fewer = least_squares([rows[i] for i in kept if i != worst], keys, floor)
         if fewer is None:  # the row was all that told two slices apart
             break
         fitted = fewer
-        del kept[worst]
+        kept.remove(worst)
+        if slice_ is not None:
+            boosted[slice_] -= 1
     if min(fitted[0].values()) <= 0:
         return None
     return fitted[0], fitted[1], len(kept)
