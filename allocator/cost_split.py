@@ -38,13 +38,15 @@ Row = tuple[float, dict[Key, int]]  # a reading's GPU ns, and the threads each s
 FIT_BLOCK = 3  # readings a boost lasts: the first is no row (its budgets changed in it), the other two one
 FIT_SKIP = 1  # a slice's first reading in a fit is no row: its launches run ahead of the GPU
 FIT_EXTRA = 2  # a fit is tried once it has this many rows more than the slices it fits, each boosted in one
-FIT_ROWS = 16  # ... over at most this many of the latest
+FIT_ROWS = 16  # ... over at most this many of the latest, or as many as FIT_BOOSTS turns of all take
 # ... and, in a fit of at most FIT_FEW slices, each boosted in FIT_BOOSTS rows: a slice's cost set by
 # one boosted row leaves that row no residual, so its error goes unseen (a fresh clone's CI fitted
 # the fourth of four slices of one kernel 4 % high from its one boosted row, claimed within 0.4 %:
-# 38.5 % of hard 40). More slices have small shares, which a cost's error moves less.
+# 38.5 % of hard 40). Eight slices' small shares are moved less by a cost's error, but not little
+# enough: with one boosted row each, 48-82 of 300 fits of eight slices on noisy readings ended over
+# a point off (`./dev.sh bench fit-noise`), with two 9-32, for 11.6 s of fitting against 7.7 s.
 FIT_BOOSTS = 2
-FIT_FEW = 4
+FIT_FEW = 8
 # ... and ends once every cost's standard error moves its slice's share by at most this many
 # points: a cost off by e moves a share s by about 100 s (1 - s) e points
 FIT_POINTS = 0.25
@@ -102,14 +104,14 @@ class Fit:
 
     order: list[Key] = field(default_factory=list)
     skip: dict[Key, int] = field(default_factory=dict)
-    rows: deque[Row] = field(default_factory=lambda: deque(maxlen=FIT_ROWS))
+    rows: deque[Row] = field(default_factory=deque)
     readings: int = 0  # since it began
     phases: list[int] = field(default_factory=list)  # the phase of the budgets set after each reading
     scale: float = LEARN_SCALE
     estimate: dict[Key, float] = field(default_factory=dict)  # the latest fit
     pending: tuple[int, Row] | None = None  # the first reading of a boost's two, and its phase
     boosted: dict[Key, int] = field(default_factory=dict)  # rows in which each slice had its boost
-    whose: deque[Key | None] = field(default_factory=lambda: deque(maxlen=FIT_ROWS))  # each row's boost
+    whose: deque[Key | None] = field(default_factory=deque)  # each row's boosted slice
     backlog: int = 0  # readings left that ran what a full one queued
     elapsed_ns: int = 0  # the readings' time since it began
     full: int = 0  # readings that filled the GPU
@@ -240,8 +242,8 @@ class CostSplit:
             f.skip = {k: n for k, n in f.skip.items() if k in keep}
             f.estimate = {k: c for k, c in f.estimate.items() if k in keep}
             rows = [(r, w) for r, w in zip(f.rows, f.whose, strict=True) if set(r[1]) <= keep]
-            f.rows = deque((r for r, _ in rows), maxlen=FIT_ROWS)
-            f.whose = deque((w for _, w in rows), maxlen=FIT_ROWS)
+            f.rows = deque(r for r, _ in rows)
+            f.whose = deque(w for _, w in rows)
             f.boosted = {k: n for k, n in f.boosted.items() if k in keep}
             f.pending = None
             if not f.order:
@@ -288,6 +290,9 @@ class CostSplit:
         )
         f.pending = None
         f.whose.append(f.order[ran] if ran < len(f.order) else None)
+        while len(f.rows) > rows_kept(len(f.order)):
+            f.rows.popleft()
+            f.whose.popleft()
         if ran < len(f.order):
             f.boosted[f.order[ran]] = f.boosted.get(f.order[ran], 0) + 1
         return True
@@ -296,7 +301,7 @@ class CostSplit:
         """Fit the costs once there are rows enough and each slice had its boosts; keep them once
         they are exact enough for the shares they set, or the rows are all there will be."""
         keys = [k for k in f.order if any(k in r[1] for r in f.rows)]
-        boosts = FIT_BOOSTS if len(keys) <= FIT_FEW else 1
+        boosts = boosts_needed(len(keys))
         if len(f.rows) < len(keys) + FIT_EXTRA or any(f.boosted.get(k, 0) < boosts for k in keys):
             return
         fitted = robust_fit(list(f.rows), keys, 2 * window_ns, list(f.whose), boosts)
@@ -308,7 +313,7 @@ class CostSplit:
         # kernel 21 % apart over 4 rows, each claimed within 1.1 %: 26.2 / 73.6 % of hard 30 / 70)
         wide = student_t(used - len(keys))
         moves = {k: wide * 100 * e * min(0.25, (s := shares.get(k, 0.5)) * (1 - s)) for k, e in errors.items()}
-        if max(moves.values()) <= FIT_POINTS or len(f.rows) == FIT_ROWS:
+        if max(moves.values()) <= FIT_POINTS or len(f.rows) >= rows_kept(len(keys)):
             self._fitted(f.estimate, errors)
             self.fitted_for.update({k: max(shares.get(k, 0.5), 1e-3) for k in f.estimate})
             if log.isEnabledFor(logging.DEBUG):  # the rows are joined only for a daemon that logs them
@@ -442,6 +447,17 @@ class CostSplit:
         log.debug("split %.1f ms: %s", total_ns / 1e6, " ".join(
             f"{k[0][:8]}/{k[1]} threads {t} cost {self.cost(k) or 0.0:.4g}{' fitting' if self.fit else ''}"
             f" {out[k] / 1e6:.1f} ms" for k, t in threads.items()))  # fmt: skip
+
+
+def boosts_needed(slices: int) -> int:
+    """The boosted rows a fit needs of each of this many slices."""
+    return FIT_BOOSTS if slices <= FIT_FEW else 1
+
+
+def rows_kept(slices: int) -> int:
+    """The latest rows a fit of this many slices is over: FIT_ROWS, or the turns of all its
+    boosts need (each turn a row a slice and one of none), and FIT_EXTRA more."""
+    return max(FIT_ROWS, boosts_needed(slices) * (slices + 1) + FIT_EXTRA)
 
 
 def _same(before: dict[Key, float], after: dict[Key, float]) -> bool:

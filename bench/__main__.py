@@ -13,6 +13,7 @@ from bench import (
     device_plugin,
     dra_prepare,
     driver_memory,
+    fit_noise,
     interposer_calls,
     scale,
     sim_calls,
@@ -29,6 +30,7 @@ BENCHMARKS = {
     "device-plugin": device_plugin.main,
     "driver-memory": driver_memory.main,
     "admission-webhook": admission_webhook.main,
+    "fit-noise": fit_noise.main,
 }
 
 
