@@ -248,6 +248,22 @@ def test_a_new_slice_starts_a_fit_of_all_and_one_gone_is_forgotten():
     assert split.fit is None and not split.costs
 
 
+def test_a_slice_gone_mid_fit_takes_its_rows_and_their_boosts_with_it():
+    """Rows that had a slice gone leave the fit, each with the record of whose boost it was."""
+    split = CostSplit()
+    share = {A: 0.3, B: 0.3, C: 0.4}
+    threads = {k: round(s * WINDOW) for k, s in share.items()}
+    while split.fit is None or len(split.fit.rows) < 4:
+        split.split(float(sum(threads.values())), threads, WINDOW, share)
+        threads = budgets(split, share, {k: 1.0 for k in share})
+    f = split.fit
+    assert set(list(f.whose)[:4]) == {A, B, C, None}  # each boost in turn, and none
+    f.rows.append((1.0, {A: 1, C: 1}))  # a row of A and C alone, whose boost was C's
+    f.whose.append(C)
+    split.forget({A, C})
+    assert list(f.rows) == [(1.0, {A: 1, C: 1})] and list(f.whose) == [C]
+
+
 def test_a_process_that_runs_every_other_period_is_not_taken_for_a_clock_of_its_own():
     """Two tenants alike on a driver that gives each 200 ms period to one process:
     A, B, A, B... Each one's own samples are 400 ms apart, the other's 200 ms
