@@ -110,8 +110,8 @@ class Fit:
     scale: float = LEARN_SCALE
     estimate: dict[Key, float] = field(default_factory=dict)  # the latest fit
     pending: tuple[int, Row] | None = None  # the first reading of a boost's two, and its phase
-    boosted: dict[Key, int] = field(default_factory=dict)  # rows in which each slice had its boost
-    whose: deque[Key | None] = field(default_factory=deque)  # each row's boosted slice
+    boosted: dict[Key, int] = field(default_factory=dict)  # rows each slice had its boost in, since the fit began
+    whose: deque[Key | None] = field(default_factory=deque)  # each kept row's boosted slice (None: no one's)
     backlog: int = 0  # readings left that ran what a full one queued
     elapsed_ns: int = 0  # the readings' time since it began
     full: int = 0  # readings that filled the GPU
@@ -313,7 +313,7 @@ class CostSplit:
         # kernel 21 % apart over 4 rows, each claimed within 1.1 %: 26.2 / 73.6 % of hard 30 / 70)
         wide = student_t(used - len(keys))
         moves = {k: wide * 100 * e * min(0.25, (s := shares.get(k, 0.5)) * (1 - s)) for k, e in errors.items()}
-        if max(moves.values()) <= FIT_POINTS or len(f.rows) >= rows_kept(len(keys)):
+        if max(moves.values()) <= FIT_POINTS or len(f.rows) >= rows_kept(len(f.order)):  # all _row keeps
             self._fitted(f.estimate, errors)
             self.fitted_for.update({k: max(shares.get(k, 0.5), 1e-3) for k in f.estimate})
             if log.isEnabledFor(logging.DEBUG):  # the rows are joined only for a daemon that logs them
