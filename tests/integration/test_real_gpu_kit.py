@@ -88,6 +88,8 @@ def test_the_kit_on_the_simulator_passes_its_driver_steps_and_skips_the_framewor
         # timed from an idle stream, the host's launch: 49.3 against 40.0 for the 50 us duty cycle)
         assert abs(accounted - busy) <= 5, (name, row["observed"])
         assert accounted > 0, (name, row["observed"])
+        # the GPU's clocks beside each phase (kit_clocks): the simulator's one clock, its power with its load
+        assert re.search(r"the GPU: SM 1410 MHz \(1410-1410\), [0-9]+ W$", row["observed"]), (name, row["observed"])
     for phase in json.loads((kit_dirs["out"] / "trace.json").read_text())["phases"]:
         for cal in phase["ready"]:  # each kernel as long as asked, timed queued (the host's launch not in it)
             assert cal["kernel_us"] == pytest.approx(phase["kernel_us"], rel=0.05) and cal["uncovered"] == 0, cal

@@ -247,6 +247,7 @@ def test_the_trace_summary_says_whether_tenants_are_stamped_together_or_each_on_
     alone = kit_trace.summary({**record([]), "pids": [1], "results": [{"busy_fraction": 1.0}]})
     assert alone[0]["stamps_shared"] is None
     assert "of its stamps shared with another tenant's" in kit_trace.rows({**record([130]), "phase": "p"})[0].observed
+    assert together[0]["clocks"] == "no clock or power from this driver"  # a trace from before its polls had them
 
 
 def test_accounting_turns_two_reads_into_each_tenant_s_share_and_says_why_there_is_none(monkeypatch):
@@ -272,6 +273,33 @@ def test_accounting_turns_two_reads_into_each_tenant_s_share_and_says_why_there_
     assert turned[-1] == 0  # put back as it was found
 
 
+def test_the_clocks_are_read_where_the_driver_gives_them_and_said_in_one_phrase(monkeypatch):
+    """kit_clocks: the SM clock, the power and the reasons that held the clocks down, each left
+    out where the driver or pynvml lacks its call; the older name of the reasons' call is the
+    fallback (nvml.h deprecates it in 13.0 and keeps it)."""
+    import kit_clocks
+
+    pynvml = kit_clocks.pynvml
+
+    def missing(*_a):  # type: ignore[no-untyped-def]
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetClockInfo", lambda h, kind: 1755 if kind == pynvml.NVML_CLOCK_SM else 0)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", lambda h: 699_500)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", missing)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", lambda h: 0x4 | 0x40)
+    assert kit_clocks.read("h") == {"sm_mhz": 1755, "power_w": 699.5, "reasons": 0x44}
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", missing)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetPowerUsage", missing)
+    assert kit_clocks.read("h") == {"sm_mhz": 1755}
+    assert kit_clocks.reason_names(0x44) == ["power cap", "thermal (hardware)"]
+    samples = [{"t": 0.5, "sm_mhz": 1980, "reasons": 0}, {"t": 1.0, "sm_mhz": 1755, "reasons": 0x4},
+               {"t": 1.5, "sm_mhz": 1800, "reasons": 0x4}, {"t": 9.0}]  # fmt: skip
+    assert kit_clocks.describe(samples, 0.0, 2.0) == "SM 1800 MHz (1755-1980), power cap in 2 of 3"
+    assert kit_clocks.describe(samples, 5.0, 10.0) == "no clock or power from this driver"
+    assert kit_clocks.describe(samples, 20.0, 30.0) == "no readings"
+
+
 def stand_in_slices(monkeypatch, made: list[tuple[str, str]], tenants, fit_s: float, daemon_log=None):  # type: ignore[no-untyped-def]
     """The share steps' slices (each one's cores and policy added to `made`), tenants, NVML
     windows (50 % each), clock and the daemon's fit (`fit_s` after the start), stood in; the kit."""
@@ -289,6 +317,15 @@ def stand_in_slices(monkeypatch, made: list[tuple[str, str]], tenants, fit_s: fl
     monkeypatch.setattr(ks.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(ks.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     client = type("C", (), {"compute_settled": lambda self, names, wait: int((clock[0] + fit_s) * 1e9)})()
+
+    @contextlib.contextmanager
+    def sampling(uuid, started):  # type: ignore[no-untyped-def]
+        # full from the fit's end: the clock held down at the power cap (what kit_clocks is to tell)
+        samples = [{"t": t / 2, "sm_mhz": 1980 if t / 2 < fit_s else 1755, "power_w": 500.0 if t / 2 < fit_s
+                    else 700.0, "reasons": 0 if t / 2 < fit_s else 0x4} for t in range(1, 80)]  # fmt: skip
+        yield ks.kit_clocks.Clocks(None, started, samples)
+
+    monkeypatch.setattr(ks.kit_clocks, "sampling", sampling)
     return type("K", (), {"client": client, "gpu": type("G", (), {"uuid": "GPU-x"})(), "layout": None,
                           "daemon_log": daemon_log})()  # fmt: skip
 
@@ -330,6 +367,10 @@ def test_the_share_steps_run_their_tenants_and_judge_each_after_the_fit(monkeypa
         assert not bad, bad
         assert any("fit of their costs" in r.name and r.observed == "4.2 s" for r in result.rows)
         assert any(r.name.endswith("NVML accounting") and r.observed == "accounting unavailable" for r in result.rows)
+        clocks = [r.observed for r in result.rows if r.name.endswith("the GPU's clocks")]
+        assert len(clocks) == (2 if step is ks.shares else 3), clocks
+        assert clocks[0] == ("fit: SM 1980 MHz (1980-1980), 500 W, no reason held the clocks down; judged: "
+                             "SM 1755 MHz (1755-1755), 700 W, power cap in 40 of 40"), clocks  # fmt: skip
     assert made == [("-", "-"), ("70", "hard"), ("30", "hard"), ("50", "hard"), ("50", "hard"),
                     ("10", "hard"), ("20", "hard"), ("30", "hard"), ("40", "hard")]  # fmt: skip
 
@@ -414,7 +455,7 @@ def test_the_mps_step_runs_clients_at_their_thread_limits_and_judges_their_throu
     monkeypatch.setattr(ks, "slice_box", box)
     monkeypatch.setattr(ks, "Probe", Client)
     monkeypatch.setattr(ks, "_windows", lambda uuid, pids, first, last, started: [[40.0] * len(pids)] * (last - first))
-    monkeypatch.setattr(ks, "_alone", lambda kit: (125.0, 97.0))
+    monkeypatch.setattr(ks, "_alone", lambda kit: ks.Alone(125.0, 97.0, []))
     monkeypatch.setattr(kit_mps, "control_binary", lambda: "/usr/bin/nvidia-cuda-mps-control")
     monkeypatch.setattr(kit_mps, "running", lambda control, uuid: contextlib.nullcontext(Daemon()))
     kit = type("K", (), {"client": None, "gpu": type("G", (), {"uuid": "GPU-x"})(), "layout": None,

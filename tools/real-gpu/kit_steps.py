@@ -19,6 +19,7 @@ from pathlib import Path
 
 import grpc
 import kit_accounting
+import kit_clocks
 import kit_mps
 import kit_trace
 from kit_node import LogLines
@@ -528,10 +529,17 @@ class Pair:
     after: list[list[float]] = field(default_factory=list)
     accounted: list[float | None] = field(default_factory=list)  # each one's % over the span, NVML accounting
     accounting: str | None = None  # why it has none
+    clocks: list[dict] = field(default_factory=list)  # kit_clocks' readings from the tenants' start
 
     def facts(self) -> dict:
         return {"busy": self.busy, "after_idle": self.after, "per_second": self.per_second, "fitted_s": self.fit_s,
-                "accounted": self.accounted, "accounting": self.accounting}  # fmt: skip
+                "accounted": self.accounted, "accounting": self.accounting, "clocks": self.clocks}  # fmt: skip
+
+    def clocks_seen(self) -> str:
+        """The clocks while the costs were fitted (the GPU part-busy) and over the judged seconds."""
+        fit_end = self.fit_s if self.fit_s is not None else float(self.span.start)
+        return (f"fit: {kit_clocks.describe(self.clocks, 0.0, fit_end)}; judged: "
+                f"{kit_clocks.describe(self.clocks, self.span.start, self.span.stop)}")  # fmt: skip
 
 
 def _after_fit(kit: Kit, boxes: list, started: float) -> tuple[float | None, int]:
@@ -554,6 +562,7 @@ def _pair(kit: Kit, targets: tuple[int, ...], policy: str, idle_first: bool = Fa
                  for t in targets]  # fmt: skip
         probes, pids = _tenants(kit, boxes, seconds, idle)
         started = time.monotonic()
+        clocks = stack.enter_context(kit_clocks.sampling(kit.gpu.uuid, started))
         try:
             fit_s, first = _after_fit(kit, boxes, started)
             span = slice(first, int(IDLE_AT) - 1 if idle_first else first + 20)
@@ -567,27 +576,48 @@ def _pair(kit: Kit, targets: tuple[int, ...], policy: str, idle_first: bool = Fa
         finally:
             for p in probes:
                 p.kill()
-    return Pair(fit_s, span, busy, results, given, after, accounted, unaccounted)
+    return Pair(fit_s, span, busy, results, given, after, accounted, unaccounted, clocks.samples)
 
 
-def _alone(kit: Kit) -> tuple[float, float]:
-    """A matmul tenant alone on the GPU, in a memory-only slice: its products per second, and
-    how busy NVML saw the GPU meanwhile (its loop's synchronizations leave gaps: with it, what a
-    pair did per busy second tells a tenant slowed while time-sliced from a split that is off)."""
+@dataclass
+class Alone:
+    """A matmul tenant alone on the GPU: its products per second, how busy NVML saw the GPU
+    meanwhile, and kit_clocks' readings from its start."""
+
+    rate: float
+    busy: float
+    clocks: list[dict]
+
+    def facts(self) -> dict:
+        return {"alone_per_s": self.rate, "alone_busy": self.busy, "alone_clocks": self.clocks}
+
+
+def _alone(kit: Kit) -> Alone:
+    """A matmul tenant alone, in a memory-only slice (its loop's synchronizations leave gaps:
+    with how busy the GPU was, what a pair did per busy second tells a tenant slowed while
+    time-sliced from a split that is off)."""
     with slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(4 * GiB)}) as box:
         probes, pids = _tenants(kit, [box], 6.0, [0.0])
         started = time.monotonic()
         try:
-            busy = _windows(kit.gpu.uuid, pids, 1, 5, started)
+            with kit_clocks.sampling(kit.gpu.uuid, started) as clocks:
+                busy = _windows(kit.gpu.uuid, pids, 1, 5, started)
             per_second = probes[0].message(time.monotonic() + 60)["result"]["per_second"]
         finally:
             probes[0].kill()
-    return statistics.fmean(per_second[1:-1]), statistics.fmean(w[0] for w in busy)
+    return Alone(statistics.fmean(per_second[1:-1]), statistics.fmean(w[0] for w in busy), clocks.samples)
 
 
-def _alone_row(step: str, rate: float, busy: float) -> Row:
-    return check(step, "a matmul tenant alone", "a fact: its rate, and the GPU's use by NVML",
-                 f"{rate:.1f} products/s; NVML {busy:.1f} %", None)  # fmt: skip
+def _alone_row(step: str, alone: Alone) -> Row:
+    return check(step, "a matmul tenant alone", "a fact: its rate, the GPU's use by NVML, its clocks",
+                 f"{alone.rate:.1f} products/s; NVML {alone.busy:.1f} %; "
+                 f"{kit_clocks.describe(alone.clocks, 1.0, 5.0)}", None)  # fmt: skip
+
+
+def _clocks_row(step: str, label: str, pair: Pair) -> Row:
+    # a full GPU's matmuls read 11 % above their costs fitted at 40-80 % busy on the H200 (kit_clocks)
+    return check(step, f"{label}: the GPU's clocks", "a fact: SM clock, power and what held them, "
+                 "while fitting and judged", pair.clocks_seen(), None)  # fmt: skip
 
 
 def _fit_row(step: str, label: str, fit_s: float | None) -> Row:
@@ -598,13 +628,15 @@ def _fit_row(step: str, label: str, fit_s: float | None) -> Row:
 def shares(kit: Kit) -> StepResult:
     step, facts, rows = "shares", {}, []
     try:
-        alone, facts["alone_busy"] = _alone(kit)
-        facts["alone_per_s"] = alone
-        rows.append(_alone_row(step, alone, facts["alone_busy"]))
+        measured = _alone(kit)
+        facts.update(measured.facts())
+        alone = measured.rate
+        rows.append(_alone_row(step, measured))
         for policy in ("hard", "elastic"):
             pair = _pair(kit, (30, 70), policy, idle_first=policy == "elastic")
             facts[policy] = pair.facts()
             rows.append(_fit_row(step, f"{policy} 30/70", pair.fit_s))
+            rows.append(_clocks_row(step, f"{policy} 30/70", pair))
             for i, target in enumerate((30, 70)):
                 rows += share_rows(step, f"{policy} {target} %", target, [w[i] for w in pair.busy],
                                    pair.per_second[i][pair.span], alone)  # fmt: skip
@@ -626,14 +658,16 @@ def share_bias(kit: Kit) -> StepResult:
     tenants at 10/20/30/40 are held to 2 points (issue 46)."""
     step, facts, rows = "share-bias", {}, []
     try:
-        alone, facts["alone_busy"] = _alone(kit)
-        facts["alone_per_s"] = alone
-        rows.append(_alone_row(step, alone, facts["alone_busy"]))
+        measured = _alone(kit)
+        facts.update(measured.facts())
+        alone = measured.rate
+        rows.append(_alone_row(step, measured))
         for targets in ((70, 30), (50, 50), (10, 20, 30, 40)):
             label = f"hard {'/'.join(map(str, targets))}, in that order"
             pair = _pair(kit, targets, "hard")
             facts[label] = pair.facts()
             rows.append(_fit_row(step, label, pair.fit_s))
+            rows.append(_clocks_row(step, label, pair))
             points = FOUR_POINTS if len(targets) > 2 else None
             for i, target in enumerate(targets):
                 rows += share_rows(step, f"{label}: #{i + 1}, {target} %", target, [w[i] for w in pair.busy],
@@ -737,9 +771,10 @@ def lend(kit: Kit) -> StepResult:
     light 49.3-50.1 %, given back in 1.0-1.6 s). Not yet measured on a real driver."""
     step, facts, rows = "lend", {}, []
     try:
-        alone, facts["alone_busy"] = _alone(kit)
-        facts["alone_per_s"] = alone
-        rows.append(_alone_row(step, alone, facts["alone_busy"]))
+        measured = _alone(kit)
+        facts.update(measured.facts())
+        alone = measured.rate
+        rows.append(_alone_row(step, measured))
         lending = _lending(kit, alone)
         facts.update(lending.facts())
         rows += lend_rows(step, lending, alone)
@@ -821,7 +856,7 @@ def mps(kit: Kit) -> StepResult:
     if control is None:
         return StepResult(step, [skipped(step, "MPS", f"{kit_mps.CONTROL} is not on this machine's PATH")], 0)
     try:
-        without, _ = _alone(kit)
+        without = _alone(kit).rate
         facts["without_mps_per_s"] = without
         with kit_mps.running(control, kit.gpu.uuid) as daemon:
             try:

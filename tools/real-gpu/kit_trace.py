@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 import kit_accounting
+import kit_clocks
 import pynvml
 from kit_report import Row, check
 from kit_slices import Probe, without_interposer
@@ -98,6 +99,7 @@ class Sampler:
         with contextlib.suppress(pynvml.NVMLError):
             rates = pynvml.nvmlDeviceGetUtilizationRates(self.handle)
             entry["device"] = [rates.gpu, rates.memory]
+        entry.update(kit_clocks.read(self.handle))  # whether the clock moves with the load (kit_clocks)
         if memory:
             with contextlib.suppress(pynvml.NVMLError):
                 procs = pynvml.nvmlDeviceGetComputeRunningProcesses(self.handle)
@@ -173,7 +175,9 @@ def summary(record: dict) -> list[dict]:
         others = set().union(*(v for k, v in stamps.items() if k != t["pid"]))
         mine = stamps[t["pid"]]
         t["stamps_shared"] = round(len(mine & others) / len(mine), 2) if mine and others else None
-    return [{**t, "polls": len(record["polls"]), "not_found": not_found} for t in out]
+    # the phase's clocks, over all its polls (traces from before stop 69 have none)
+    clocks = kit_clocks.describe([{**p, "t": 0.0} for p in record["polls"]], 0.0, 1.0)
+    return [{**t, "polls": len(record["polls"]), "not_found": not_found, "clocks": clocks} for t in out]
 
 
 def rows(record: dict) -> list[Row]:
@@ -188,5 +192,6 @@ def rows(record: dict) -> list[Row]:
                          + (f"; {t['stamps_shared']} of its stamps shared with another tenant's"
                             if t["stamps_shared"] is not None else "")
                          + (f"; NVML accounting {t['accounted_percent']} %"
-                            if t["accounted_percent"] is not None else ""), None))  # fmt: skip
+                            if t["accounted_percent"] is not None else "")
+                         + f"; the GPU: {t['clocks']}", None))  # fmt: skip
     return got
