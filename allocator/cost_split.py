@@ -26,9 +26,11 @@ fitted only as exactly as the share it used then needs; when it claims more
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +49,9 @@ FIT_ROWS = 16  # ... over at most this many of the latest, or as many as FIT_BOO
 # a point off (`./dev.sh bench fit-noise`), with two 9-32, for 11.6 s of fitting against 7.7 s.
 FIT_BOOSTS = 2
 FIT_FEW = 8
-# ... and ends once every cost's standard error moves its slice's share by at most this many
-# points: a cost off by e moves a share s by about 100 s (1 - s) e points
+# ... and ends once every slice's share's standard error is at most this many points (share_points:
+# from the costs' covariance; each cost's error alone, as until stop 69, said 0.19-0.25 where the
+# H200's rows gave 0.40, their errors correlated at -0.6)
 FIT_POINTS = 0.25
 OUTLIER = 4  # a row off the fit by this many times the median row's error (and more than
 OUTLIER_FLOOR = 0.01  # this part of the period) is left out (a row's rounding is within half of it)
@@ -307,22 +310,23 @@ class CostSplit:
         fitted = robust_fit(list(f.rows), keys, 2 * window_ns, list(f.whose), boosts)
         if fitted is None:
             return
-        f.estimate, errors, used = fitted
+        f.estimate, errors, used = fitted.costs, fitted.errors, fitted.used
         # a standard error from few rows is itself uncertain: with 2 degrees of freedom one fit in
         # ten claims a third of its real error or less (a fresh clone's CI fitted two slices of one
         # kernel 21 % apart over 4 rows, each claimed within 1.1 %: 26.2 / 73.6 % of hard 30 / 70)
         wide = student_t(used - len(keys))
-        moves = {k: wide * 100 * e * min(0.25, (s := shares.get(k, 0.5)) * (1 - s)) for k, e in errors.items()}
-        if max(moves.values()) <= FIT_POINTS or len(f.rows) >= rows_kept(len(f.order)):  # all _row keeps
+        moves = share_points(fitted.cov, {k: shares.get(k, 0.5) for k in keys})
+        if wide * max(moves.values()) <= FIT_POINTS or len(f.rows) >= rows_kept(len(f.order)):  # all _row keeps
             self._fitted(f.estimate, errors)
             self.fitted_for.update({k: max(shares.get(k, 0.5), 1e-3) for k in f.estimate})
             if log.isEnabledFor(logging.DEBUG):  # the rows are joined only for a daemon that logs them
                 log.debug("fit rows (ms: threads): %s", " ".join(
                     f"{r[0] / 1e6:.2f}:" + ",".join(str(r[1].get(k, 0)) for k in keys) for r in f.rows))  # fmt: skip
             # what an operator (and a failed test) reads to see how long fitting took and why
-            log.info("costs fitted over %d of %d rows, %d readings (%d full) in %.1f s: %s", used, len(f.rows),
-                     f.readings, f.full, f.elapsed_ns / 1e9, " ".join(
-                         f"{k[0][:8]}/{k[1]} {c:.4g} ±{errors[k]:.1%}" for k, c in f.estimate.items()))  # fmt: skip
+            log.info("costs fitted over %d of %d rows, %d readings (%d full) in %.1f s: %s; shares ±%.2f points",
+                     used, len(f.rows), f.readings, f.full, f.elapsed_ns / 1e9, " ".join(
+                         f"{k[0][:8]}/{k[1]} {c:.4g} ±{errors[k]:.1%}" for k, c in f.estimate.items()),
+                     wide * max(moves.values()))  # fmt: skip
 
     def settle(self) -> None:
         """The slices' targets on this GPU moved (a load rose, one went idle, a share came
@@ -478,7 +482,11 @@ def student_t(dof: int) -> float:
     return STUDENT_T.get(dof, 1.0 if dof > 10 else float("inf"))
 
 
-Fitted = tuple[dict[Key, float], dict[Key, float], int]  # costs, their relative errors, the rows used
+class Fitted(NamedTuple):
+    costs: dict[Key, float]
+    errors: dict[Key, float]
+    used: int  # rows
+    cov: dict[Key, dict[Key, float]]
 
 
 def robust_fit(rows: list[Row], keys: list[Key], window_ns: int,
@@ -506,17 +514,16 @@ def robust_fit(rows: list[Row], keys: list[Key], window_ns: int,
         return None
     boosted = Counter(whose or ())
     while len(kept) > 2 * len(keys) + FIT_EXTRA:
-        off = {i: abs(rows[i][0] - sum(fitted[0][k] * rows[i][1].get(k, 0) for k in keys)) for i in kept}
+        off = {i: abs(rows[i][0] - sum(fitted.costs[k] * rows[i][1].get(k, 0) for k in keys)) for i in kept}
         limit = max(OUTLIER * sorted(off.values())[len(off) // 2], OUTLIER_FLOOR * window_ns)
         worst = max(kept, key=off.__getitem__)
-        slice_ = whose[worst] if whose and whose[worst] in fitted[0] else None
+        slice_ = whose[worst] if whose and whose[worst] in fitted.costs else None
         if off[worst] <= limit:
             break
         if slice_ is not None and boosted[slice_] <= boosts:
             # its cost is as unsure as that row is off: the fit goes on to its next boost
-            part = fitted[0][slice_] * rows[worst][1].get(slice_, 0)
-            errors = {**fitted[1], slice_: max(fitted[1][slice_], off[worst] / part if part > 0 else float("inf"))}
-            fitted = (fitted[0], errors)
+            part = fitted.costs[slice_] * rows[worst][1].get(slice_, 0)
+            fitted = _unsure(fitted, slice_, off[worst] / part if part > 0 else float("inf"))
             break
         fewer = least_squares([rows[i] for i in kept if i != worst], keys, floor)
         if fewer is None:  # the row was all that told two slices apart
@@ -525,12 +532,48 @@ def robust_fit(rows: list[Row], keys: list[Key], window_ns: int,
         kept.remove(worst)
         if slice_ is not None:
             boosted[slice_] -= 1
-    if min(fitted[0].values()) <= 0:
+    if min(fitted.costs.values()) <= 0:
         return None
-    return fitted[0], fitted[1], len(kept)
+    return Fitted(fitted.costs, fitted.errors, len(kept), fitted.cov)
 
 
-Costs = tuple[dict[Key, float], dict[Key, float]]  # costs, and their relative errors
+def _unsure(fitted: Costs, k: Key, error: float) -> Costs:
+    """The fit with k's cost taken to be at least `error` unsure (relative), its
+    correlations with the others kept."""
+    if error <= fitted.errors[k]:
+        return fitted
+    if not math.isfinite(error):
+        inf = float("inf")
+        cov = {i: {j: inf if k in (i, j) else v for j, v in row.items()} for i, row in fitted.cov.items()}
+        return Costs(fitted.costs, {**fitted.errors, k: inf}, cov)
+    r = error / fitted.errors[k]
+    cov = {i: {j: v * (r if i == k else 1.0) * (r if j == k else 1.0) for j, v in row.items()}
+           for i, row in fitted.cov.items()}  # fmt: skip
+    return Costs(fitted.costs, {**fitted.errors, k: error}, cov)
+
+
+def share_points(cov: dict[Key, dict[Key, float]], shares: dict[Key, float]) -> dict[Key, float]:
+    """Each slice's share's standard error, in points, from the costs' relative covariance.
+    A reading is split in proportion to threads x cost, so slice k is charged its part of
+    the time off by d_k - sum_j w_j d_j, each d a cost's relative error and w_j slice j's
+    part of the slices' time (their shares'): only the costs' ratios move a share. Fitted
+    together, the costs' errors are correlated: on the H200's rows of two matmul tenants
+    at -0.6 (a row tells their weighted sum better than their difference), so their
+    ratio was 1.6 times as unsure as either cost alone said."""
+    total = sum(shares.values())
+    w = {k: s / total for k, s in shares.items()}
+    out = {}
+    for k, s in shares.items():
+        a = {j: float(j == k) - w[j] for j in shares}
+        var = sum(a[i] * a[j] * cov[i][j] for i in shares for j in shares if a[i] and a[j])
+        out[k] = 100 * s * math.sqrt(max(var, 0.0))
+    return out
+
+
+class Costs(NamedTuple):
+    costs: dict[Key, float]
+    errors: dict[Key, float]  # each one's standard error relative to it
+    cov: dict[Key, dict[Key, float]]  # their covariance, relative to them (errors: its diagonal's roots)
 
 
 def least_squares(rows: list[Row], keys: list[Key], floor: float = 0.0) -> Costs | None:
@@ -561,5 +604,7 @@ def least_squares(rows: list[Row], keys: list[Key], floor: float = 0.0) -> Costs
     ssr = sum((r[0] - sum(ci * xi for ci, xi in zip(c, x, strict=True))) ** 2 for x, r in zip(xs, rows, strict=True))
     var = max(ssr / free, floor) if free > 0 else float("inf")
     costs = {k: c[i] / scale[i] for i, k in enumerate(keys)}
-    errors = {k: (var * a[i][n + i]) ** 0.5 / abs(c[i]) if c[i] else float("inf") for i, k in enumerate(keys)}
-    return costs, errors
+    # the costs' covariance relative to them: (X'X)^-1 var / (c_i c_j), the columns' scales cancelling
+    cov = {k: {j: var * a[i][n + m] / (c[i] * c[m]) if c[i] and c[m] else float("inf") for m, j in enumerate(keys)}
+           for i, k in enumerate(keys)}  # fmt: skip
+    return Costs(costs, {k: cov[k][k] ** 0.5 for k in keys}, cov)

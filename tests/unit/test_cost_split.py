@@ -22,6 +22,7 @@ from gpuslice.allocator.cost_split import (
     CostSplit,
     least_squares,
     robust_fit,
+    share_points,
 )
 from gpuslice.allocator.utilization import Sample, Spans
 
@@ -29,6 +30,7 @@ pytestmark = pytest.mark.unit
 
 A, B, C = ("a", 0), ("b", 0), ("c", 0)
 WINDOW = 200_000_000  # ns: the H100's sample period
+H200_CALL3 = Path(__file__).parents[1] / "data" / "real-gpu" / "h200-2026-11-27" / "daemon-call3.log"
 
 
 def known(costs: dict) -> CostSplit:
@@ -127,7 +129,7 @@ def test_the_rows_that_put_a_slice_s_cost_9_percent_off_on_a_ci_run_now_fit_it_w
         (float(ms) * 1e6, dict(zip(keys, map(int, threads.split(",")), strict=True)))
         for ms, threads in (tok.split(":") for tok in line.split())
     ]
-    costs, errors, used = robust_fit(rows, keys, 2 * WINDOW)
+    costs, errors, used, _ = robust_fit(rows, keys, 2 * WINDOW)
     assert used == len(rows) - 1
     mean = sum(costs.values()) / len(costs)
     assert all(c / mean == pytest.approx(1.0, abs=0.005) for c in costs.values()), costs
@@ -233,9 +235,44 @@ def test_a_full_gpu_is_no_row_and_scales_the_shares_down():
 def test_rows_that_do_not_tell_the_slices_apart_give_no_fit():
     rows = [(300.0, {A: 100, B: 100})] * 5
     assert least_squares(rows, [A, B]) is None
-    costs, errors = least_squares([(300.0, {A: 100, B: 100}), (500.0, {A: 100, B: 200}), (400.0, {A: 200, B: 100})],
+    costs, errors, _ = least_squares([(300.0, {A: 100, B: 100}), (500.0, {A: 100, B: 200}), (400.0, {A: 200, B: 100})],
                                   [A, B])  # fmt: skip
     assert costs == pytest.approx({A: 1.0, B: 2.0}) and max(errors.values()) < 1e-6
+
+
+def test_a_share_s_error_is_what_the_costs_ratio_leaves_unsure():
+    """The split moves a share only by the costs' ratios, and costs fitted together have
+    correlated errors: rows as a two-slice fit's (one of none boosted, one each), each
+    reading 2 ms off at random, fitted 400 times. share_points' figure for the 30 % share
+    is the spread the fits really give it; each cost's own error times s (1 - s), the stop
+    rule's until stop 69, says about half (the H200's rows: 0.19-0.25 against 0.40)."""
+    import random
+    import statistics
+
+    design = [(12, 28), (52, 28), (12, 68)] * 3  # millions of threads a row, as the H200's fits had
+    shares = {A: 0.3, B: 0.7}
+    got, said, alone = [], [], []
+    for seed in range(400):
+        rnd = random.Random(seed)
+        rows = [(4.0 * (a + b) * 1e6 + rnd.gauss(0, 2e6), {A: a * 1_000_000, B: b * 1_000_000}) for a, b in design]
+        fitted = least_squares(rows, [A, B])
+        assert fitted is not None
+        got.append(100 * 0.3 * fitted.costs[A] / (0.3 * fitted.costs[A] + 0.7 * fitted.costs[B]))
+        said.append(share_points(fitted.cov, shares)[A])
+        alone.append(100 * 0.21 * max(fitted.errors.values()))
+    spread, figure = statistics.stdev(got), statistics.median(said)
+    assert figure == pytest.approx(spread, rel=0.15), (figure, spread)
+    assert statistics.median(alone) < 0.75 * spread, (statistics.median(alone), spread)
+    assert share_points(fitted.cov, shares)[B] == pytest.approx(said[-1])  # two slices: one ratio, one error
+    # a fit of the H200's rows (call 3's last: 16 rows, two matmul tenants at 30 / 70)
+    line = next(ln for ln in H200_CALL3.read_text().splitlines()[::-1] if "fit rows" in ln)
+    rows = [(float(ms) * 1e6, dict(zip([A, B], map(int, t.split(",")), strict=True)))
+            for ms, t in (tok.split(":") for tok in line.split("threads): ")[1].split())]  # fmt: skip
+    h200 = least_squares(rows, [A, B])
+    assert h200 is not None and len(rows) == 16
+    assert h200.cov[A][B] / (h200.errors[A] * h200.errors[B]) == pytest.approx(-0.6, abs=0.05)
+    assert share_points(h200.cov, {A: 0.3, B: 0.7})[A] == pytest.approx(0.40, abs=0.02)
+    assert 100 * 0.21 * max(h200.errors.values()) < 0.27
 
 
 def test_a_new_slice_starts_a_fit_of_all_and_one_gone_is_forgotten():
