@@ -542,10 +542,10 @@ def _unsure(fitted: Costs, k: Key, error: float) -> Costs:
     correlations with the others kept."""
     if error <= fitted.errors[k]:
         return fitted
-    if not math.isfinite(error):
-        inf = float("inf")
-        cov = {i: {j: inf if k in (i, j) else v for j, v in row.items()} for i, row in fitted.cov.items()}
-        return Costs(fitted.costs, {**fitted.errors, k: inf}, cov)
+    if not math.isfinite(error):  # unknown: its variance infinite, its covariances none (no inf - inf)
+        cov = {i: {j: (float("inf") if i == j else 0.0) if k in (i, j) else v for j, v in row.items()}
+               for i, row in fitted.cov.items()}  # fmt: skip
+        return Costs(fitted.costs, {**fitted.errors, k: float("inf")}, cov)
     r = error / fitted.errors[k]
     cov = {i: {j: v * (r if i == k else 1.0) * (r if j == k else 1.0) for j, v in row.items()}
            for i, row in fitted.cov.items()}  # fmt: skip
@@ -605,6 +605,6 @@ def least_squares(rows: list[Row], keys: list[Key], floor: float = 0.0) -> Costs
     var = max(ssr / free, floor) if free > 0 else float("inf")
     costs = {k: c[i] / scale[i] for i, k in enumerate(keys)}
     # the costs' covariance relative to them: (X'X)^-1 var / (c_i c_j), the columns' scales cancelling
-    cov = {k: {j: var * a[i][n + m] / (c[i] * c[m]) if c[i] and c[m] else float("inf") for m, j in enumerate(keys)}
-           for i, k in enumerate(keys)}  # fmt: skip
+    cov = {k: {j: var * a[i][n + m] / (c[i] * c[m]) if c[i] and c[m] else float("inf") if i == m else 0.0
+               for m, j in enumerate(keys)} for i, k in enumerate(keys)}  # fmt: skip
     return Costs(costs, {k: cov[k][k] ** 0.5 for k in keys}, cov)

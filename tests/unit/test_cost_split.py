@@ -20,6 +20,7 @@ from gpuslice.allocator.cost_split import (
     REFINE_ROWS,
     REFINE_SKIP,
     CostSplit,
+    _unsure,
     least_squares,
     robust_fit,
     share_points,
@@ -273,6 +274,11 @@ def test_a_share_s_error_is_what_the_costs_ratio_leaves_unsure():
     assert h200.cov[A][B] / (h200.errors[A] * h200.errors[B]) == pytest.approx(-0.6, abs=0.05)
     assert share_points(h200.cov, {A: 0.3, B: 0.7})[A] == pytest.approx(0.40, abs=0.02)
     assert 100 * 0.21 * max(h200.errors.values()) < 0.27
+    # a cost taken to be unknown (its slice's only boosted row the furthest off) leaves the shares unknown
+    unknown = _unsure(h200, A, float("inf"))
+    assert share_points(unknown.cov, {A: 0.3, B: 0.7}) == {A: float("inf"), B: float("inf")}
+    wider = _unsure(h200, A, 2 * h200.errors[A])  # twice as unsure, correlated as before
+    assert share_points(wider.cov, {A: 0.3, B: 0.7})[A] > share_points(h200.cov, {A: 0.3, B: 0.7})[A]
 
 
 def test_a_new_slice_starts_a_fit_of_all_and_one_gone_is_forgotten():
