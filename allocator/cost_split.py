@@ -561,12 +561,14 @@ def share_points(cov: dict[Key, dict[Key, float]], shares: dict[Key, float]) -> 
     at -0.6 (a row tells their weighted sum better than their difference), so their
     ratio was 1.6 times as unsure as either cost alone said."""
     total = sum(shares.values())
+    if total <= 0:
+        return dict.fromkeys(shares, 0.0)
     w = {k: s / total for k, s in shares.items()}
     out = {}
     for k, s in shares.items():
         a = {j: float(j == k) - w[j] for j in shares}
         var = sum(a[i] * a[j] * cov[i][j] for i in shares for j in shares if a[i] and a[j])
-        out[k] = 100 * s * math.sqrt(max(var, 0.0))
+        out[k] = float("inf") if math.isnan(var) else 100 * s * math.sqrt(max(var, 0.0))  # nan: inf - inf
     return out
 
 
