@@ -310,12 +310,13 @@ class CostSplit:
         fitted = robust_fit(list(f.rows), keys, 2 * window_ns, list(f.whose), boosts)
         if fitted is None:
             return
-        f.estimate, errors, used = fitted.costs, fitted.errors, fitted.used
+        found, used = fitted
+        f.estimate, errors = found.costs, found.errors
         # a standard error from few rows is itself uncertain: with 2 degrees of freedom one fit in
         # ten claims a third of its real error or less (a fresh clone's CI fitted two slices of one
         # kernel 21 % apart over 4 rows, each claimed within 1.1 %: 26.2 / 73.6 % of hard 30 / 70)
         wide = student_t(used - len(keys))
-        moves = share_points(fitted.cov, {k: shares.get(k, 0.5) for k in keys})
+        moves = share_points(found.cov, {k: shares.get(k, 0.5) for k in keys})
         if wide * max(moves.values()) <= FIT_POINTS or len(f.rows) >= rows_kept(len(f.order)):  # all _row keeps
             self._fitted(f.estimate, errors)
             self.fitted_for.update({k: max(shares.get(k, 0.5), 1e-3) for k in f.estimate})
@@ -482,15 +483,18 @@ def student_t(dof: int) -> float:
     return STUDENT_T.get(dof, 1.0 if dof > 10 else float("inf"))
 
 
-class Fitted(NamedTuple):
+class Costs(NamedTuple):
     costs: dict[Key, float]
-    errors: dict[Key, float]
-    used: int  # rows
-    cov: dict[Key, dict[Key, float]]
+    cov: dict[Key, dict[Key, float]]  # their covariance, relative to them
+
+    @property
+    def errors(self) -> dict[Key, float]:
+        """Each cost's standard error relative to it."""
+        return {k: self.cov[k][k] ** 0.5 for k in self.costs}
 
 
 def robust_fit(rows: list[Row], keys: list[Key], window_ns: int,
-               whose: list[Key | None] | None = None, boosts: int = 0) -> Fitted | None:  # fmt: skip
+               whose: list[Key | None] | None = None, boosts: int = 0) -> tuple[Costs, int] | None:  # fmt: skip
     """least_squares over the rows, less those far off the fit: a reading whose
     threads were paired with the wrong one (a tick late on a busy node) is off by
     a part of a period, and the one after by as much the other way; a boost's
@@ -534,22 +538,23 @@ def robust_fit(rows: list[Row], keys: list[Key], window_ns: int,
             boosted[slice_] -= 1
     if min(fitted.costs.values()) <= 0:
         return None
-    return Fitted(fitted.costs, fitted.errors, len(kept), fitted.cov)
+    return fitted, len(kept)
 
 
 def _unsure(fitted: Costs, k: Key, error: float) -> Costs:
     """The fit with k's cost taken to be at least `error` unsure (relative), its
     correlations with the others kept."""
-    if error <= fitted.errors[k]:
+    was = fitted.cov[k][k] ** 0.5
+    if error <= was:
         return fitted
     if not math.isfinite(error):  # unknown: its variance infinite, its covariances none (no inf - inf)
         cov = {i: {j: (float("inf") if i == j else 0.0) if k in (i, j) else v for j, v in row.items()}
                for i, row in fitted.cov.items()}  # fmt: skip
-        return Costs(fitted.costs, {**fitted.errors, k: float("inf")}, cov)
-    r = error / fitted.errors[k]
-    cov = {i: {j: v * (r if i == k else 1.0) * (r if j == k else 1.0) for j, v in row.items()}
-           for i, row in fitted.cov.items()}  # fmt: skip
-    return Costs(fitted.costs, {**fitted.errors, k: error}, cov)
+    else:
+        r = error / was
+        cov = {i: {j: v * (r if i == k else 1.0) * (r if j == k else 1.0) for j, v in row.items()}
+               for i, row in fitted.cov.items()}  # fmt: skip
+    return Costs(fitted.costs, cov)
 
 
 def share_points(cov: dict[Key, dict[Key, float]], shares: dict[Key, float]) -> dict[Key, float]:
@@ -570,12 +575,6 @@ def share_points(cov: dict[Key, dict[Key, float]], shares: dict[Key, float]) -> 
         var = sum(a[i] * a[j] * cov[i][j] for i in shares for j in shares if a[i] and a[j])
         out[k] = float("inf") if math.isnan(var) else 100 * s * math.sqrt(max(var, 0.0))  # nan: inf - inf
     return out
-
-
-class Costs(NamedTuple):
-    costs: dict[Key, float]
-    errors: dict[Key, float]  # each one's standard error relative to it
-    cov: dict[Key, dict[Key, float]]  # their covariance, relative to them (errors: its diagonal's roots)
 
 
 def least_squares(rows: list[Row], keys: list[Key], floor: float = 0.0) -> Costs | None:
@@ -609,4 +608,4 @@ def least_squares(rows: list[Row], keys: list[Key], floor: float = 0.0) -> Costs
     # the costs' covariance relative to them: (X'X)^-1 var / (c_i c_j), the columns' scales cancelling
     cov = {k: {j: var * a[i][n + m] / (c[i] * c[m]) if c[i] and c[m] else float("inf") if i == m else 0.0
                for m, j in enumerate(keys)} for i, k in enumerate(keys)}  # fmt: skip
-    return Costs(costs, {k: cov[k][k] ** 0.5 for k in keys}, cov)
+    return Costs(costs, cov)

@@ -130,7 +130,10 @@ def test_the_rows_that_put_a_slice_s_cost_9_percent_off_on_a_ci_run_now_fit_it_w
         (float(ms) * 1e6, dict(zip(keys, map(int, threads.split(",")), strict=True)))
         for ms, threads in (tok.split(":") for tok in line.split())
     ]
-    costs, errors, used, _ = robust_fit(rows, keys, 2 * WINDOW)
+    fitted = robust_fit(rows, keys, 2 * WINDOW)
+    assert fitted is not None
+    (costs, _), used = fitted
+    errors = fitted[0].errors
     assert used == len(rows) - 1
     mean = sum(costs.values()) / len(costs)
     assert all(c / mean == pytest.approx(1.0, abs=0.005) for c in costs.values()), costs
@@ -236,8 +239,10 @@ def test_a_full_gpu_is_no_row_and_scales_the_shares_down():
 def test_rows_that_do_not_tell_the_slices_apart_give_no_fit():
     rows = [(300.0, {A: 100, B: 100})] * 5
     assert least_squares(rows, [A, B]) is None
-    costs, errors, _ = least_squares([(300.0, {A: 100, B: 100}), (500.0, {A: 100, B: 200}), (400.0, {A: 200, B: 100})],
-                                  [A, B])  # fmt: skip
+    fitted = least_squares([(300.0, {A: 100, B: 100}), (500.0, {A: 100, B: 200}), (400.0, {A: 200, B: 100})],
+                           [A, B])  # fmt: skip
+    assert fitted is not None
+    costs, errors = fitted.costs, fitted.errors
     assert costs == pytest.approx({A: 1.0, B: 2.0}) and max(errors.values()) < 1e-6
 
 

@@ -10,12 +10,13 @@ time per thread rose with the GPU's load. A clock held down at the power cap
 under a full GPU would do that, and scales every slice's cost alike (the split
 unchanged); context switches between tenants would not. These readings say
 which. The calls are optional (a driver or pynvml without one leaves its field
-out); the throttle call's newer name is tried first (nvml.h renamed
-"ClocksThrottleReasons" to "ClocksEventReasons" in 12.x and kept the old)."""
+out); the reasons' call is tried by its newer name first (nvml.h deprecates
+"ClocksThrottleReasons" for "ClocksEventReasons" in 13.0 and keeps the old)."""
 
 from __future__ import annotations
 
 import contextlib
+import math
 import statistics
 import threading
 import time
@@ -97,10 +98,10 @@ def reason_names(mask: int) -> list[str]:
     return [name for bit, name in REASONS if mask & bit]
 
 
-def describe(samples: list[dict], start: float, stop: float) -> str:
-    """The readings from `start` to `stop` s in one phrase: the SM clock's median (range), the
-    power's median, and each reason with the readings it was in."""
-    inside = [s for s in samples if start <= s["t"] < stop]
+def describe(samples: list[dict], start: float = 0.0, stop: float = math.inf) -> str:
+    """The readings from `start` to `stop` s (all, by default) in one phrase: the SM clock's
+    median (range), the power's median, and each reason with the readings it was in."""
+    inside = [s for s in samples if start <= s.get("t", 0.0) < stop]
     if not inside:
         return "no readings"
     parts = []

@@ -176,7 +176,7 @@ def summary(record: dict) -> list[dict]:
         mine = stamps[t["pid"]]
         t["stamps_shared"] = round(len(mine & others) / len(mine), 2) if mine and others else None
     # the phase's clocks, over all its polls (traces from before stop 69 have none)
-    clocks = kit_clocks.describe([{**p, "t": 0.0} for p in record["polls"]], 0.0, 1.0)
+    clocks = kit_clocks.describe(record["polls"])
     return [{**t, "polls": len(record["polls"]), "not_found": not_found, "clocks": clocks} for t in out]
 
 
