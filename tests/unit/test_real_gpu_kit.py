@@ -5,6 +5,7 @@ frameworks only where a GPU is.)"""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
@@ -634,3 +635,18 @@ def test_the_cost_lines_the_kit_keeps_are_the_daemon_s_own_words():
     source = "".join((REPO / "allocator" / name).read_text() for name in ("compute.py", "cost_split.py"))
     assert all(marker in source for marker in kit.COSTS), [m for m in kit.COSTS if m not in source]
     assert kit.TICKS in source
+
+
+def test_each_step_s_allowance_covers_what_it_took_on_a_real_gpu_with_room():
+    """A call starts no step it cannot finish by its allowance: too short and a step is cut off
+    by the device's limit, too long and a lent GPU's minutes go unused (runs 2-4 took 1-88 s
+    a step against allowances of 30-175)."""
+    allowed = {s.name: s.seconds for s in ks.STEPS}
+    took: dict[str, float] = {}
+    for report in (REPO / "tests/data/real-gpu").glob("*/report.json"):
+        for step in json.loads(report.read_text())["steps"]:
+            took[step["step"]] = max(took.get(step["step"], 0.0), step["seconds"])
+    assert {"selftest", "trace", "shares", "cost", "transformers"} <= set(took)
+    for name, seconds in took.items():
+        assert 1.2 * seconds <= allowed[name] <= max(2.5 * seconds, seconds + 20), (name, seconds, allowed[name])
+    assert sum(allowed.values()) <= 3 * 540 - 300  # three calls' default budgets, with room to spare

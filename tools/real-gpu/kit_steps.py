@@ -909,22 +909,28 @@ class Step:
     needs: tuple[str, ...] = ()  # Python modules, checked without importing them
 
 
+# Seconds each step may take, about 1.3x what it took on the H200 and H100 (runs 2-4,
+# tests/data/real-gpu/*/report.json) plus what it has done since: the selftest waits 4 s
+# longer for a fit, the generate runs once untimed and twice a side, the trace two more
+# phases, shares a tenant alone first. share-bias, lend and mps have not run yet: their
+# tenants' seconds plus a matmul tenant's start (6-8 s). With these a lent GPU's 15
+# minutes hold every step in three calls (docs/real-gpu.md).
 STEPS = (
-    Step("selftest", 150, selftest, True),
-    Step("driver-api", 40, driver_api, True, ("cuda.bindings",)),
-    Step("nvml-view", 30, nvml_view, True, ("pynvml",)),
-    Step("pytorch", 90, pytorch, False, ("torch",)),
-    Step("cupy", 60, cupy, False, ("cupy",)),
-    Step("jax", 90, jax, False, ("jax",)),
-    Step("nccl", 60, nccl, False, ("torch",)),
-    Step("transformers", 130, transformers, False, ("torch", "transformers")),
-    Step("cuda-graph", 45, cuda_graph, False, ("torch",)),
-    Step("trace", 175, trace, True, ("cuda.bindings", "pynvml")),
-    Step("shares", 150, shares, False, ("torch",)),
-    Step("share-bias", 160, share_bias, False, ("torch",)),
-    Step("lend", 70, lend, False, ("torch",)),
-    Step("cost", 120, cost, False, ("torch",)),
-    Step("mps", 70, mps, False, ("torch",)),
+    Step("selftest", 60, selftest, True),  # 25-38 s
+    Step("driver-api", 15, driver_api, True, ("cuda.bindings",)),  # 4 s
+    Step("nvml-view", 10, nvml_view, True, ("pynvml",)),  # 1 s
+    Step("pytorch", 30, pytorch, False, ("torch",)),  # 12-14 s
+    Step("cupy", 30, cupy, False, ("cupy",)),  # 12-14 s
+    Step("jax", 50, jax, False, ("jax",)),  # 30-31 s
+    Step("nccl", 20, nccl, False, ("torch",)),  # 6 s
+    Step("transformers", 90, transformers, False, ("torch", "transformers")),  # 45-48 s
+    Step("cuda-graph", 30, cuda_graph, False, ("torch",)),  # 12-14 s
+    Step("trace", 110, trace, True, ("cuda.bindings", "pynvml")),  # 67 s, 15 phases then
+    Step("shares", 130, shares, False, ("torch",)),  # 69-83 s
+    Step("share-bias", 180, share_bias, False, ("torch",)),  # alone, then three sets of up to 18 + 20 s
+    Step("lend", 80, lend, False, ("torch",)),  # alone, then 18 + 8 + 10 s
+    Step("cost", 120, cost, False, ("torch",)),  # 80-88 s
+    Step("mps", 80, mps, False, ("torch",)),  # alone, then two runs of 12 s
 )
 
 
