@@ -48,6 +48,11 @@ TARGET_MOVED = 0.05  # a slice's target moving this much restarts the watch for 
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
 TIERS = ("high", "normal", "low")
 TICK_LOG_S = 10.0  # how long the ticks took is summed up in the log this often (debug, tick_log)
+# while a GPU's costs are fitted, each slice gets CostSplit.learning's part of its own target
+# ("share"), or of the fitting slices' mean target ("even": every boosted row then mixes the
+# same loads, so a cost of sharing that grows as loads even out lands on no one slice; a
+# candidate the next real-GPU run decides, docs/compute.md)
+FIT_BASES = ("share", "even")
 
 
 @dataclass
@@ -178,7 +183,11 @@ class ComputeController:
         sampler: Sampler,
         period: float = 0.05,
         clock: Callable[[], float] = time.monotonic,  # seconds; a test drives it by hand
+        fit_base: str = FIT_BASES[0],
     ) -> None:
+        if fit_base not in FIT_BASES:
+            raise ValueError(f"fit_base {fit_base!r}: one of {', '.join(FIT_BASES)}")
+        self.fit_base = fit_base
         self.files = files
         self.limits_of = limits_of
         self.sample = sampler
@@ -261,9 +270,18 @@ class ComputeController:
         goal = self._goals(uuid, on_gpu, active, now)
         known = sorted(r for s in on_gpu if (r := self.state[(s.slice_id, s.gpu)].ns_per_thread()) is not None)
         prior = known[len(known) // 2] if known else None
+        base = self._fit_base(on_gpu, goal)
         for s in on_gpu:
             st = self.state[(s.slice_id, s.gpu)]
-            self._budget(files[s.slice_id], s, st, goal[s.slice_id], dt, next_refill, prior)
+            self._budget(files[s.slice_id], s, st, goal[s.slice_id], dt, next_refill, prior, base)
+
+    def _fit_base(self, on_gpu: list[Share], goal: dict[str, float]) -> float | None:
+        """What every fitting slice's part is of (FIT_BASES "even": the fitting slices' mean
+        target); None: each its own target."""
+        fitting = [goal[s.slice_id] for s in on_gpu if self.state[(s.slice_id, s.gpu)].learning is not None]
+        if self.fit_base != "even" or not fitting:
+            return None
+        return sum(fitting) / len(fitting)
 
     def _read(self, st: GateState, f: SliceFiles, gpu: int, reading: Reading) -> None:
         """The threads a slice launched since the last refill, and its processes' own samples."""
@@ -420,8 +438,9 @@ class ComputeController:
         dt: float,
         next_refill: int,
         prior: float | None,
+        base: float | None = None,
     ) -> None:
-        """Refill a slice's gate for the next period, or open it."""
+        """Refill a slice's gate for the next period, or open it (`base`: _fit_base)."""
         tokens = int(f.usage.gate[s.gpu].tokens)
         self._pair(st, dt)
         split = self.splits.get(s.uuid) if self.one_per_period.get(s.uuid) else None
@@ -434,7 +453,7 @@ class ComputeController:
             before, after = f.open_gate(s.gpu, next_refill)
         else:
             cost = split.cost((s.slice_id, s.gpu)) if split and st.learning else None
-            threads = self._threads(st, target, dt, ratio or st.ns_per_thread(settled=False), cost, tokens)
+            threads = self._threads(st, target, dt, ratio or st.ns_per_thread(settled=False), cost, tokens, base)
             before, after = f.refill_gate(s.gpu, threads, 2 * threads, next_refill)
         log.debug(
             "%s/%d target %.3f busy %.3f credit %.1f ms ratio %s open %s window %.1f used %.3f ms hungry %s tokens %d",
@@ -481,14 +500,14 @@ class ComputeController:
             st.credit_ns = 0.0
 
     def _threads(self, st: GateState, target: float, dt: float, ratio: float | None, cost: float | None,
-                 tokens: int) -> int:  # fmt: skip
+                 tokens: int, base: float | None = None) -> int:  # fmt: skip
         """The threads a slice may launch next period: its target's time over its cost, plus
         KI of its credit per reading (spread over the refills between readings); while its GPU's
-        costs are fitted, its part of that and its boost (CostSplit.learning, `cost`); before any
-        cost is known, a doubling of what it launched."""
+        costs are fitted, its part of that (or of `base`) and its boost (CostSplit.learning,
+        `cost`); before any cost is known, a doubling of what it launched."""
         if cost and st.learning:
             part, boost = st.learning
-            return max(1, int((part * target + boost) * dt * 1e9 / cost))
+            return max(1, int((part * (target if base is None else base) + boost) * dt * 1e9 / cost))
         if ratio is None:
             # nothing measured yet: one launch, then twice what it launched in the last
             # period every LEARN_DOUBLING_S, until NVML sees enough use to measure

@@ -10,6 +10,7 @@ import jsonschema
 import yaml
 
 from gpuslice import constants, errors
+from gpuslice.allocator.compute import FIT_BASES
 from gpuslice.cdi.registry import SPEC_DIRS
 from gpuslice.units import parse_bytes
 
@@ -32,6 +33,7 @@ SCHEMA = {
         },
         "sweep_interval": {"type": "number", "exclusiveMinimum": 0},
         "compute_period": {"type": "number", "minimum": 0.01, "maximum": 5},
+        "compute_fit_base": {"enum": list(FIT_BASES)},
         "driver_memory_period": {"type": "number", "minimum": 0.05, "maximum": 60},
         "reservation_timeout": {"type": "number", "exclusiveMinimum": 0},
         # past the hook's and shim's own wait for the answer a deadline would outlive its client
@@ -66,6 +68,7 @@ class Config:
     metrics_port: int = 9445
     sweep_interval: float = 5.0
     compute_period: float = 0.05  # seconds between launch-budget refills (docs/compute.md)
+    compute_fit_base: str = FIT_BASES[0]  # what a slice's budget while its costs are fitted is part of
     driver_memory_period: float = 1.0  # seconds between reads of the driver's per-process memory
     reservation_timeout: float = 300.0
     # a runtime socket request's whole arrival and answer: a client dripping a byte now and then is cut off
@@ -124,6 +127,7 @@ def load(path: str | Path | None) -> Config:
         metrics_port=metrics.get("port", d.metrics_port),
         sweep_interval=float(data.get("sweep_interval", d.sweep_interval)),
         compute_period=float(data.get("compute_period", d.compute_period)),
+        compute_fit_base=data.get("compute_fit_base", d.compute_fit_base),
         driver_memory_period=float(data.get("driver_memory_period", d.driver_memory_period)),
         reservation_timeout=float(data.get("reservation_timeout", d.reservation_timeout)),
         runtime_request_timeout=float(data.get("runtime_request_timeout", d.runtime_request_timeout)),

@@ -73,7 +73,11 @@ class Daemon:
         self.manager.on_release.append(self.watcher.forget)
         # only slices with processes can launch: the controller looks at those alone
         self.compute = ComputeController(
-            self.watcher.files_in_use, self.manager.limits_of, NvmlUtilization(), cfg.compute_period
+            self.watcher.files_in_use,
+            self.manager.limits_of,
+            NvmlUtilization(),
+            cfg.compute_period,
+            fit_base=cfg.compute_fit_base,
         )
         # the driver's per-process counts against the slices' charges (allocator/driver_memory.py)
         self.reconciler = Reconciler(

@@ -94,6 +94,22 @@ def test_each_tenant_gets_its_share(node, mix: Mix):
         assert abs(g - w) <= tolerance, (mix.name, r.shares, want)
 
 
+EVEN_BASE = ("30/70 hard", "10/20/30/40")
+
+
+@pytest.mark.parametrize("mix", [m for m in MIXES if m.name in EVEN_BASE], ids=EVEN_BASE)
+def test_each_tenant_gets_its_share_with_the_fits_even_base(daemon, containers, mix: Mix):
+    """`compute_fit_base: even` (while fitting, every slice launches part of the slices' mean
+    share, not of its own): on the simulator, which has no cost of sharing for it to even
+    out, the costs are fitted as soon and the shares hold to a point as with the default."""
+    node = Node(daemon, containers, compute_fit_base="even")
+    r = measure_mix(node.client, node.env, node.boxes, mix)
+    print(mix.name, "even base: measured", [round(g, 2) for g in r.shares], "costs fitted at", r.fitted_s)
+    assert r.fitted_s is not None, (mix.name, "costs not fitted in time")
+    for g, w in zip(r.shares, mix.expect or mix.cores, strict=True):
+        assert abs(g - w) <= 1.0, (mix.name, r.shares)
+
+
 @pytest.mark.parametrize("setting", SETTINGS[1:], ids=[s.label for s in SETTINGS[1:]])
 def test_hard_shares_hold_to_a_point_at_each_period_and_driver_sampling(daemon, containers, setting):
     """Issue 30's goal: at longer periods, and with a driver that samples every

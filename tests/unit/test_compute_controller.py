@@ -107,6 +107,7 @@ def node(
     period: float = PERIOD,
     busiest: bool = False,
     costs: tuple[float, ...] = (),
+    fit_base: str = "share",
 ) -> tuple[FakeGpu, list[Tenant], ComputeController]:
     """Slices of (cores, hard) on one GPU, each with one process (whose threads cost `costs`)."""
     tenants = []
@@ -119,7 +120,8 @@ def node(
         tenants.append(Tenant(f, 1000 + i, costs[i] if costs else NS_PER_THREAD))
     gpu = FakeGpu(sample_every, period, busiest)
     files = {t.files.slice_id: t.files for t in tenants}
-    controller = ComputeController(lambda: files, lambda sid: limits.get(sid, []), gpu.sample, period, clock=gpu.clock)
+    controller = ComputeController(lambda: files, lambda sid: limits.get(sid, []), gpu.sample, period, clock=gpu.clock,
+                                   fit_base=fit_base)  # fmt: skip
     return gpu, tenants, controller
 
 
@@ -195,16 +197,18 @@ def fit_allowed(slices: int) -> float:
     return max(6.0, 3.5 + 1.0 * slices)  # about half a second over each
 
 
+@pytest.mark.parametrize("fit_base", ["share", "even"])
 @pytest.mark.parametrize(
     ("shares", "costs"),
     [((30, 70), (100, 100)), ((30, 70), (100, 37)), ((10, 20, 30, 40), (100, 60, 150, 80)), ((12, 13) * 4, (100,) * 8)],
 )
-def test_hard_shares_hold_where_the_driver_gives_each_period_to_the_busiest_process(tmp_path, shares, costs):
+def test_hard_shares_hold_where_the_driver_gives_each_period_to_the_busiest_process(tmp_path, shares, costs, fit_base):
     """Readings every 200 ms, each all the GPU's use on the process that ran most
     (H100, driver 580): the slices' costs are fitted together within 2 s and 1 s
-    per slice of their start, and the shares hold to a point from then on."""
+    per slice of their start, and the shares hold to a point from then on, whichever
+    base the fit's budgets are part of."""
     gpu, tenants, controller = node(tmp_path, *((c, True) for c in shares), sample_every=4, busiest=True,
-                                    costs=costs)  # fmt: skip
+                                    costs=costs, fit_base=fit_base)  # fmt: skip
     drive(gpu, tenants, controller, 1.0)
     fitted = 1.0
     while any(controller.fitting(t.files.slice_id, 0) for t in tenants) and fitted < 20.0:
@@ -214,6 +218,48 @@ def test_hard_shares_hold_where_the_driver_gives_each_period_to_the_busiest_proc
     assert drive(gpu, tenants, controller, 10.0) == pytest.approx(list(shares), abs=1.0)
     for _ in range(10):
         assert drive(gpu, tenants, controller, 1.0) == pytest.approx(list(shares), abs=3.0)
+
+
+@pytest.mark.parametrize("fit_base", ["share", "even"])
+def test_while_fitting_each_slice_launches_part_of_its_share_or_of_the_mean_share(tmp_path, fit_base):
+    """The fit's budgets, less the boost: in proportion to the shares (10/20/30/40), or with
+    `compute_fit_base: even` all alike, part of their mean (25 %), so that every boosted
+    row mixes the same loads. Either way the GPU is as full as the shares' part of it."""
+    shares = (10, 20, 30, 40)
+    gpu, tenants, controller = node(tmp_path, *((c, True) for c in shares), sample_every=4, busiest=True,
+                                    costs=(100, 60, 150, 80), fit_base=fit_base)  # fmt: skip
+    added: dict[int, int] = {}  # each slice's last refill (the gate carries what was overspent)
+    for t in tenants:
+        refill = t.files.refill_gate
+
+        def record(g: int, add: int, cap: int, at: int, pid: int = t.pid, refill=refill) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+            added[pid] = add
+            return refill(g, add, cap, at)
+
+        t.files.refill_gate = record  # type: ignore[method-assign]
+    checked = 0
+    for _ in range(200):
+        drive(gpu, tenants, controller, PERIOD)
+        split = controller.splits.get(UUID)
+        states = [controller.state[(t.files.slice_id, 0)] for t in tenants]
+        if split is None or split.fit is None or any(st.learning is None for st in states):
+            continue
+        if any(split.cost((t.files.slice_id, 0)) is None for t in tenants):
+            continue  # a slice whose cost is not known yet launches as one learning alone
+        base = []  # each slice's budget this period, less its boost, in GPU fractions
+        for t, st in zip(tenants, states, strict=True):
+            part, boost = st.learning
+            cost = split.cost((t.files.slice_id, 0))
+            base.append((added[t.pid] * cost / PERIOD_NS - boost) / part)
+        expected = [0.25] * 4 if fit_base == "even" else [s / 100 for s in shares]
+        assert base == pytest.approx(expected, rel=0.01, abs=1e-3)
+        checked += 1
+    assert checked >= 20
+
+
+def test_a_fit_base_not_known_is_refused_naming_those_that_are():
+    with pytest.raises(ValueError, match="fit_base 'mean': one of share, even"):
+        ComputeController(dict, lambda sid: [], lambda uuid: Reading({}, 0), PERIOD, fit_base="mean")
 
 
 class FakeNvml:

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import platform
+import re
 import sys
 import tempfile
 import time
@@ -99,8 +100,18 @@ def report(out: Path, state: Path, facts: dict, pending: list[str]) -> list[Step
 @click.option("--only", multiple=True, type=click.Choice([s.name for s in STEPS]), help="these steps only")
 @click.option("--again", is_flag=True, help="run steps again that an earlier call did")
 @click.option("--gpu", "gpu_index", type=int, default=0, show_default=True)
+@click.option("--daemon", "settings", multiple=True, callback=lambda _c, _p, v: tuple(map(_setting, v)),
+              metavar="KEY=VALUE", help="a daemon config setting for this call (compute_fit_base=even)")  # fmt: skip
 def main(
-    sim: bool, state: Path, out: Path, work: Path, budget: float, only: tuple[str, ...], again: bool, gpu_index: int
+    sim: bool,
+    state: Path,
+    out: Path,
+    work: Path,
+    budget: float,
+    only: tuple[str, ...],
+    again: bool,
+    gpu_index: int,
+    settings: tuple[str, ...],
 ) -> None:
     """Run the kit's steps on this node's GPU (root)."""
     start = time.monotonic()
@@ -112,7 +123,7 @@ def main(
         d.mkdir(parents=True, exist_ok=True)
     paths = NodePaths(work, sim)
     try:
-        _, results, pending = _run(paths, state, out, start + budget, only, again, gpu_index)
+        _, results, pending = _run(paths, state, out, start + budget, only, again, gpu_index, settings)
     except NodeError as e:
         click.echo(f"real-gpu: {e}", err=True)
         sys.exit(2)
@@ -123,8 +134,23 @@ def main(
     sys.exit(3 if pending else 1 if failed else 0)
 
 
+def _setting(text: str) -> str:
+    """KEY=VALUE as the config's `key: value` line; the daemon checks it against its schema."""
+    key, sep, value = text.partition("=")
+    if not sep or not re.fullmatch(r"[a-z_]+", key) or not value or "\n" in value:
+        raise click.BadParameter(f"{text!r}: KEY=VALUE, a top-level daemon config key such as compute_fit_base=even")
+    return f"{key}: {value}"
+
+
 def _run(
-    paths: NodePaths, state: Path, out: Path, deadline: float, only: tuple[str, ...], again: bool, gpu_index: int
+    paths: NodePaths,
+    state: Path,
+    out: Path,
+    deadline: float,
+    only: tuple[str, ...],
+    again: bool,
+    gpu_index: int,
+    settings: tuple[str, ...] = (),
 ) -> tuple[dict, list[StepResult], list[str]]:
     if paths.sim:
         import gpuslice_sim as simulator
@@ -143,11 +169,14 @@ def _run(
         raise NodeError(f"--gpu {gpu_index}: this node has GPUs {[g.index for g in inv.gpus]}")
     reserve = reserve_for(paths, state, gpu)
     log.info("one context costs %d MiB on this driver: the daemon charges that per context", reserve >> 20)
-    write_config(paths, reserve)
+    write_config(paths, reserve, settings)
     gpuslice = Path(sys.executable).parent / "gpuslice"
     generate_spec(paths, gpuslice, built_executable("gpuslice-hook"), out / "kit.log")
     (out / "cdi-spec.json").write_text(paths.spec.read_text())
-    cfg = daemon_config.load(str(paths.config))
+    try:
+        cfg = daemon_config.load(str(paths.config))
+    except daemon_config.ConfigError as e:  # a --daemon setting the daemon does not take
+        raise NodeError(str(e).replace("\n", "; ")) from e
     facts = machine(inv, gpu, reserve, paths.sim)
     daemon = Daemon(paths, out / "daemon.log")
     try:

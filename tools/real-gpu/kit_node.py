@@ -86,7 +86,9 @@ def context_cost(gpu_uuid: str, timeout: float = 120) -> int:
     return max(0, used - 2 * MiB)
 
 
-def write_config(paths: NodePaths, context_reserve: int) -> None:
+def write_config(paths: NodePaths, context_reserve: int, settings: tuple[str, ...] = ()) -> None:
+    """The daemon's config for this call; `settings`: more of it, as `key: value` lines (the
+    kit's --daemon), which the daemon checks against its schema when it starts."""
     lines = [
         f"socket: {paths.socket}",
         f"slice_socket: {paths.work}/slice/slice.sock",
@@ -100,7 +102,7 @@ def write_config(paths: NodePaths, context_reserve: int) -> None:
         lines += ["nvml: sim", f"sim: {{config: {paths.sim_config}, state_dir: {paths.sim_state}}}"]
     else:
         lines.append("nvml: driver")
-    paths.config.write_text("\n".join(lines) + "\n")
+    paths.config.write_text("\n".join([*lines, *settings]) + "\n")
 
 
 def generate_spec(paths: NodePaths, gpuslice: Path, hook: Path, log: Path) -> None:
