@@ -41,7 +41,7 @@ class Noise:
     # which 30 / 70's smaller slice had its boost (52 / 28, balance 0.54, 80 % busy) 8 % dearer a
     # thread than those of the other's (12 / 68) and the base rows (12 / 28 at 40 %) within 1 %
     # of those, as there. It then fits the smaller slice's cost 6 % high (the H200: 10-17 %) and
-    # puts a full GPU at 30 / 70 7 % above the costs fitted (the H200: 9.0-11.5 %): the way the
+    # puts a full GPU at 30 / 70 7 % above the costs fitted (the H200: 8.8-11.4 %): the way the
     # H200 went, about half as far. A model of what the rows showed, not of why
     contention: float = 0.0
 

@@ -63,7 +63,7 @@ def fit_log(daemon, monkeypatch):
     monkeypatch.setenv("GPUSLICE_DEBUG", "gpuslice.allocator.cost_split,gpuslice.allocator.compute.ticks")
     yield
     for rd in daemon.running:
-        lines = [ln for ln in rd.log().splitlines() if "fitt" in ln or "drifted" in ln or "fit rows" in ln]
+        lines = [ln for ln in rd.log().splitlines() if any(w in ln for w in ("fitt", "drifted", "fit rows", "again"))]
         print(f"{rd.dir.name}:", *lines, sep="\n  ")
 
 

@@ -16,6 +16,7 @@ from tests.harness import REPO
 sys.path.insert(0, str(REPO / "tools" / "real-gpu"))
 
 import kit_accounting
+import kit_fits
 import kit_node
 import kit_report
 import kit_steps as ks
@@ -650,3 +651,52 @@ def test_each_step_s_allowance_covers_what_it_took_on_a_real_gpu_with_room():
     for name, seconds in took.items():
         assert 1.2 * seconds <= allowed[name] <= max(2.5 * seconds, seconds + 20), (name, seconds, allowed[name])
     assert sum(allowed.values()) <= 3 * 540 - 300  # three calls' default budgets, with room to spare
+
+
+H200 = REPO / "tests/data/real-gpu/h200-2026-11-27"
+
+
+def test_the_h200_fits_read_back_as_docs_compute_md_says():
+    """Run 4's eight fits of two slices (the selftest's workers, then the matmul pairs): in each,
+    the rows of the dearer slice's boost (the 30 % one's: the two loads the most even) took
+    3.8-7.9 % more time a thread than the mean of the fit's other groups of rows (the matmuls
+    7.4-7.7 %), and after the matmul fits a full GPU's readings ran 8.8-11.4 % above the costs,
+    the workers' 1.9-2.7 % below."""
+    fits = [f for call in (1, 3) for f in kit_fits.read((H200 / f"daemon-call{call}.log").read_text().splitlines())]
+    assert len(fits) == 8
+    for f in fits:
+        dear = f.keys[f.costs.index(max(f.costs))]
+        ns = f.per_thread()
+        others = [v for k, v in ns.items() if k != dear]
+        matmul = max(f.costs) > 1
+        assert (1.07 if matmul else 1.035) <= ns[dear] / (sum(others) / len(others)) <= 1.08, (f.keys, ns)
+        after = f.summary()["after_pct"]
+        assert (8.5 <= after <= 11.5) if matmul else (-3.0 <= after <= -1.5), (f.costs, after)
+    assert "rows against them" in kit_fits.describe(fits[0]) and "readings after" in kit_fits.describe(fits[0])
+
+
+def test_a_fit_in_the_daemon_s_own_log_lines_is_read_back(caplog):
+    """The log lines as the daemon writes them now (CostSplit at DEBUG): two slices of one cost,
+    rows in A's boost 8 % dearer a thread (a cost of sharing that grows as the loads even out).
+    The tool sees that group dearer, A's cost fitted higher, and the readings after the fit (no
+    boost, so cheaper than A's cost says) under the costs."""
+    import logging
+
+    from gpuslice.allocator.cost_split import CostSplit
+
+    a, b, window = ("aaaaaaaa-1", 0), ("bbbbbbbb-2", 0), 200_000_000
+    share = {a: 0.3, b: 0.7}
+    split = CostSplit()
+    caplog.set_level(logging.DEBUG, logger="gpuslice.allocator.cost_split")
+    for _ in range(80):
+        learning = {k: split.learning(k) or (1.0, 0.0) for k in share}
+        threads = {k: round((part * share[k] + boost) * window) for k, (part, boost) in learning.items()}
+        total = sum(threads.values()) * (1.08 if learning[a][1] > 0 else 1.0)
+        split.split(round(100 * min(total, window) / window) / 100 * window, threads, window, share)
+    fits = kit_fits.read(r.getMessage() for r in caplog.records)
+    assert len(fits) == 1, [r.getMessage() for r in caplog.records if "fit" in r.getMessage()]
+    (f,) = fits
+    assert f.keys == ["aaaaaaaa/0", "bbbbbbbb/0"] and f.costs[0] > f.costs[1]
+    ns = f.per_thread()
+    assert ns["aaaaaaaa/0"] >= 1.06 * max(v for k, v in ns.items() if k != "aaaaaaaa/0"), ns
+    assert f.summary()["after_pct"] < 0 and f.summary()["after_readings"] > 30

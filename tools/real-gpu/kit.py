@@ -26,8 +26,9 @@ import pynvml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the kit's modules, beside this file
 
+import kit_fits
 from kit_node import SIM_CONFIG, Daemon, LogLines, NodeError, NodePaths, context_cost, generate_spec, write_config
-from kit_report import FAIL, StepResult, as_json, as_markdown, begin_call, calls, load, load_all, save
+from kit_report import FAIL, StepResult, as_json, as_markdown, begin_call, calls, check, load, load_all, save
 from kit_steps import REFINE, STEPS, Kit, not_runnable, run_step
 
 from gpuslice import inventory
@@ -202,6 +203,7 @@ def _steps(paths: NodePaths, state: Path, out: Path, deadline: float, only: tupl
         # how long the controller's ticks took, and the costs it fitted: each step keeps the log's
         # lines that came by its end
         said = LogLines(paths.work / "daemon.log")
+        fitted = LogLines(paths.work / "daemon.log")  # each fit's rows, and the readings after it
         with AllocatorClient(str(paths.socket), timeout=30) as client:
             kit = Kit(client, gpu, layout, paths.sim, reserve, deadline, paths.config, paths.spec, gpuslice, out,
                       paths.work / "slices", paths.work / "daemon.log")  # fmt: skip
@@ -219,6 +221,11 @@ def _steps(paths: NodePaths, state: Path, out: Path, deadline: float, only: tupl
                     result.facts["controller_ticks"] = ticks
                 if costs := [line for line in lines if TICKS not in line]:
                     result.facts["costs"] = costs
+                if fits := kit_fits.read(fitted.new(*kit_fits.MARKERS)):
+                    result.facts["fits"] = [f.summary() for f in fits]
+                    result.rows += [check(step.name, f"the daemon's fit {i}", "a fact: its rows by whose boost, "
+                                          "and the readings after it, against its costs", kit_fits.describe(f), None)
+                                    for i, f in enumerate(fits, 1)]  # fmt: skip
                 save(result, state)
                 bad = [f"{r.name} ({r.observed})" for r in result.rows if r.verdict == FAIL]
                 log.info("%s: %d rows in %.0f s%s", step.name, len(result.rows), result.seconds,

@@ -6,6 +6,7 @@ daemon itself for the length of one call."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
 import logging
 import os
@@ -125,6 +126,7 @@ class Daemon:
     def __init__(self, paths: NodePaths, log: Path) -> None:
         self.paths = paths
         self.log = log
+        self.started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         _stop_earlier(paths.work / "daemon.pid")
         shutil.rmtree(paths.work / "state", ignore_errors=True)  # no slices left from a cut call
         paths.socket.unlink(missing_ok=True)
@@ -148,8 +150,11 @@ class Daemon:
         self._keep_log()
 
     def _keep_log(self) -> None:
-        with contextlib.suppress(OSError):
-            shutil.copyfile(self.paths.work / "daemon.log", self.log)
+        """Add this call's daemon log to the one in the reports: calls chained in one device
+        command share $OUT, and the first call's fits are as much wanted as the last's."""
+        with contextlib.suppress(OSError), self.log.open("ab") as out:
+            out.write(f"==== gpuslice-kit: the daemon of the call started {self.started} ====\n".encode())
+            out.write((self.paths.work / "daemon.log").read_bytes())
 
 
 class LogLines:

@@ -615,7 +615,7 @@ def _alone_row(step: str, alone: Alone) -> Row:
 
 
 def _clocks_row(step: str, label: str, pair: Pair) -> Row:
-    # a full GPU's matmuls read 9.0-11.5 % above their costs fitted at 40-80 % busy on the H200 (kit_clocks)
+    # a full GPU's matmuls read 8.8-11.4 % above their costs fitted at 40-80 % busy on the H200 (kit_clocks)
     return check(step, f"{label}: the GPU's clocks", "a fact: SM clock, power and what held them, "
                  "while fitting and judged", pair.clocks_seen(), None)  # fmt: skip
 
