@@ -153,7 +153,14 @@ class Daemon:
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         health_servicer.set("gpuslice.v1.Allocator", health_pb2.HealthCheckResponse.SERVING)
         log.info(
-            "serving %d GPUs on %s (slice socket %s)", len(self.inventory.gpus), self.cfg.socket, self.cfg.slice_socket
+            "serving %d GPUs on %s (slice socket %s); compute budgets every %g s, while fitting costs part of %s",
+            len(self.inventory.gpus),
+            self.cfg.socket,
+            self.cfg.slice_socket,
+            self.cfg.compute_period,
+            "the slices' mean share (compute_fit_base: even)"
+            if self.cfg.compute_fit_base == "even"
+            else "each slice's share",
         )
 
     def wait(self) -> None:
