@@ -700,3 +700,11 @@ def test_a_fit_in_the_daemon_s_own_log_lines_is_read_back(caplog):
     ns = f.per_thread()
     assert ns["aaaaaaaa/0"] >= 1.06 * max(v for k, v in ns.items() if k != "aaaaaaaa/0"), ns
     assert f.summary()["after_pct"] < 0 and f.summary()["after_readings"] > 30
+    said = [r.getMessage() for r in caplog.records]
+    later = [
+        *said,
+        "aaaaaaaa/0 cost measured again at 50 %: 0.05 ±1% (was 0.04, +25%)",
+        *(m for m in said if "split" in m),
+    ]
+    (again,) = kit_fits.read(later)  # the readings after a cost measured again are not held against the fit
+    assert again.after == f.after

@@ -27,7 +27,8 @@ COST = re.compile(r"(\w+)/(\d+) ([\d.eE+-]+) ±")
 SPLIT = re.compile(r"split ([\d.]+) ms: (.*)$")
 PART = re.compile(r"(\w+)/(\d+) threads (\d+) cost ([\d.eE+-]+)( fitting)? ")
 BEGIN = "fitting the costs"
-MARKERS = (BEGIN, "fit rows", "costs fitted", "split ")  # the lines read() looks at
+REFINED = "cost measured again"  # one slice's cost changed: the readings after it are not the fit's
+MARKERS = (BEGIN, REFINED, "fit rows", "costs fitted", "split ")  # the lines read() looks at
 BOOSTED = 1.5  # a row whose slices' threads, each against its fewest in the fit, differ this much: one's boost
 BASE = "base"
 
@@ -87,7 +88,7 @@ def read(lines: Iterable[str]) -> list[Fit]:
     rows: list[tuple[float, list[int]]] | None = None
     current: Fit | None = None
     for line in lines:
-        if BEGIN in line:
+        if BEGIN in line or REFINED in line:
             current = None
         elif m := ROWS.search(line):
             rows = [(float(ms), [int(n) for n in threads.split(",")])
