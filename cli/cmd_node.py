@@ -127,11 +127,15 @@ def selftest_cmd(config_path, cdi_spec, memory, seconds, gpus, no_shares, as_jso
     show_default=True,
     help="containers (root, Podman or containerd) or plain processes; auto picks containers when it can",
 )
-@click.option("--workers", default=2, show_default=True, help="processes sharing GPU 0")
-@click.option("--alloc-mib", default=4096, show_default=True, help="device memory each process allocates")
-@click.option("--seconds", default=3.0, show_default=True, help="how long each process launches kernels")
-@click.option("--config", type=click.Path(dir_okay=False), help="simulator config file")
-def demo(mode: str, workers: int, alloc_mib: int, seconds: float, config: str | None) -> None:
+@click.option("--workers", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="processes sharing GPU 0 (the processes demo)")  # fmt: skip
+@click.option("--alloc-mib", type=click.IntRange(1), default=4096, show_default=True,
+              help="device memory each process allocates (the processes demo)")  # fmt: skip
+@click.option("--seconds", type=click.FloatRange(0.1, 600), default=3.0, show_default=True,
+              help="how long each process launches kernels (the processes demo)")  # fmt: skip
+@click.option("--config", type=click.Path(dir_okay=False), help="simulator config file (the processes demo)")
+@click.pass_context
+def demo(ctx: click.Context, mode: str, workers: int, alloc_mib: int, seconds: float, config: str | None) -> None:
     """Containers (or processes) sharing a simulated GPU, each held to its slice."""
     from gpuslice.cli import container_demo
     from gpuslice.cli import process_demo as demo_mod
@@ -139,6 +143,11 @@ def demo(mode: str, workers: int, alloc_mib: int, seconds: float, config: str | 
     app.sim()
     why = container_demo.available()
     if mode == "containers" or (mode == "auto" and why is None):
+        given = [f"--{p.replace('_', '-')}" for p in ("workers", "alloc_mib", "seconds", "config")
+                 if ctx.get_parameter_source(p) == click.core.ParameterSource.COMMANDLINE]  # fmt: skip
+        if given:
+            click.echo(f"({', '.join(given)}: for the processes demo (--mode processes); "
+                       "the container demo runs its own workloads)")  # fmt: skip
         try:
             container_demo.run(echo=click.echo)
         except (container_demo.DemoUnavailable, RuntimeError) as e:

@@ -85,10 +85,11 @@ def run(device: int, alloc_bytes: int, seconds: float, grid: int) -> Report:
 
 
 @click.command()
-@click.option("--device", default=0, show_default=True, help="GPU index")
-@click.option("--alloc-mib", default=512, show_default=True, help="device memory to allocate")
-@click.option("--seconds", default=2.0, show_default=True, help="how long to launch kernels")
-@click.option("--grid", default=864, show_default=True, help="blocks per kernel launch")
+@click.option("--device", type=click.IntRange(0), default=0, show_default=True, help="GPU index")
+@click.option("--alloc-mib", type=click.IntRange(1), default=512, show_default=True, help="device memory to allocate")
+@click.option("--seconds", type=click.FloatRange(0.1, 600), default=2.0, show_default=True,
+              help="how long to launch kernels")  # fmt: skip
+@click.option("--grid", type=click.IntRange(1), default=864, show_default=True, help="blocks per kernel launch")
 def main(device: int, alloc_mib: int, seconds: float, grid: int) -> None:
     """Run the workload and print its report as one JSON line."""
     try:

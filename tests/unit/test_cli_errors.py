@@ -59,3 +59,33 @@ def test_a_bug_is_not_dressed_as_a_refusal():
     with pytest.raises(KeyError):
         run(KeyError("oops"))
     assert run(click.ClickException("click's own")) == (1, "Error: click's own\n")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--workers", "0"], "'--workers': 0 is not in the range 1<=x<=64"),
+        (["--alloc-mib", "-5"], "'--alloc-mib': -5 is not in the range x>=1"),
+        (["--seconds", "0"], "'--seconds': 0.0 is not in the range 0.1<=x<=600"),
+    ],
+)
+def test_the_demo_refuses_a_workload_that_cannot_run_in_one_line(args, said):
+    """`gpuslice demo --workers 0` ran the container demo as if nothing was wrong."""
+    from gpuslice.cli.main import main
+
+    r = CliRunner().invoke(main, ["demo", *args])
+    assert r.exit_code == 2 and said in r.output and "Traceback" not in r.output
+
+
+def test_the_container_demo_says_which_options_it_leaves_to_the_processes_demo(monkeypatch):
+    from gpuslice.cli import container_demo
+    from gpuslice.cli.main import main
+
+    ran = []
+    monkeypatch.setattr(app, "sim", lambda: None)
+    monkeypatch.setattr(container_demo, "available", lambda: None)
+    monkeypatch.setattr(container_demo, "run", lambda echo: ran.append(echo))
+    r = CliRunner().invoke(main, ["demo", "--workers", "3", "--seconds", "2"])
+    assert r.exit_code == 0 and ran, r.output
+    assert "(--workers, --seconds: for the processes demo (--mode processes);" in r.output
+    assert "for the processes demo" not in CliRunner().invoke(main, ["demo"]).output
