@@ -352,9 +352,10 @@ def test_the_share_steps_run_their_tenants_and_judge_each_after_the_fit(monkeypa
         def kill(self) -> None:
             pass
 
-    def tenants(kit, boxes, seconds, idle):  # type: ignore[no-untyped-def]
+    def tenants(kit, boxes, seconds, idle, envs=None):  # type: ignore[no-untyped-def]
         cores = [made[-len(boxes) + i][0] for i in range(len(boxes))]
-        shares = [1.0 if c == "-" else int(c) / 100 for c in cores]
+        # memory-only: alone the whole GPU; two run without the interposer (envs), 48 % each
+        shares = [0.48 if envs is not None else 1.0 if c == "-" else int(c) / 100 for c in cores]
         lent = max(idle)
         tenants = [Tenant(s, i, 0.0 if i else lent) for s, i in zip(shares, idle, strict=True)]
         return tenants, list(range(100, 100 + len(boxes)))
@@ -373,6 +374,10 @@ def test_the_share_steps_run_their_tenants_and_judge_each_after_the_fit(monkeypa
         assert len(clocks) == (2 if step is ks.shares else 3), clocks
         assert clocks[0] == ("fit: SM 1980 MHz (1980-1980), 500 W, no reason held the clocks down; judged: "
                              "SM 1755 MHz (1755-1755), 700 W, power cap in 40 of 40"), clocks  # fmt: skip
+        ungated = [r.observed for r in result.rows if r.name == "two matmul tenants, ungated"]
+        assert ungated == (["48.0 + 48.0 = 96.0 % of one alone; NVML accounting - / - % (accounting unavailable); "
+                            "SM 1980 MHz (1755-1980), 500 W, power cap in 3 of 8"]
+                           if step is ks.shares else []), ungated  # fmt: skip
     assert made == [("-", "-"), ("70", "hard"), ("30", "hard"), ("50", "hard"), ("50", "hard"),
                     ("10", "hard"), ("20", "hard"), ("30", "hard"), ("40", "hard")]  # fmt: skip
 

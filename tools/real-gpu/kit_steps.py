@@ -608,6 +608,61 @@ def _alone(kit: Kit) -> Alone:
     return Alone(statistics.fmean(per_second[1:-1]), statistics.fmean(w[0] for w in busy), clocks.samples)
 
 
+UNGATED_S = 8.0  # each ungated tenant's run: seconds 2 to 6 of it are judged
+
+
+@dataclass
+class Ungated:
+    """Two matmul tenants time-slicing on the driver alone (no interposer, so no gate): what
+    time slicing itself costs two equal tenants, without gpuslice's controller in the way."""
+
+    per_second: list[list[int]]  # each one's products per second over the judged seconds
+    accounted: list[float | None]  # each one's % of the GPU over them, NVML accounting
+    accounting: str | None  # why it has none
+    clocks: list[dict]
+
+    def facts(self) -> dict:
+        return {"ungated_per_s": self.per_second, "ungated_accounted": self.accounted,
+                "ungated_accounting": self.accounting, "ungated_clocks": self.clocks}  # fmt: skip
+
+    def observed(self, alone: float) -> str:
+        rates = [100 * statistics.fmean(r) / alone if r and alone else 0.0 for r in self.per_second]
+        acct = " / ".join(f"{a:.1f}" if a is not None else "-" for a in self.accounted)
+        why = f" ({self.accounting})" if self.accounting else ""
+        return (f"{' + '.join(f'{r:.1f}' for r in rates)} = {sum(rates):.1f} % of one alone; NVML accounting "
+                f"{acct} %{why}; {kit_clocks.describe(self.clocks, 2.0, UNGATED_S - 2)}")  # fmt: skip
+
+
+def _ungated(kit: Kit) -> Ungated:
+    """Two matmul tenants in memory-only slices, run without the interposer: the driver's time
+    slicing alone. On the H200 the 30 % tenant of hard 30 / 70 did 26.3-28.0 % of its rate alone
+    and the 70 % one 69.4-69.7 %: whether time slicing two equal tenants loses that much of the
+    GPU too (their rates adding up to under 100 %) or none (then the loss is the gate's)."""
+    judged = slice(2, int(UNGATED_S) - 2)
+    with contextlib.ExitStack() as stack:
+        why = stack.enter_context(kit_accounting.accounting(kit.gpu.uuid))  # before the tenants start
+        boxes = [stack.enter_context(slice_box(kit.client, kit.gpu, kit.layout, {request.MEMORY: str(4 * GiB)}))
+                 for _ in range(2)]  # fmt: skip
+        probes, pids = _tenants(kit, boxes, UNGATED_S, [0.0, 0.0], [without_interposer(b.env) for b in boxes])
+        started = time.monotonic()
+        clocks = stack.enter_context(kit_clocks.sampling(kit.gpu.uuid, started))
+        try:
+            time.sleep(max(0.0, started + judged.start - time.monotonic()))
+            before, at = kit_accounting.gpu_ms(kit.gpu.uuid, pids), time.monotonic()
+            time.sleep(max(0.0, started + judged.stop - time.monotonic()))
+            accounted = kit_accounting.shares(before, kit_accounting.gpu_ms(kit.gpu.uuid, pids), time.monotonic() - at)
+            per_second = [p.message(time.monotonic() + 60)["result"]["per_second"][judged] for p in probes]
+        finally:
+            for p in probes:
+                p.kill()
+    return Ungated(per_second, accounted, why, clocks.samples)
+
+
+def _ungated_row(step: str, ungated: Ungated, alone: float) -> Row:
+    return check(step, "two matmul tenants, ungated", "a fact: each one's rate against one alone, and together; "
+                 "each one's GPU time by NVML accounting", ungated.observed(alone), None)  # fmt: skip
+
+
 def _alone_row(step: str, alone: Alone) -> Row:
     return check(step, "a matmul tenant alone", "a fact: its rate, the GPU's use by NVML, its clocks",
                  f"{alone.rate:.1f} products/s; NVML {alone.busy:.1f} %; "
@@ -632,6 +687,9 @@ def shares(kit: Kit) -> StepResult:
         facts.update(measured.facts())
         alone = measured.rate
         rows.append(_alone_row(step, measured))
+        ungated = _ungated(kit)
+        facts.update(ungated.facts())
+        rows.append(_ungated_row(step, ungated, alone))
         for policy in ("hard", "elastic"):
             pair = _pair(kit, (30, 70), policy, idle_first=policy == "elastic")
             facts[policy] = pair.facts()
@@ -926,7 +984,7 @@ STEPS = (
     Step("transformers", 90, transformers, False, ("torch", "transformers")),  # 45-48 s
     Step("cuda-graph", 30, cuda_graph, False, ("torch",)),  # 12-14 s
     Step("trace", 110, trace, True, ("cuda.bindings", "pynvml")),  # 67 s, 15 phases then
-    Step("shares", 130, shares, False, ("torch",)),  # 69-83 s
+    Step("shares", 150, shares, False, ("torch",)),  # 69-83 s, then a tenant alone and an ungated pair first
     Step("share-bias", 180, share_bias, False, ("torch",)),  # alone, then three sets of up to 18 + 20 s
     Step("lend", 80, lend, False, ("torch",)),  # alone, then 18 + 8 + 10 s
     Step("cost", 120, cost, False, ("torch",)),  # 80-88 s
