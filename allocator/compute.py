@@ -270,18 +270,18 @@ class ComputeController:
         goal = self._goals(uuid, on_gpu, active, now)
         known = sorted(r for s in on_gpu if (r := self.state[(s.slice_id, s.gpu)].ns_per_thread()) is not None)
         prior = known[len(known) // 2] if known else None
-        base = self._fit_base(on_gpu, goal)
+        base = self._fit_base(uuid, on_gpu, goal)
         for s in on_gpu:
             st = self.state[(s.slice_id, s.gpu)]
             self._budget(files[s.slice_id], s, st, goal[s.slice_id], dt, next_refill, prior, base)
 
-    def _fit_base(self, on_gpu: list[Share], goal: dict[str, float]) -> float | None:
-        """What every fitting slice's part is of (FIT_BASES "even": the fitting slices' mean
-        target); None: each its own target."""
-        fitting = [goal[s.slice_id] for s in on_gpu if self.state[(s.slice_id, s.gpu)].learning is not None]
-        if self.fit_base != "even" or not fitting:
-            return None
-        return sum(fitting) / len(fitting)
+    def _fit_base(self, uuid: str, on_gpu: list[Share], goal: dict[str, float]) -> float | None:
+        """What every slice's part is of while its GPU's costs are fitted (FIT_BASES "even": the
+        mean target of the slices the fit has); None: each its own target."""
+        split = self.splits.get(uuid)
+        fit = split.fit if split is not None and self.fit_base == "even" else None
+        fitting = [goal[s.slice_id] for s in on_gpu if fit is not None and (s.slice_id, s.gpu) in fit.order]
+        return sum(fitting) / len(fitting) if fitting else None
 
     def _read(self, st: GateState, f: SliceFiles, gpu: int, reading: Reading) -> None:
         """The threads a slice launched since the last refill, and its processes' own samples."""
