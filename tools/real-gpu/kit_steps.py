@@ -972,7 +972,7 @@ class Step:
 # longer for a fit, the generate runs once untimed and twice a side, the trace two more
 # phases, shares a tenant alone first. share-bias, lend and mps have not run yet: their
 # tenants' seconds plus a matmul tenant's start (6-8 s). With these a lent GPU's 15
-# minutes hold every step in three calls (docs/real-gpu.md).
+# minutes hold the steps that matter first in two device commands (docs/real-gpu.md).
 STEPS = (
     Step("selftest", 60, selftest, True),  # 25-38 s
     Step("driver-api", 15, driver_api, True, ("cuda.bindings",)),  # 4 s
