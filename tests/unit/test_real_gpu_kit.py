@@ -713,3 +713,38 @@ def test_a_fit_in_the_daemon_s_own_log_lines_is_read_back(caplog):
     ]
     (again,) = kit_fits.read(later)  # the readings after a cost measured again are not held against the fit
     assert again.after == f.after
+
+
+def test_the_plan_chains_its_calls_whatever_each_exits_and_names_only_steps_there_are(tmp_path):
+    """plan.sh runs docs/real-gpu.md's calls in two device commands of at most 600 s: a call that
+    exits 1 or 3 does not stop the next; every step it names is the kit's and its daemon setting one
+    the daemon takes."""
+    import shutil
+    import subprocess
+
+    from gpuslice.allocator.config import SCHEMA
+
+    shutil.copy(REPO / "tools/real-gpu/plan.sh", tmp_path / "plan.sh")
+    calls = tmp_path / "calls"
+    (tmp_path / "run.sh").write_text(f'echo "$@" >> {calls}\nexit 3\n')
+
+    def plan(*args: str) -> tuple[int, list[list[str]], str]:
+        calls.unlink(missing_ok=True)
+        r = subprocess.run(["sh", str(tmp_path / "plan.sh"), *args], capture_output=True, text=True, timeout=30,
+                           env={"PATH": "/usr/bin:/bin", "GPUSLICE_KIT_STATE": "/tmp/kit"})  # fmt: skip
+        made = [line.split() for line in calls.read_text().splitlines()] if calls.exists() else []
+        return r.returncode, made, r.stderr
+
+    rc, first, _ = plan("first")
+    assert rc == 0 and len(first) == 2, first
+    budgets = [int(c[c.index("--budget") + 1]) for c in first]
+    assert sum(budgets) <= 600 - 30  # one device command, the install and the kit's set-up beside
+    assert "--again" in first[1] and first[1][first[1].index("--daemon") + 1] == "compute_fit_base=even"
+    assert SCHEMA["properties"]["compute_fit_base"]["enum"] == ["share", "even"]
+    rc, rest, _ = plan("rest", "300")
+    assert rc == 0 and len(rest) == 2 and int(rest[0][rest[0].index("--budget") + 1]) == 240, rest
+    named = {c[i + 1] for c in first + rest for i, a in enumerate(c) if a == "--only"}
+    assert named == {s.name for s in ks.STEPS}  # every step, once the two commands are through
+    assert plan("rest", "900")[0] == 2 and plan()[0] == 2
+    assert "GPUSLICE_KIT_STATE" in subprocess.run(["sh", str(tmp_path / "plan.sh"), "first"], capture_output=True,
+                                                  text=True, env={"PATH": "/usr/bin:/bin"}).stderr  # fmt: skip
