@@ -171,7 +171,7 @@ def test_a_probe_that_does_not_answer_leaves_its_stacks_and_gate_in_the_report(d
     assert "launch gate: {" in overrun and '"tokens":' in overrun and '"next_refill_in_ns":' in overrun
     assert "py-spy" in overrun  # its dump, or why there is none
     assert "in wait_forever" in overrun  # faulthandler's Python stack, on SIGUSR1
-    rows, facts = kit_steps._failed("transformers", "generate", "runs in a slice", caught.value)
+    rows, facts = kit_steps.failed_case("transformers", "generate", "runs in a slice", caught.value)
     assert "its stacks and gate: the report's end" in rows[0].observed
     result = kit_report.StepResult("transformers", rows, 3.0, {"case": facts}, call=2)
     md = kit_report.as_markdown({}, [result], [])

@@ -19,6 +19,7 @@ import kit_accounting
 import kit_fits
 import kit_node
 import kit_report
+import kit_shares as ksh
 import kit_steps as ks
 from kit_slices import Outcome, Sample
 
@@ -119,8 +120,8 @@ def test_jax_growing_to_the_slice_passes():
 
 def test_shares_within_three_points_pass_and_a_loose_one_fails():
     alone = 100.0
-    good = ks.share_rows("shares", "hard 30 %", 30, [29.0, 31.5, 30.2], [30.0, 29.0, 31.0], alone)
-    bad = ks.share_rows("shares", "hard 30 %", 30, [40.0, 41.0, 39.0], [41.0, 40.0, 40.0], alone)
+    good = ksh.share_rows("shares", "hard 30 %", 30, [29.0, 31.5, 30.2], [30.0, 29.0, 31.0], alone)
+    bad = ksh.share_rows("shares", "hard 30 %", 30, [40.0, 41.0, 39.0], [41.0, 40.0, 40.0], alone)
     # NVML's per-tenant figure is a fact: the H100's driver gives each sample period to one process
     assert verdicts(good) == ["INFO", "PASS"] and verdicts(bad) == ["INFO", "FAIL"]
     assert "1 s windows 29.0-31.5" in good[0].observed
@@ -129,8 +130,8 @@ def test_shares_within_three_points_pass_and_a_loose_one_fails():
 def test_an_elastic_share_given_back_is_judged_by_throughput_and_nvml_is_a_fact():
     """On an H200 NVML read the lone elastic tenant at 82.8 % while its matmul loop, which
     synchronizes every 4 products, leaves gaps of its own: its rate against its rate alone decides."""
-    good = ks.given_back_rows("shares", [80.0, 85.0], [95.0, 97.0, 93.0], 100.0)
-    bad = ks.given_back_rows("shares", [99.0, 99.0], [80.0, 85.0], 100.0)
+    good = ksh.given_back_rows("shares", [80.0, 85.0], [95.0, 97.0, 93.0], 100.0)
+    bad = ksh.given_back_rows("shares", [99.0, 99.0], [80.0, 85.0], 100.0)
     assert verdicts(good) == ["INFO", "PASS"] and verdicts(bad) == ["INFO", "FAIL"]
     assert "per second 93.0-97.0" in good[1].observed
 
@@ -167,9 +168,9 @@ def test_a_step_kept_is_read_back_and_the_report_lists_what_is_left(tmp_path):
 
 def test_every_step_has_a_probe_or_a_command_that_exists():
     probes = {p.name for p in (REPO / "tools/real-gpu/probes").glob("*.py")}
-    source = (REPO / "tools/real-gpu/kit_steps.py").read_text()
+    source = "".join(p.read_text() for p in (REPO / "tools/real-gpu").glob("kit_*.py"))
     named = set(re.findall(r'"(\w+\.py)"', source))
-    assert named and named <= probes, named - probes
+    assert {"matmul_loop.py", "cost.py", "duty_load.py"} <= named <= probes, named - probes
 
 
 def test_the_generate_probe_is_asked_for_the_tokens_the_step_judges(monkeypatch):
@@ -256,9 +257,9 @@ def test_accounting_turns_two_reads_into_each_tenant_s_share_and_says_why_there_
     """NVML accounting, a third view of who ran (run 4: the split gave the 30 % tenant 30.2 %
     of the time, its throughput said 26.3 %): lifetime percent x time, read at both ends."""
     assert kit_accounting.shares([1000.0, None, 0.0], [3000.0, 500.0, 9000.0], 10.0) == [20.0, None, 90.0]
-    row = ks.accounted_row("shares", "hard 30 %", 29.96, None)
+    row = ksh.accounted_row("shares", "hard 30 %", 29.96, None)
     assert row.verdict == "INFO" and row.observed == "30.0 %"
-    assert ks.accounted_row("s", "x", None, "accounting unavailable: Not Supported").observed.endswith("Supported")
+    assert ksh.accounted_row("s", "x", None, "accounting unavailable: Not Supported").observed.endswith("Supported")
 
     def refuse(*_a):  # type: ignore[no-untyped-def]
         raise kit_accounting.pynvml.NVMLError(kit_accounting.pynvml.NVML_ERROR_NO_PERMISSION)
@@ -309,15 +310,15 @@ def stand_in_slices(monkeypatch, made: list[tuple[str, str]], tenants, fit_s: fl
 
     @contextlib.contextmanager
     def box(client, gpu, layout, ask):  # type: ignore[no-untyped-def]
-        made.append((ask.get(ks.request.CORES, "-"), ask.get(ks.request.POLICY, "-")))
+        made.append((ask.get(ksh.request.CORES, "-"), ask.get(ksh.request.POLICY, "-")))
         yield type("B", (), {"name": f"box{len(made)}", "env": {}})()
 
     clock = [1000.0]
-    monkeypatch.setattr(ks, "slice_box", box)
-    monkeypatch.setattr(ks, "_tenants", tenants)
-    monkeypatch.setattr(ks, "_windows", lambda uuid, pids, first, last, started: [[50.0] * len(pids)] * (last - first))
-    monkeypatch.setattr(ks.time, "monotonic", lambda: clock[0])
-    monkeypatch.setattr(ks.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr(ksh, "slice_box", box)
+    monkeypatch.setattr(ksh, "_tenants", tenants)
+    monkeypatch.setattr(ksh, "_windows", lambda uuid, pids, first, last, started: [[50.0] * len(pids)] * (last - first))
+    monkeypatch.setattr(ksh.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(ksh.time, "sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     client = type("C", (), {"compute_settled": lambda self, names, wait: int((clock[0] + fit_s) * 1e9)})()
 
     @contextlib.contextmanager
@@ -325,9 +326,9 @@ def stand_in_slices(monkeypatch, made: list[tuple[str, str]], tenants, fit_s: fl
         # full from the fit's end: the clock held down at the power cap (what kit_clocks is to tell)
         samples = [{"t": t / 2, "sm_mhz": 1980 if t / 2 < fit_s else 1755, "power_w": 500.0 if t / 2 < fit_s
                     else 700.0, "reasons": 0 if t / 2 < fit_s else 0x4} for t in range(1, 80)]  # fmt: skip
-        yield ks.kit_clocks.Clocks(None, started, samples)
+        yield ksh.kit_clocks.Clocks(None, started, samples)
 
-    monkeypatch.setattr(ks.kit_clocks, "sampling", sampling)
+    monkeypatch.setattr(ksh.kit_clocks, "sampling", sampling)
     return type("K", (), {"client": client, "gpu": type("G", (), {"uuid": "GPU-x"})(), "layout": None,
                           "daemon_log": daemon_log})()  # fmt: skip
 
@@ -363,7 +364,7 @@ def test_the_share_steps_run_their_tenants_and_judge_each_after_the_fit(monkeypa
     kit = stand_in_slices(monkeypatch, made, tenants, 4.2)
     monkeypatch.setattr(kit_accounting, "accounting", lambda uuid: contextlib.nullcontext("accounting unavailable"))
     monkeypatch.setattr(kit_accounting, "gpu_ms", lambda uuid, pids: [None] * len(pids))
-    for step in (ks.shares, ks.share_bias):
+    for step in (ksh.shares, ksh.share_bias):
         made.clear()
         result = step(kit)  # type: ignore[arg-type]
         bad = [r for r in result.rows if r.verdict == "FAIL"]
@@ -371,13 +372,13 @@ def test_the_share_steps_run_their_tenants_and_judge_each_after_the_fit(monkeypa
         assert any("fit of their costs" in r.name and r.observed == "4.2 s" for r in result.rows)
         assert any(r.name.endswith("NVML accounting") and r.observed == "accounting unavailable" for r in result.rows)
         clocks = [r.observed for r in result.rows if r.name.endswith("the GPU's clocks")]
-        assert len(clocks) == (2 if step is ks.shares else 3), clocks
+        assert len(clocks) == (2 if step is ksh.shares else 3), clocks
         assert clocks[0] == ("fit: SM 1980 MHz (1980-1980), 500 W, no reason held the clocks down; judged: "
                              "SM 1755 MHz (1755-1755), 700 W, power cap in 40 of 40"), clocks  # fmt: skip
         ungated = [r.observed for r in result.rows if r.name == "two matmul tenants, ungated"]
         assert ungated == (["48.0 + 48.0 = 96.0 % of one alone; NVML accounting - / - % (accounting unavailable); "
                             "SM 1980 MHz (1755-1980), 500 W, power cap in 3 of 8"]
-                           if step is ks.shares else []), ungated  # fmt: skip
+                           if step is ksh.shares else []), ungated  # fmt: skip
     assert made == [("-", "-"), ("70", "hard"), ("30", "hard"), ("50", "hard"), ("50", "hard"),
                     ("10", "hard"), ("20", "hard"), ("30", "hard"), ("40", "hard")]  # fmt: skip
 
@@ -426,7 +427,7 @@ def test_the_mps_step_runs_clients_at_their_thread_limits_and_judges_their_throu
 
     @contextlib.contextmanager
     def box(client, gpu, layout, ask):  # type: ignore[no-untyped-def]
-        assert ask == {ks.request.MEMORY: str(4 * GiB)}  # memory-only: no gate of ours beside MPS
+        assert ask == {ksh.request.MEMORY: str(4 * GiB)}  # memory-only: no gate of ours beside MPS
         yield type("B", (), {"name": "box", "env": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100", "X": "1"}})()
 
     class Client:
@@ -459,10 +460,10 @@ def test_the_mps_step_runs_clients_at_their_thread_limits_and_judges_their_throu
 
     live: set[int] = set()
     fell_back = False
-    monkeypatch.setattr(ks, "slice_box", box)
-    monkeypatch.setattr(ks, "Probe", Client)
-    monkeypatch.setattr(ks, "_windows", lambda uuid, pids, first, last, started: [[40.0] * len(pids)] * (last - first))
-    monkeypatch.setattr(ks, "_alone", lambda kit: ks.Alone(125.0, 97.0, []))
+    monkeypatch.setattr(ksh, "slice_box", box)
+    monkeypatch.setattr(ksh, "Probe", Client)
+    monkeypatch.setattr(ksh, "_windows", lambda uuid, pids, first, last, started: [[40.0] * len(pids)] * (last - first))
+    monkeypatch.setattr(ksh, "_alone", lambda kit: ksh.Alone(125.0, 97.0, []))
     monkeypatch.setattr(kit_mps, "control_binary", lambda: "/usr/bin/nvidia-cuda-mps-control")
     monkeypatch.setattr(kit_mps, "running", lambda control, uuid: contextlib.nullcontext(Daemon()))
     kit = type("K", (), {"client": None, "gpu": type("G", (), {"uuid": "GPU-x"})(), "layout": None,
@@ -470,7 +471,7 @@ def test_the_mps_step_runs_clients_at_their_thread_limits_and_judges_their_throu
 
     def run() -> dict[str, kit_report.Row]:
         envs.clear()
-        return {r.name: r for r in ks.mps(kit).rows}  # type: ignore[arg-type]
+        return {r.name: r for r in ksh.mps(kit).rows}  # type: ignore[arg-type]
 
     rows = run()
     assert [e.get(kit_mps.THREADS) for e in envs] == [None, "30", "70"]  # the box's own value never reaches it
@@ -487,7 +488,7 @@ def test_the_mps_step_runs_clients_at_their_thread_limits_and_judges_their_throu
     assert rows["alone: MPS clients"].verdict == rows["threads 30/70 %: MPS clients"].verdict == "FAIL"
 
     monkeypatch.setattr(kit_mps, "control_binary", lambda: None)
-    assert [(r.verdict, r.observed) for r in ks.mps(kit).rows] == [  # type: ignore[arg-type]
+    assert [(r.verdict, r.observed) for r in ksh.mps(kit).rows] == [  # type: ignore[arg-type]
         ("SKIP", "nvidia-cuda-mps-control is not on this machine's PATH")]  # fmt: skip
 
 
@@ -567,7 +568,7 @@ def test_the_lend_step_judges_the_light_slice_s_share_back_by_its_throughput(mon
     log = tmp_path / "daemon.log"
     log.write_text("earlier: abc/0 cost measured again at 50 %: 1 ±1% (was 1, +0.0%)\n")  # not this step's
 
-    rise = int(ks.RISE_AT)
+    rise = int(ksh.RISE_AT)
 
     def rates(light: float, after: list[float], seconds: int) -> list[int]:
         return [0] + [round(light if t < rise else after[min(t - rise, len(after) - 1)]) for t in range(1, seconds)]
@@ -596,12 +597,12 @@ def test_the_lend_step_judges_the_light_slice_s_share_back_by_its_throughput(mon
         return [Tenant(lender), Tenant(borrower)], [101, 102]
 
     kit = stand_in_slices(monkeypatch, made, tenants, 5.5, log)
-    result = ks.lend(kit)  # type: ignore[arg-type]
+    result = ksh.lend(kit)  # type: ignore[arg-type]
     rows = {r.name: r for r in result.rows}
     assert made == [("-", "-"), ("50", "hard"), ("30", "elastic")]
-    assert asked[-1] == [["10.0", str(ks.RISE_AT)], []]  # 10 % of the rate alone until the rise
+    assert asked[-1] == [["10.0", str(ksh.RISE_AT)], []]  # 10 % of the rate alone until the rise
     back = rows["hard 50 % once it saturates: its share back"]
-    assert back.observed == f"within {back_in} s" and back.verdict == ("PASS" if back_in <= ks.GIVE_BACK_S else "FAIL")
+    assert back.observed == f"within {back_in} s" and back.verdict == ("PASS" if back_in <= ksh.GIVE_BACK_S else "FAIL")
     bad = [r.name for r in result.rows if r.verdict == "FAIL" and r is not back]
     assert not bad, bad
     refine = rows["hard 50 % once it saturates: its cost measured again"]

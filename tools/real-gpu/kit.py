@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the kit's modules, b
 import kit_fits
 from kit_node import SIM_CONFIG, Daemon, LogLines, NodeError, NodePaths, context_cost, generate_spec, write_config
 from kit_report import FAIL, StepResult, as_json, as_markdown, begin_call, calls, check, load, load_all, save
-from kit_steps import REFINE, STEPS, Kit, not_runnable, run_step
+from kit_shares import REFINE
+from kit_steps import STEPS, Kit, not_runnable, run_step
 
 from gpuslice import inventory
 from gpuslice.allocator import config as daemon_config
