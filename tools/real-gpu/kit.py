@@ -222,7 +222,10 @@ def _steps(paths: NodePaths, state: Path, out: Path, deadline: float, only: tupl
                     result.facts["controller_ticks"] = ticks
                 if costs := [line for line in lines if TICKS not in line]:
                     result.facts["costs"] = costs
-                if fits := kit_fits.read(fitted.new(*kit_fits.MARKERS)):
+                about_fits = fitted.new(*kit_fits.MARKERS)
+                if steady := kit_fits.stretches(about_fits):  # a thread's time alone and shared
+                    result.facts["stretches"] = [st.summary() for st in steady]
+                if fits := kit_fits.read(about_fits):
                     result.facts["fits"] = [f.summary() for f in fits]
                     result.rows += [check(step.name, f"the daemon's fit {i}", "a fact: its rows by whose boost, "
                                           "and the readings after it, against its costs", kit_fits.describe(f), None)

@@ -8,7 +8,8 @@ had its boost (the two loads the most even) took 6-10 % more time a thread than
 the fit's other rows (the matmuls; the selftest's workers 3-8 %), and that once
 fitted a full GPU's readings ran 8.8-11.4 % above the costs (docs/compute.md).
 The kit adds it to each step's facts and rows; run on a log it prints one line
-a fit:
+a fit, then one a steady stretch (the GPU's time a thread with one slice
+launching, and with several):
 
     python tools/real-gpu/kit_fits.py tests/data/real-gpu/h200-2026-11-27/daemon-call3.log
 """
@@ -105,6 +106,53 @@ def read(lines: Iterable[str]) -> list[Fit]:
     return fits
 
 
+STRETCH = 5  # readings in a row, none while fitting, of the same slices launching: a stretch
+
+
+@dataclass
+class Stretch:
+    """Readings in a row outside any fit with the same slices launching: the GPU's time a thread
+    launched there, whatever slice launched it (where the slices run the same kernels, a thread's
+    time alone against shared: on the H200 a matmul's was 4.02 ns alone, 4.31-4.36 shared)."""
+
+    slices: tuple[str, ...]
+    readings: int = 0
+    ms: float = 0.0
+    threads: int = 0
+    busy: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {"slices": list(self.slices), "readings": self.readings,
+                "thread_ns": round(1e6 * self.ms / max(1, self.threads), 5),
+                "busy_ms_median": statistics.median(self.busy)}  # fmt: skip
+
+
+def stretches(lines: Iterable[str]) -> list[Stretch]:
+    """The log's steady stretches (STRETCH readings or more), in order."""
+    out: list[Stretch] = []
+    cur: Stretch | None = None
+    for line in lines:
+        m = SPLIT.search(line)
+        if BEGIN in line or REFINED in line or (m and " fitting " in m.group(2) + " "):
+            cur = None
+            continue
+        if not m:
+            continue
+        parts = PART.findall(m.group(2) + " ")
+        launched = {f"{sl}/{g}": int(n) for sl, g, n, _, _ in parts if int(n) > 0}
+        if not launched:
+            continue
+        key = tuple(sorted(launched))
+        if cur is None or cur.slices != key:
+            cur = Stretch(key)
+            out.append(cur)
+        cur.readings += 1
+        cur.ms += float(m.group(1))
+        cur.threads += sum(launched.values())
+        cur.busy.append(float(m.group(1)))
+    return [st for st in out if st.readings >= STRETCH]
+
+
 def _after(fit: Fit, ms: float, parts: list[tuple[str, str, str, str, str]]) -> None:
     """A reading after the fit, where the same slices launched at the costs fitted."""
     threads = {f"{s}/{g}": int(n) for s, g, n, _, fitting in parts if not fitting}
@@ -145,6 +193,13 @@ def main(paths: list[str]) -> int:
             print(f"{path}: fit {i}: {describe(fit)}")
         if not fits:
             print(f"{path}: no fits (the daemon logs them with GPUSLICE_DEBUG=gpuslice.allocator.cost_split)")
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for st in stretches(f):
+                sm = st.summary()
+                print(
+                    f"{path}: {len(st.slices)} slice(s) launching, {st.readings} readings: a thread "
+                    f"{sm['thread_ns']:.4g} ns, busy {sm['busy_ms_median']:.1f} ms a reading (median)"
+                )
     return 0
 
 
