@@ -28,9 +28,6 @@ def mib(n: int) -> str:
     return f"{n / MiB:.0f} MiB"
 
 
-# -- running them ----------------------------------------------------------
-
-
 @dataclass
 class Kit:
     client: AllocatorClient

@@ -16,6 +16,7 @@ launching, and with several):
 
 from __future__ import annotations
 
+import functools
 import re
 import statistics
 import sys
@@ -47,10 +48,14 @@ class Fit:
     def predicted_ms(self, threads: list[int]) -> float:
         return sum(n * c for n, c in zip(threads, self.costs, strict=True)) / 1e6
 
+    @functools.cached_property
+    def fewest(self) -> list[int]:
+        """Each slice's fewest threads in a row of the fit: its part without a boost, about."""
+        return [max(1, min(r[1][i] for r in self.rows)) for i in range(len(self.keys))]
+
     def whose(self, threads: list[int]) -> str:
         """The slice whose boost a row ran in, or BASE (no one's)."""
-        fewest = [max(1, min(r[1][i] for r in self.rows)) for i in range(len(self.keys))]
-        rel = [n / f for n, f in zip(threads, fewest, strict=True)]
+        rel = [n / f for n, f in zip(threads, self.fewest, strict=True)]
         return self.keys[rel.index(max(rel))] if max(rel) >= BOOSTED * min(rel) else BASE
 
     def groups(self) -> dict[str, list[float]]:

@@ -115,6 +115,9 @@ def cost_rows(step: str, gated: list[dict], direct: list[dict]) -> list[Row]:
     ]  # fmt: skip
 
 
+# -- running them ----------------------------------------------------------
+
+
 def memory_case(kit: Kit, step: str, label: str, script: str, args: list[str], env: dict[str, str],
                 judge: Callable[[Outcome], list[Row]] | None = None) -> tuple[list[Row], dict]:  # fmt: skip
     try:
