@@ -12,39 +12,38 @@ load on a real GPU moves that much; a drift is what moves more."""
 
 from __future__ import annotations
 
-import re
+import sys
 from pathlib import Path
 
 import pytest
 
 from gpuslice.allocator.cost_split import CostSplit
+from tests.harness import REPO
+
+sys.path.insert(0, str(REPO / "tools" / "real-gpu"))
+
+import kit_fits
 
 pytestmark = pytest.mark.unit
 
 RUN = Path(__file__).parents[1] / "data" / "real-gpu" / "h200-2026-11-27"
 WINDOW = 200_000_000  # ns: the sample period the daemon read on this GPU
-FITTED = re.compile(r"costs fitted over .*: (.*)$")
-COST = re.compile(r"(\w+)/(\d+) ([\d.]+) ±([\d.]+)%")
-SPLIT = re.compile(r"split ([\d.]+) ms: (.*)$")
-THREADS = re.compile(r"(\w+)/(\d+) threads (\d+) cost [\d.]+ ([\d.]+) ms")
 Key = tuple[str, int]
 Reading = tuple[float, dict[Key, int]]
 
 
 def stretches(log: str) -> list[tuple[dict[Key, tuple[float, float]], list[Reading]]]:
-    """Each fit's costs and errors, and the readings after it while its slices ran unfitted."""
-    out: list[tuple[dict[Key, tuple[float, float]], list[Reading]]] = []
-    for line in log.splitlines():
-        if m := FITTED.search(line):
-            costs = {(s, int(g)): (float(c), float(e) / 100) for s, g, c, e in COST.findall(m.group(1))}
-            out.append((costs, []))
-        elif (m := SPLIT.search(line)) and out and "fitting" not in line:
-            threads = {(s, int(g)): int(t) for s, g, t, _ in THREADS.findall(m.group(2))}
-            if set(threads) <= set(out[-1][0]):
-                out[-1][1].append((float(m.group(1)) * 1e6, threads))
-        elif "fitting the costs" in line or "costs drifted" in line or "released slice" in line:
-            out.append(({}, []))  # what follows belongs to no fit until the next one
-    return [(c, r) for c, r in out if c and len(r) >= 10]
+    """Each fit's costs and errors, and the readings after it while its slices ran unfitted
+    (as tools/real-gpu/kit_fits.py reads the daemon's log)."""
+    out = []
+    for fit in kit_fits.read(log.splitlines()):
+        keys = [(s, int(g)) for s, g in (k.split("/") for k in fit.keys)]
+        costs = {k: (c, e) for k, c, e in zip(keys, fit.costs, fit.errors, strict=True)}
+        readings = [(ms * 1e6, {(s, int(g)): t for s, g, t in ((*k.split("/"), t) for k, t in threads.items())})
+                    for ms, threads in fit.readings]  # fmt: skip
+        if len(readings) >= 10:
+            out.append((costs, readings))
+    return out
 
 
 def replay(costs: dict[Key, tuple[float, float]], readings: list[Reading]) -> int:

@@ -25,24 +25,30 @@ from dataclasses import dataclass, field
 
 ROWS = re.compile(r"fit rows \(ms: threads\): (.*)$")
 FITTED = re.compile(r"costs fitted over .*? in [\d.]+ s: (.*?)(?:; shares .*)?$")
-COST = re.compile(r"(\w+)/(\d+) ([\d.eE+-]+) ±")
+COST = re.compile(r"(\w+)/(\d+) ([\d.eE+-]+) ±([\d.]+)%")
 SPLIT = re.compile(r"split ([\d.]+) ms: (.*)$")
 PART = re.compile(r"(\w+)/(\d+) threads (\d+) cost ([\d.eE+-]+)( fitting)? ")
 BEGIN = "fitting the costs"
 REFINED = "cost measured again"  # one slice's cost changed: the readings after it are not the fit's
-MARKERS = (BEGIN, REFINED, "fit rows", "costs fitted", "split ")  # the lines read() looks at
+# ... nor after these: a fit for drift begins, or a slice of it is gone
+ENDS = (BEGIN, REFINED, "costs drifted", "released slice")
+MARKERS = (*ENDS, "fit rows", "costs fitted", "split ")  # the lines read() looks at
 BOOSTED = 1.5  # a row whose slices' threads, each against its fewest in the fit, differ this much: one's boost
 BASE = "base"
 
 
 @dataclass
 class Fit:
-    """One fit: its slices (as the log names them), their costs (ns a thread), its rows (ms, each
-    slice's threads), and the readings after it until the next fit (ms against the costs' ms)."""
+    """One fit: its slices (as the log names them), their costs (ns a thread) and the costs'
+    relative errors, its rows (ms, each slice's threads), and the readings after it until the
+    next fit: each as read (ms, the threads of those of its slices that launched), and where
+    all of them launched, its ms against the costs' ms (`after`)."""
 
     keys: list[str]
     costs: list[float]
+    errors: list[float]
     rows: list[tuple[float, list[int]]]
+    readings: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     after: list[float] = field(default_factory=list)
 
     def predicted_ms(self, threads: list[int]) -> float:
@@ -94,16 +100,17 @@ def read(lines: Iterable[str]) -> list[Fit]:
     rows: list[tuple[float, list[int]]] | None = None
     current: Fit | None = None
     for line in lines:
-        if BEGIN in line or REFINED in line:
+        if any(end in line for end in ENDS):
             current = None
         elif m := ROWS.search(line):
             rows = [(float(ms), [int(n) for n in threads.split(",")])
                     for ms, threads in (r.split(":") for r in m.group(1).split())]  # fmt: skip
         elif (m := FITTED.search(line)) and rows is not None:
             named = COST.findall(m.group(1))
-            keys, costs = [f"{s}/{g}" for s, g, _ in named], [float(c) for _, _, c in named]
+            keys = [f"{s}/{g}" for s, g, _, _ in named]
+            costs, errors = [float(c) for _, _, c, _ in named], [float(e) / 100 for _, _, _, e in named]
             if rows and all(len(r[1]) == len(keys) for r in rows):
-                current = Fit(keys, costs, rows)
+                current = Fit(keys, costs, errors, rows)
                 fits.append(current)
             rows = None
         elif current is not None and (m := SPLIT.search(line)):
@@ -138,7 +145,7 @@ def stretches(lines: Iterable[str]) -> list[Stretch]:
     cur: Stretch | None = None
     for line in lines:
         m = SPLIT.search(line)
-        if BEGIN in line or REFINED in line or (m and " fitting " in m.group(2) + " "):
+        if any(end in line for end in ENDS) or (m and " fitting " in m.group(2) + " "):
             cur = None
             continue
         if not m:
@@ -159,12 +166,13 @@ def stretches(lines: Iterable[str]) -> list[Stretch]:
 
 
 def _after(fit: Fit, ms: float, parts: list[tuple[str, str, str, str, str]]) -> None:
-    """A reading after the fit, where the same slices launched at the costs fitted."""
+    """A reading after the fit, where its slices (or some of them) launched at the costs fitted."""
     threads = {f"{s}/{g}": int(n) for s, g, n, _, fitting in parts if not fitting}
-    if len(threads) != len(parts) or set(threads) != set(fit.keys) or not any(threads.values()):
+    if len(threads) != len(parts) or not set(threads) <= set(fit.keys) or not any(threads.values()):
         return
-    pred = fit.predicted_ms([threads[k] for k in fit.keys])
-    if pred > 0:
+    fit.readings.append((ms, threads))
+    pred = fit.predicted_ms([threads.get(k, 0) for k in fit.keys])
+    if set(threads) == set(fit.keys) and pred > 0:
         fit.after.append(ms / pred)
 
 

@@ -266,25 +266,38 @@ def _fit_row(step: str, label: str, fit_s: float | None) -> Row:
     return check(step, f"{label}: the daemon's fit of their costs", "a fact: from the start", fitted, None)
 
 
+def _measured_alone(kit: Kit, step: str, facts: dict, rows: list[Row]) -> float:
+    """A matmul tenant alone, into the step's facts and rows: its rate, what the others are held to."""
+    measured = _alone(kit)
+    facts.update(measured.facts())
+    rows.append(_alone_row(step, measured))
+    return measured.rate
+
+
+def _pair_rows(step: str, label: str, names: list[tuple[str, str]], targets: tuple[int, ...], pair: Pair,
+               alone: float, points: float | None = None) -> list[Row]:  # fmt: skip
+    """A set of tenants' rows: the fit, the clocks, and each one's share and accounted time
+    (`names`: each tenant's labels for the two)."""
+    rows = [_fit_row(step, label, pair.fit_s), _clocks_row(step, label, pair)]
+    for i, ((shared, accounted), target) in enumerate(zip(names, targets, strict=True)):
+        rows += share_rows(step, shared, target, [w[i] for w in pair.busy], pair.per_second[i][pair.span], alone,
+                           points)  # fmt: skip
+        rows.append(accounted_row(step, accounted, pair.accounted[i], pair.accounting))
+    return rows
+
+
 def shares(kit: Kit) -> StepResult:
     step, facts, rows = "shares", {}, []
     try:
-        measured = _alone(kit)
-        facts.update(measured.facts())
-        alone = measured.rate
-        rows.append(_alone_row(step, measured))
+        alone = _measured_alone(kit, step, facts, rows)
         ungated = _ungated(kit)
         facts.update(ungated.facts())
         rows.append(_ungated_row(step, ungated, alone))
         for policy in ("hard", "elastic"):
             pair = _pair(kit, (30, 70), policy, idle_first=policy == "elastic")
             facts[policy] = pair.facts()
-            rows.append(_fit_row(step, f"{policy} 30/70", pair.fit_s))
-            rows.append(_clocks_row(step, f"{policy} 30/70", pair))
-            for i, target in enumerate((30, 70)):
-                rows += share_rows(step, f"{policy} {target} %", target, [w[i] for w in pair.busy],
-                                   pair.per_second[i][pair.span], alone)  # fmt: skip
-                rows.append(accounted_row(step, f"{policy} {target} %", pair.accounted[i], pair.accounting))
+            names = [(f"{policy} {t} %", f"{policy} {t} %") for t in (30, 70)]
+            rows += _pair_rows(step, f"{policy} 30/70", names, (30, 70), pair, alone)
             if pair.given:
                 rows += given_back_rows(step, [w[1] for w in pair.after], pair.per_second[1][pair.given], alone)
     except FAILURES as e:
@@ -302,21 +315,13 @@ def share_bias(kit: Kit) -> StepResult:
     tenants at 10/20/30/40 are held to 2 points (issue 46)."""
     step, facts, rows = "share-bias", {}, []
     try:
-        measured = _alone(kit)
-        facts.update(measured.facts())
-        alone = measured.rate
-        rows.append(_alone_row(step, measured))
+        alone = _measured_alone(kit, step, facts, rows)
         for targets in ((70, 30), (50, 50), (10, 20, 30, 40)):
             label = f"hard {'/'.join(map(str, targets))}, in that order"
             pair = _pair(kit, targets, "hard")
             facts[label] = pair.facts()
-            rows.append(_fit_row(step, label, pair.fit_s))
-            rows.append(_clocks_row(step, label, pair))
-            points = FOUR_POINTS if len(targets) > 2 else None
-            for i, target in enumerate(targets):
-                rows += share_rows(step, f"{label}: #{i + 1}, {target} %", target, [w[i] for w in pair.busy],
-                                   pair.per_second[i][pair.span], alone, points)  # fmt: skip
-                rows.append(accounted_row(step, f"{label}: #{i + 1}", pair.accounted[i], pair.accounting))
+            names = [(f"{label}: #{i + 1}, {t} %", f"{label}: #{i + 1}") for i, t in enumerate(targets)]
+            rows += _pair_rows(step, label, names, targets, pair, alone, FOUR_POINTS if len(targets) > 2 else None)
     except FAILURES as e:
         failed, more = failed_case(step, "two tenants' shares, order and equal", "run in slices", e)
         rows += failed
@@ -415,10 +420,7 @@ def lend(kit: Kit) -> StepResult:
     light 49.3-50.1 %, given back in 1.0-1.6 s). Not yet measured on a real driver."""
     step, facts, rows = "lend", {}, []
     try:
-        measured = _alone(kit)
-        facts.update(measured.facts())
-        alone = measured.rate
-        rows.append(_alone_row(step, measured))
+        alone = _measured_alone(kit, step, facts, rows)
         lending = _lending(kit, alone)
         facts.update(lending.facts())
         rows += lend_rows(step, lending, alone)
