@@ -95,14 +95,16 @@ class Reconciler:
         # count caught: what the process ever charged, read on both sides, bounds what it held
         before = [_held(f) for f in in_use]
         extras: dict[str, tuple[SliceFiles, list[int]]] = {}
+        read_from: dict[tuple[str, int], list[str]] = {}  # (slice, GPU) -> each process's count and most held
         for files, held in zip(in_use, before, strict=True):
             pids = files.slot_pids()
             row = extras.setdefault(files.slice_id, (files, [0] * files.gpu_count()))[1]
             for g in range(files.gpu_count()):
                 counts = self._reading(readings, files.gpu_uuid(g))
-                row[g] = sum(max(0, counts.get(pid, 0) - _most_held(files, slot, g, pid, held.get((slot, g))))
-                             for slot, pid in pids.items())  # fmt: skip
-        self._charge_unsliced(readings, extras)
+                most = {pid: _most_held(files, slot, g, pid, held.get((slot, g))) for slot, pid in pids.items()}
+                row[g] = sum(max(0, counts.get(pid, 0) - m) for pid, m in most.items())
+                read_from[files.slice_id, g] = [f"{pid} {counts.get(pid, 0)} of {m}" for pid, m in most.items()]
+        self._charge_unsliced(readings, extras, read_from)
         for sid, files in list(self.charged.items()):
             if sid not in extras:  # its last process went: what the driver held for it went too
                 for g in range(files.gpu_count()):
@@ -111,7 +113,11 @@ class Reconciler:
                 del self.charged[sid]
         for sid, (files, row) in extras.items():
             for g, extra in enumerate(row):
-                files.set_driver_side(g, extra)
+                was = files.set_driver_side(g, extra)
+                if was != extra:  # why a slice's total moved without an allocation, when a check asks
+                    why = "; ".join(read_from.get((sid, g), [])) or "none attached"
+                    log.debug("slice %s GPU %d: driver-side %d bytes (was %d); pid, driver's count of most held: %s",
+                              sid, g, extra, was, why)  # fmt: skip
                 if extra:
                     self.charged[sid] = files
                 self._say_if_over(files, g)
@@ -122,8 +128,8 @@ class Reconciler:
             counts = readings[uuid] = self.read(uuid)
         return counts
 
-    def _charge_unsliced(self, readings: dict[str, dict[int, int]], extras: dict[str, tuple[SliceFiles, list[int]]]
-                         ) -> None:  # fmt: skip
+    def _charge_unsliced(self, readings: dict[str, dict[int, int]], extras: dict[str, tuple[SliceFiles, list[int]]],
+                         read_from: dict[tuple[str, int], list[str]]) -> None:  # fmt: skip
         """What the driver holds for processes of slices' containers that never attached."""
         for uuid in self.gpus():
             self._reading(readings, uuid)
@@ -146,6 +152,7 @@ class Reconciler:
                     continue
                 g = gpus.index(uuid)
                 extras.setdefault(files.slice_id, (files, [0] * files.gpu_count()))[1][g] += used
+                read_from.setdefault((files.slice_id, g), []).append(f"{pid} {used}, unsliced")
                 seen.add(key)
                 if key not in self.unsliced:
                     self.unsliced[key] = files.slice_id

@@ -60,6 +60,18 @@ def test_every_check_runs_and_passes_on_a_right_node(daemon, tmp_path):
     assert d.client().list() == []  # every temporary slice released
 
 
+def test_its_runs_on_the_driver_s_own_libcuda_are_no_process_of_a_slice(daemon, tmp_path):
+    """The launch gate's direct runs load the driver's libcuda: in the slice's pid namespace they
+    were processes of its container holding GPU memory without the interposer, charged to the
+    slice, named in a warning and counted as unsliced at every selftest (and killed under
+    `unsliced_processes: kill`). Each run holds its context for a few of these periods."""
+    d = daemon([gpu("16Gi", context_memory="300Mi")], driver_memory_period=0.05, unsliced_processes="kill")
+    rc, report = selftest(d, "--no-shares", spec=spec_for(d, tmp_path))
+    assert rc == 0 and report["passed"], [c for c in report["checks"] if c["verdict"] == "FAIL"]
+    assert verdicts(report)["GPU 0 launch gate per launch"] == "PASS"
+    assert "without the interposer" not in d.log() and "killed process" not in d.log()
+
+
 # what an H100 with driver 580 answered (tests/data/real-gpu/h100-2026-11-26), one sample per 200 ms
 # period, the GPU's use, to the process that ran most in it, is the simulator's default, on which
 # test_every_check_runs_and_passes_on_a_right_node measures both GPUs' shares (the selftest read by

@@ -134,6 +134,6 @@ class ScriptedBox:
 def test_the_launch_gate_is_measured_again_only_when_over_and_fails_only_if_over_twice(gated, direct, passed, observed):
     box = ScriptedBox(gated, direct)
     layout = SimpleNamespace(driver_libcuda=Path("/driver/libcuda.so.1"))
-    check = _launch_overhead(box, layout, "GPU 0")  # type: ignore[arg-type]
+    check = _launch_overhead(box, box, layout, "GPU 0")  # type: ignore[arg-type]
     assert (check.passed, check.observed) == (passed, observed)
     assert box.gated == [] and box.direct == []  # every scripted run taken, and no more

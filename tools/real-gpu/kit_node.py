@@ -131,8 +131,10 @@ class Daemon:
         shutil.rmtree(paths.work / "state", ignore_errors=True)  # no slices left from a cut call
         paths.socket.unlink(missing_ok=True)
         (paths.work / "daemon.log").unlink(missing_ok=True)
-        # how the controller splits the GPU's time, reading by reading, goes into daemon.log
-        os.environ.setdefault("GPUSLICE_DEBUG", "gpuslice.allocator.cost_split,gpuslice.allocator.compute.ticks")
+        # how the controller splits the GPU's time, reading by reading, and each change of what the
+        # driver holds beyond a slice's charges (with the counts it came from) go into daemon.log
+        os.environ.setdefault("GPUSLICE_DEBUG", "gpuslice.allocator.cost_split,gpuslice.allocator.compute.ticks,"
+                              "gpuslice.allocator.driver_memory")  # fmt: skip
         try:
             self.running = sim_daemon.start(paths.work, paths.config)
         except RuntimeError as e:
