@@ -72,6 +72,28 @@ def test_what_the_driver_holds_beyond_the_charges_is_the_slices_driver_side():
     assert f.driver == 200 * MiB  # 10's 200 beyond; 11 below its charge counts 0; 99 is not the slice's
 
 
+def test_each_change_of_the_driver_side_figure_is_logged_with_the_counts_it_came_from(caplog):
+    """At DEBUG (the real-GPU kit turns it on): why a slice's total moved without an allocation,
+    each process's count beside the most it can have held, and unsliced ones marked."""
+    caplog.set_level(logging.DEBUG, logger="gpuslice.allocator.driver_memory")
+    f = Files({0: 300 * MiB}, {0: 10})
+    counts = {10: 500 * MiB, 20: 50 * MiB}
+    r = Reconciler(lambda: [f], lambda uuid: counts, gpus=lambda: ["GPU-a"], owner_of={20: f}.get)
+    r.once()
+    r.once()  # 20 charged from its second period; nothing changed for 10
+    counts[10] = 300 * MiB
+    r.once()
+    said = [m for m in caplog.messages if "driver-side" in m]
+    assert said == [
+        f"slice s GPU 0: driver-side {200 * MiB} bytes (was 0); pid, driver's count of most held: "
+        f"10 {500 * MiB} of {300 * MiB}",
+        f"slice s GPU 0: driver-side {250 * MiB} bytes (was {200 * MiB}); pid, driver's count of most held: "
+        f"10 {500 * MiB} of {300 * MiB}; 20 {50 * MiB}, unsliced",
+        f"slice s GPU 0: driver-side {50 * MiB} bytes (was {250 * MiB}); pid, driver's count of most held: "
+        f"10 {300 * MiB} of {300 * MiB}; 20 {50 * MiB}, unsliced",
+    ]
+
+
 def test_a_free_while_the_driver_is_read_is_not_charged_as_the_drivers():
     """The driver is read first, then the charges: a process that frees 40 MiB between the two
     reads left the driver's count with it and its charge without. On the H200-sized churn of
