@@ -232,7 +232,10 @@ def _in_slice(client: AllocatorClient, box: Box, gpu: Gpu, layout: Layout, limit
 def _ledger(client: AllocatorClient, name: str) -> str:
     """What the slice's total is made of, for a row whose figures are off: its attached
     processes and what the driver holds for them beyond their charges."""
-    s = client.get(name)
+    try:
+        s = client.get(name)
+    except grpc.RpcError as e:  # the row's own figures stand
+        return f"the slice not read: {e.details() or e.code()}"
     side = ", ".join(str(g.driver_side) for g in s.gpus)
     return f"the slice: {s.memory_used} used, {s.processes} processes attached, driver-side {side}"
 
@@ -277,6 +280,7 @@ def _kill_gives_back(client: AllocatorClient, box: Box, gpu: Gpu, size: int, res
 
 
 def _launch_gate(box: Box, layout: Layout, halt: Halt, tag: str) -> Check:
+    """The launch gate's cost, its direct runs in a namespace of their own (`unbound_box`)."""
     try:
         with unbound_box(box, layout, halt) as bare:
             return _launch_overhead(box, bare, layout, tag)

@@ -110,6 +110,11 @@ def test_a_spec_that_leaves_the_interposer_out_fails_where_the_limit_is_lost(dae
     assert got["GPU 0 loader finds the interposer"] == "FAIL"
     assert got["GPU 0 cuMemGetInfo"] == "FAIL"  # the whole GPU, not the slice
     assert all(got[f"GPU 0 {p} to the limit"] == "FAIL" for p in PATHS)
+    # each failed fill says what the slice's total was made of: no process of it ever attached
+    observed = {c["name"]: c["observed"] for c in report["checks"]}
+    for p in PATHS:
+        assert re.search(r"; then the slice: \d+ used, 0 processes attached, driver-side \d+$",
+                         observed[f"GPU 0 {p} to the limit"]), observed[f"GPU 0 {p} to the limit"]  # fmt: skip
     assert got["GPU 0 cuGetProcAddress hooks"] == "FAIL"  # the driver's own functions
     assert got["CDI spec"] == "PASS" and got["daemon"] == "PASS"
     assert d.client().list() == []
