@@ -149,6 +149,7 @@ class Daemon:
         self._sockets = sockets = [slice_server, runtime_server]
         threading.Thread(target=self._sweeper, args=(sockets, health_servicer), name="sweeper", daemon=True).start()
         self.compute.start()
+        self.watcher.on_exit.append(self.reconciler.wake)  # the exited process's driver-side part goes at once
         threading.Thread(target=self.reconciler.run, args=(self._stop,), name="driver-memory", daemon=True).start()
         health_servicer.set("", health_pb2.HealthCheckResponse.SERVING)
         health_servicer.set("gpuslice.v1.Allocator", health_pb2.HealthCheckResponse.SERVING)
@@ -174,6 +175,7 @@ class Daemon:
         """Sockets closed, the store closed and the state unlocked; the slices stay
         in the store for the next daemon (a restart or an upgrade loses none)."""
         self._stop.set()
+        self.reconciler.wake()  # its thread sees the stop now, not a period later
         if self._health is not None:
             self._health.enter_graceful_shutdown()
         if self._server is not None:

@@ -10,7 +10,7 @@ and NVML in the slice show it; status, the metrics and Get report it.
 Per process, what the driver counts beyond what it charged, never below
 zero: a context's reserve (charged at attach) is a floor the driver's figure
 replaces once it is larger, so nothing is counted twice. A process that
-exits takes its part along at the next period (its row is gone).
+exits takes its part along at once: its exit wakes the reading (`wake`).
 
 A process of a slice's container that holds memory on the GPU without
 having attached loaded a libcuda.so.1 of its own (an image's compat driver
@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 
 # a GPU's UUID -> {pid (this process's view): bytes the driver counts for it}
 ProcessMemory = Callable[[str], dict[int, int]]
+WAKE_SPACING_S = 0.02  # the least time between two reads of the driver, woken or not
 
 
 class NvmlProcessMemory:
@@ -85,6 +86,7 @@ class Reconciler:
     charged: dict[str, SliceFiles] = field(default_factory=dict)  # slices with a driver-side figure
     unsliced: dict[tuple[int, str], str] = field(default_factory=dict)  # (pid, GPU) -> its slice, once named
     suspects: set[tuple[int, str]] = field(default_factory=set)  # (pid, GPU) seen unattached once, last period
+    _soon: threading.Event = field(default_factory=threading.Event, init=False, repr=False)  # wake()
 
     def once(self) -> None:
         readings: dict[str, dict[int, int]] = {}
@@ -178,12 +180,22 @@ class Reconciler:
         elif self.over.pop(key, None) is not None:
             log.info("slice %s GPU %d: back under its limit", files.slice_id, g)
 
+    def wake(self) -> None:
+        """Read the driver now, not at the next period: a process of a slice exited (its part of
+        the driver-side figure goes with it at once, as its charges did), or the daemon stops."""
+        self._soon.set()
+
     def run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.period):
+        while not stop.is_set():
+            self._soon.wait(self.period)
+            self._soon.clear()
+            if stop.is_set():
+                return
             try:
                 self.once()
             except Exception:  # the next period tries again; a reconciliation never stops the daemon
                 log.exception("reconciling with the driver's counts failed")
+            stop.wait(WAKE_SPACING_S)  # a burst of exits is read once in this, not once each
 
 
 @dataclass(frozen=True)

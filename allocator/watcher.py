@@ -10,6 +10,7 @@ import os
 import selectors
 import signal
 import threading
+from collections.abc import Callable
 
 from gpuslice.allocator.slice_files import SliceFiles
 
@@ -24,6 +25,7 @@ class ProcessWatcher:
         self._sel.register(self._wake_r, selectors.EVENT_READ, None)
         self._stop = False
         self._in_use: dict[str, tuple[SliceFiles, int]] = {}  # slice id -> (files, processes watched)
+        self.on_exit: list[Callable[[], None]] = []  # told once an exited process's row is released
         self._thread = threading.Thread(target=self._run, name="pidfd-watcher", daemon=True)
 
     def start(self) -> None:
@@ -100,3 +102,5 @@ class ProcessWatcher:
                 if files.slot_pids().get(slot) == pid:
                     freed = files.release_slot(slot)
                     log.info("process %d of slice %s exited; %d bytes returned", pid, files.slice_id, freed)
+                    for told in self.on_exit:
+                        told()
