@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -85,7 +86,8 @@ class Reconciler:
     over: dict[tuple[str, int], int] = field(default_factory=dict)  # (slice, GPU index) -> bytes past its limit
     charged: dict[str, SliceFiles] = field(default_factory=dict)  # slices with a driver-side figure
     unsliced: dict[tuple[int, str], str] = field(default_factory=dict)  # (pid, GPU) -> its slice, once named
-    suspects: set[tuple[int, str]] = field(default_factory=set)  # (pid, GPU) seen unattached once, last period
+    suspects: dict[tuple[int, str], float] = field(default_factory=dict)  # (pid, GPU) seen unattached -> first seen
+    clock: Callable[[], float] = time.monotonic
     _soon: threading.Event = field(default_factory=threading.Event, init=False, repr=False)  # wake()
 
     def once(self) -> None:
@@ -139,7 +141,8 @@ class Reconciler:
         # any memory, so one that holds memory and is in no slot now never attached
         attached = {pid for f in self.files_in_use() for pid in f.slot_pids().values()}
         seen: set[tuple[int, str]] = set()
-        suspects: set[tuple[int, str]] = set()
+        suspects: dict[tuple[int, str], float] = {}
+        now = self.clock()
         for uuid, counts in readings.items():
             for pid, used in counts.items():
                 if used <= 0 or pid in attached:
@@ -149,8 +152,11 @@ class Reconciler:
                 if files is None or uuid not in gpus:
                     continue
                 key = (pid, uuid)
-                if key not in self.unsliced and key not in self.suspects:
-                    suspects.add(key)  # a process leaving its slot as the driver still counts it: next period
+                # a process leaving its slot as the driver still counts it is not one: seen again a
+                # period on (a read an exit woke comes sooner than the driver may let go of it)
+                first = self.suspects.get(key)
+                if key not in self.unsliced and (first is None or now - first < self.period):
+                    suspects[key] = now if first is None else first
                     continue
                 g = gpus.index(uuid)
                 extras.setdefault(files.slice_id, (files, [0] * files.gpu_count()))[1][g] += used

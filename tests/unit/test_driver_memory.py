@@ -4,7 +4,9 @@ processes allocate and free while it reads."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -66,6 +68,11 @@ class Files:
         return self.limit
 
 
+def periods() -> Callable[[], float]:
+    """A clock for the reads: each one a period (1 s) after the last, as the thread's periods are."""
+    return itertools.count().__next__
+
+
 def test_what_the_driver_holds_beyond_the_charges_is_the_slices_driver_side():
     f = Files({0: 300 * MiB, 1: 100 * MiB}, {0: 10, 1: 11})
     Reconciler(lambda: [f], lambda uuid: {10: 500 * MiB, 11: 50 * MiB, 99: 7 * MiB}).once()
@@ -78,7 +85,7 @@ def test_each_change_of_the_driver_side_figure_is_logged_with_the_counts_it_came
     caplog.set_level(logging.DEBUG, logger="gpuslice.allocator.driver_memory")
     f = Files({0: 300 * MiB}, {0: 10})
     counts = {10: 500 * MiB, 20: 50 * MiB}
-    r = Reconciler(lambda: [f], lambda uuid: counts, gpus=lambda: ["GPU-a"], owner_of={20: f}.get)
+    r = Reconciler(lambda: [f], lambda uuid: counts, gpus=lambda: ["GPU-a"], owner_of={20: f}.get, clock=periods())
     r.once()
     r.once()  # 20 charged from its second period; nothing changed for 10
     counts[10] = 300 * MiB
@@ -171,7 +178,8 @@ def test_a_process_of_the_slices_container_that_never_attached_is_charged_whole(
     f = Files({0: 100 * MiB}, {0: 10})
     counts = {"GPU-a": {10: 100 * MiB, 20: 300 * MiB, 30: 50 * MiB}, "GPU-b": {40: 70 * MiB}}
     owners = {20: f, 40: f}  # 40 is the container's too, but on a GPU the slice does not hold
-    r = Reconciler(lambda: [f], lambda uuid: counts[uuid], gpus=lambda: ["GPU-a", "GPU-b"], owner_of=owners.get)
+    r = Reconciler(lambda: [f], lambda uuid: counts[uuid], gpus=lambda: ["GPU-a", "GPU-b"], owner_of=owners.get,
+                   clock=periods())  # fmt: skip
     r.once()
     assert f.said == [0]
     r.once()
@@ -187,10 +195,26 @@ def test_a_process_of_the_slices_container_that_never_attached_is_charged_whole(
     assert f.said[-1] == 0 and "slice s: process 20, unsliced, no longer holds memory on GPU-a" in caplog.messages
 
 
+def test_an_unattached_process_is_charged_only_once_seen_a_period_on_however_often_the_driver_is_read():
+    """A process's exit wakes a read of the driver at once, and a burst of exits reads it every
+    20 ms: a process that left its slot while the driver still counts it (the driver may take
+    longer than that to let go of it) is not one that never attached until a period has passed."""
+    f = Files({0: 100 * MiB}, {0: 10})
+    now = [0.0]
+    r = Reconciler(lambda: [f], lambda uuid: {10: 100 * MiB, 20: 300 * MiB}, gpus=lambda: ["GPU-a"],
+                   owner_of={20: f}.get, clock=lambda: now[0])  # fmt: skip
+    for now[0] in (0.0, 0.02, 0.5, 0.98):
+        r.once()
+    assert f.said == [0, 0, 0, 0] and r.unsliced == {}
+    now[0] = 1.0
+    r.once()
+    assert f.said[-1] == 300 * MiB and r.unsliced == {(20, "GPU-a"): "s"}
+
+
 def test_a_slice_whose_only_process_never_attached_is_charged_and_cleared():
     f = Files({}, {})
     counts = {20: 300 * MiB}
-    r = Reconciler(list, lambda uuid: counts, gpus=lambda: ["GPU-a"], owner_of={20: f}.get)
+    r = Reconciler(list, lambda uuid: counts, gpus=lambda: ["GPU-a"], owner_of={20: f}.get, clock=periods())
     r.once()
     r.once()
     assert f.driver == 300 * MiB and f.used() == [300 * MiB]
