@@ -29,14 +29,18 @@ def first_child(pid: int, seconds: float = 5) -> int:
 
 class PidNamespace:
     """Made from a thread that outlives it: the parent-death signal follows the
-    thread that started it, not the process."""
+    thread that started it, not the process. `pid=False`: a mount namespace
+    alone, in the caller's pid namespace (and its /proc): for processes that are
+    to be no container's, as the caller's own are not."""
 
-    def __init__(self) -> None:
+    def __init__(self, pid: bool = True) -> None:
         # its own mount namespace and /proc too, as every container has. It dies with its parent (setpriv's
         # parent-death signal on unshare, whose --kill-child takes the namespace's init along, and
         # the kernel every process in the namespace), so a SIGKILLed caller leaves no process
         # holding a slice: the daemon's sweeper reclaims the slices within its interval
-        self.proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "unshare", "--pid", "--mount", "--mount-proc",
+        self.pid = pid
+        own = ["--pid", "--mount", "--mount-proc"] if pid else ["--mount"]
+        self.proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "unshare", *own,
                                       "--fork", "--kill-child", "sleep", "600"])  # fmt: skip
         self.init_pid = first_child(self.proc.pid)
         if not self.init_pid:
@@ -47,7 +51,8 @@ class PidNamespace:
         """argv run inside this pid namespace and its mount namespace (its /proc),
         in cwd (by default the caller's: entering a mount namespace starts at /)."""
         wd = cwd or os.getcwd()
-        return ["nsenter", "--target", str(self.init_pid), "--pid", "--mount", f"--wd={wd}", "--", *argv]
+        own = ["--pid", "--mount"] if self.pid else ["--mount"]
+        return ["nsenter", "--target", str(self.init_pid), *own, f"--wd={wd}", "--", *argv]
 
     def stop(self) -> None:
         self.proc.kill()

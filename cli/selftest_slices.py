@@ -58,11 +58,11 @@ class Halt:
         self._lock = threading.Lock()
         self._live: list[PidNamespace] = []
 
-    def namespace(self) -> PidNamespace:
+    def namespace(self, pid: bool = True) -> PidNamespace:
         with self._lock:  # a namespace made beside a halt would outlive it
             if self.event.is_set():
                 raise Halted("stopped")
-            ns = PidNamespace()
+            ns = PidNamespace(pid)
             self._live.append(ns)
             return ns
 
@@ -135,9 +135,9 @@ def worker_pid(proc: subprocess.Popen[str]) -> int:
 
 
 @contextmanager
-def _namespace(layout: Layout, halt: Halt | None) -> Iterator[PidNamespace]:
-    """A pid namespace with the container's view of the driver."""
-    ns = halt.namespace() if halt else PidNamespace()
+def _namespace(layout: Layout, halt: Halt | None, pid: bool = True) -> Iterator[PidNamespace]:
+    """A pid namespace (or the caller's, `pid=False`) with the container's view of the driver."""
+    ns = halt.namespace(pid) if halt else PidNamespace(pid)
     try:
         if layout.view is not None:
             container_view.enter(ns, layout.view)
@@ -164,10 +164,13 @@ def slice_box(
 
 @contextmanager
 def unbound_box(box: Box, layout: Layout, halt: Halt | None = None) -> Iterator[Box]:
-    """Like `box`, in a pid namespace no slice is bound to: for runs on the driver's own libcuda,
-    which in the slice's would be processes of its container holding GPU memory without the
-    interposer (charged to it, named, and killed under `unsliced_processes: kill`)."""
-    with _namespace(layout, halt) as ns:
+    """Like `box`, with its view of the driver, in the selftest's own pid namespace: for runs on
+    the driver's own libcuda, which in the slice's would be processes of its container holding
+    GPU memory without the interposer (charged to it, named, and killed under
+    `unsliced_processes: kill`). Not a pid namespace of their own either: one no slice is bound
+    to is still taken for the slice's by its cgroup, the selftest's, wherever the daemon's is
+    another (a systemd unit's); the daemon's own pid namespace is never a container's."""
+    with _namespace(layout, halt, pid=False) as ns:
         yield Box("", ns, box.env, box.uuid)
 
 

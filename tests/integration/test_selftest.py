@@ -65,7 +65,12 @@ def test_its_runs_on_the_driver_s_own_libcuda_are_no_process_of_a_slice(daemon, 
     were processes of its container holding GPU memory without the interposer, charged to the
     slice, named in a warning and counted as unsliced at every selftest (and killed under
     `unsliced_processes: kill`). Each run holds its context for a few of these periods."""
-    d = daemon([gpu("16Gi", context_memory="300Mi")], driver_memory_period=0.05, unsliced_processes="kill")
+    d = daemon(
+        [gpu("16Gi", context_memory="300Mi")],
+        context_reserve="300Mi",
+        driver_memory_period=0.05,
+        unsliced_processes="kill",
+    )
     rc, report = selftest(d, "--no-shares", spec=spec_for(d, tmp_path))
     assert rc == 0 and report["passed"], [c for c in report["checks"] if c["verdict"] == "FAIL"]
     assert verdicts(report)["GPU 0 launch gate per launch"] == "PASS"
