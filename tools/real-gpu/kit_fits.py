@@ -128,10 +128,16 @@ class Stretch:
     time alone against shared: on the H200 a matmul's was 4.02 ns alone, 4.31-4.36 shared)."""
 
     slices: tuple[str, ...]
-    readings: int = 0
-    ms: float = 0.0
     threads: int = 0
-    busy: list[float] = field(default_factory=list)
+    busy: list[float] = field(default_factory=list)  # each reading's ms
+
+    @property
+    def readings(self) -> int:
+        return len(self.busy)
+
+    @property
+    def ms(self) -> float:
+        return sum(self.busy)
 
     def summary(self) -> dict:
         return {"slices": list(self.slices), "readings": self.readings,
@@ -158,8 +164,6 @@ def stretches(lines: Iterable[str]) -> list[Stretch]:
         if cur is None or cur.slices != key:
             cur = Stretch(key)
             out.append(cur)
-        cur.readings += 1
-        cur.ms += float(m.group(1))
         cur.threads += sum(launched.values())
         cur.busy.append(float(m.group(1)))
     return [st for st in out if st.readings >= STRETCH]
