@@ -41,6 +41,12 @@ log = logging.getLogger(__name__)
 # a GPU's UUID -> {pid (this process's view): bytes the driver counts for it}
 ProcessMemory = Callable[[str], dict[int, int]]
 WAKE_SPACING_S = 0.02  # the least time between two reads of the driver, woken or not
+Reading = tuple[int, int, int | None]  # a process's pid, the driver's count, the most it held (None: unsliced)
+
+
+def _said(readings: list[Reading]) -> str:
+    return "; ".join(f"{pid} {n}, unsliced" if most is None else f"{pid} {n} of {most}"
+                     for pid, n, most in readings) or "none attached"  # fmt: skip
 
 
 class NvmlProcessMemory:
@@ -99,7 +105,7 @@ class Reconciler:
         # count caught: what the process ever charged, read on both sides, bounds what it held
         before = [_held(f) for f in in_use]
         extras: dict[str, tuple[SliceFiles, list[int]]] = {}
-        read_from: dict[tuple[str, int], list[str]] = {}  # (slice, GPU) -> each process's count and most held
+        read_from: dict[tuple[str, int], list[Reading]] = {}  # (slice, GPU) -> each process's count, most held
         for files, held in zip(in_use, before, strict=True):
             pids = files.slot_pids()
             row = extras.setdefault(files.slice_id, (files, [0] * files.gpu_count()))[1]
@@ -107,7 +113,7 @@ class Reconciler:
                 counts = self._reading(readings, files.gpu_uuid(g))
                 most = {pid: _most_held(files, slot, g, pid, held.get((slot, g))) for slot, pid in pids.items()}
                 row[g] = sum(max(0, counts.get(pid, 0) - m) for pid, m in most.items())
-                read_from[files.slice_id, g] = [f"{pid} {counts.get(pid, 0)} of {m}" for pid, m in most.items()]
+                read_from[files.slice_id, g] = [(pid, counts.get(pid, 0), m) for pid, m in most.items()]
         self._charge_unsliced(readings, extras, read_from)
         for sid, files in list(self.charged.items()):
             if sid not in extras:  # its last process went: what the driver held for it went too
@@ -118,10 +124,9 @@ class Reconciler:
         for sid, (files, row) in extras.items():
             for g, extra in enumerate(row):
                 was = files.set_driver_side(g, extra)
-                if was != extra:  # why a slice's total moved without an allocation, when a check asks
-                    why = "; ".join(read_from.get((sid, g), [])) or "none attached"
+                if was != extra and log.isEnabledFor(logging.DEBUG):  # why a slice's total moved on its own
                     log.debug("slice %s GPU %d: driver-side %d bytes (was %d); pid, driver's count of most held: %s",
-                              sid, g, extra, was, why)  # fmt: skip
+                              sid, g, extra, was, _said(read_from.get((sid, g), [])))  # fmt: skip
                 if extra:
                     self.charged[sid] = files
                 self._say_if_over(files, g)
@@ -133,7 +138,7 @@ class Reconciler:
         return counts
 
     def _charge_unsliced(self, readings: dict[str, dict[int, int]], extras: dict[str, tuple[SliceFiles, list[int]]],
-                         read_from: dict[tuple[str, int], list[str]]) -> None:  # fmt: skip
+                         read_from: dict[tuple[str, int], list[Reading]]) -> None:  # fmt: skip
         """What the driver holds for processes of slices' containers that never attached."""
         for uuid in self.gpus():
             self._reading(readings, uuid)
@@ -160,7 +165,7 @@ class Reconciler:
                     continue
                 g = gpus.index(uuid)
                 extras.setdefault(files.slice_id, (files, [0] * files.gpu_count()))[1][g] += used
-                read_from.setdefault((files.slice_id, g), []).append(f"{pid} {used}, unsliced")
+                read_from.setdefault((files.slice_id, g), []).append((pid, used, None))
                 seen.add(key)
                 if key not in self.unsliced:
                     self.unsliced[key] = files.slice_id
