@@ -12,7 +12,7 @@ from pathlib import Path
 from gpuslice import errors
 from gpuslice.admission import hami
 
-MODES = ("devicePlugin", "runtimeClass")
+MODES = ("devicePlugin", "runtimeClass", "dra")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?\Z", re.ASCII)
 
 
@@ -28,7 +28,8 @@ class WebhookOptions:
     resource_cores: str = hami.HAMI.cores
     resource_priority: str = hami.HAMI.priority
     largest_gpu_memory: int = 0  # MiB: the cluster's largest GPU; 0: as the device plugins publish it, or unchecked
-    use_api: bool = True  # devicePlugin mode: read the largest GPU from the Nodes the plugins publish on
+    # devicePlugin mode: read the largest GPU from the Nodes the plugins publish on; dra: write the templates
+    use_api: bool = True
     kubeconfig: str | None = None  # None: the pod's in-cluster service account
     scheduler_names: tuple[str, ...] = field(default=())  # FROM=TO: a pod's schedulerName and the one it gets
 

@@ -12,6 +12,11 @@ annotation, so `kubectl describe` shows it.
 - runtimeClass: the pod runs under the gpuslice RuntimeClass and each
   container asks in its own environment (GPUSLICE_GPUS, GPUSLICE_MEMORY in
   MiB or as a percentage, GPUSLICE_CORES), which the hook reads.
+- dra: each container gets a claim of the pod, made from a
+  ResourceClaimTemplate of the pod's namespace that asks the same
+  (admission/claim_template.py; Rewrite.templates: the webhook writes them,
+  admission/templates.py); HAMi's constraints on where the pod may run
+  become the request's CEL selectors, so every one of them is served there.
 
 In both, HAMi's resources leave the container (nothing would serve them),
 HAMi-core's utilization policy becomes the compute policy (default: the
@@ -23,8 +28,9 @@ pin is refused there). A pod's schedulerName that
 names HAMi's scheduler becomes the one the chart maps it to.
 
 What gpuslice cannot honour is refused, not dropped: nouse-gpuuuid,
-nouse-gpuindexes and use-gputype/nouse-gputype constrain where a pod may run, and no gpuslice
-path serves them yet. HAMi's per-pod gpu-scheduler-policy is a preference
+nouse-gpuindexes and use-gputype/nouse-gputype constrain where a pod may
+run, and only mode dra serves them (a device plugin's or the hook's GPUs
+are chosen where no selector reaches). HAMi's per-pod gpu-scheduler-policy is a preference
 (gpuslice's placement policy is the extender's, chart-wide): it is left on
 the pod and the record says it was not translated."""
 
@@ -36,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuslice import errors, request
-from gpuslice.admission import hami
+from gpuslice.admission import claim_template, hami
 from gpuslice.admission.options import MODES
 
 RECORD = "gpuslice.io/rewritten-from"  # what the webhook rewrote, from what (JSON)
@@ -53,6 +59,8 @@ def _escape(key: str) -> str:
 class Rewrite:
     patch: list[dict[str, Any]] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
+    templates: list[dict[str, Any]] = field(default_factory=list)  # mode dra: to be in the pod's namespace first
+    claims: list[dict[str, Any]] = field(default_factory=list)  # mode dra: the pod's resourceClaims to add
 
 
 def _policy(container: dict[str, Any]) -> str | None:
@@ -132,12 +140,15 @@ def _runtime_class(ask: hami.Ask, said: str) -> dict[str, str]:
 
 
 def _refuse_constraints(annotations: Mapping[str, Any], mode: str) -> None:
+    if mode == "dra":
+        return  # every one is a selector of the request there (claim_template.placement checks them)
     for key in hami.NOT_SERVED:
         if annotations.get(key):
             raise errors.InvalidArgument(
                 f"annotation {key}: {annotations[key]!r} is not served by gpuslice yet (a constraint on where the "
-                f"pod runs: dropping it could place the pod where it must not run); accepted: {hami.USE_UUID} or "
-                f"{hami.USE_INDEX} in runtimeClass mode, or no such annotation"
+                f"pod runs: dropping it could place the pod where it must not run); accepted: any of HAMi's "
+                f"placement annotations in dra mode, {hami.USE_UUID} or {hami.USE_INDEX} in runtimeClass mode, "
+                "or no such annotation"
             )
     for key in hami.PINS:
         if annotations.get(key) and mode == "devicePlugin":
@@ -183,8 +194,11 @@ def rewrite(
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     _refuse_constraints(annotations, mode)
     pinned = _pinned(annotations)
+    where = claim_template.placement(annotations) if mode == "dra" else None
+    taken = {str(pc.get("name")) for pc in (pod.get("spec") or {}).get("resourceClaims") or [] if isinstance(pc, dict)}
     for i, c, ask in asks:
-        _rewrite_container(out, i, c, ask, mode, pinned, largest_gpu_mib)
+        _rewrite_container(out, i, c, ask, mode, pinned, largest_gpu_mib, where, taken)
+    out.patch += _claim_ops(pod, out.claims)
     if mode == "runtimeClass":
         out.patch.append({"op": "add", "path": "/spec/runtimeClassName", "value": RUNTIME_CLASS})
     scheduler = (pod.get("spec") or {}).get("schedulerName")
@@ -203,14 +217,51 @@ def rewrite(
     return out
 
 
+def _claim_ops(pod: dict[str, Any], claims: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The pod's new resourceClaims, after those it has."""
+    if not claims:
+        return []
+    if not (pod.get("spec") or {}).get("resourceClaims"):
+        return [{"op": "add", "path": "/spec/resourceClaims", "value": claims}]
+    return [{"op": "add", "path": "/spec/resourceClaims/-", "value": c} for c in claims]
+
+
+def _dra(out: Rewrite, i: int, c: dict[str, Any], ask: hami.Ask, where: claim_template.Placement,
+         taken: frozenset[str] | set[str], said: str) -> dict[str, str]:  # fmt: skip
+    """A container's claim in mode dra: the pod claims it from a template of its namespace, and the
+    container uses that claim. What it now asks, for the record."""
+    policy = None if ask.whole else _policy(c)
+    priority = None if ask.whole else hami.priority_word(ask)
+    tmpl = claim_template.template(ask, policy, priority, where, said)
+    name = tmpl["metadata"]["name"]
+    if all(t["metadata"]["name"] != name for t in out.templates):
+        out.templates.append(tmpl)
+    # a pod's claim name is a DNS label: its container's index, not its name (which may be 63 long)
+    claim = f"gpuslice-{i}"
+    if claim in taken:
+        raise errors.InvalidArgument(f"{said}: the pod has a claim named {claim} already; accepted: a pod whose "
+                                     "own claims are not named gpuslice-<container index>")  # fmt: skip
+    out.claims.append({"name": claim, "resourceClaimTemplateName": name})
+    if (c.get("resources") or {}).get("claims"):
+        out.patch.append({"op": "add", "path": f"/spec/containers/{i}/resources/claims/-", "value": {"name": claim}})
+    else:
+        out.patch.append({"op": "add", "path": f"/spec/containers/{i}/resources/claims", "value": [{"name": claim}]})
+    return {"resourceClaimTemplate": name, **claim_template.summary(tmpl)}
+
+
 def _rewrite_container(out: Rewrite, i: int, c: dict[str, Any], ask: hami.Ask, mode: str, pinned: str | None,
-                       largest_gpu_mib: int) -> None:  # fmt: skip
+                       largest_gpu_mib: int, where: claim_template.Placement | None = None,
+                       taken: frozenset[str] | set[str] = frozenset()) -> None:  # fmt: skip
     """One container's part of the patch, and its record (what it asked, what it asks now)."""
     said = f"container {c.get('name', i)}"
     if largest_gpu_mib and ask.memory_mib is not None and ask.memory_mib > largest_gpu_mib:
         raise errors.InvalidArgument(f"{said}: {ask.names.memory} {ask.memory_mib} MiB is more than this "
                                      f"cluster's largest GPU has; accepted: up to {largest_gpu_mib}")  # fmt: skip
     out.patch += _remove_theirs(i, c, ask)
+    if mode == "dra":
+        assert where is not None
+        out.record[c.get("name", str(i))] = {"from": _theirs(c, ask), "to": _dra(out, i, c, ask, where, taken, said)}
+        return
     env: dict[str, str] = {}
     if mode == "devicePlugin":
         ops, asked = _device_plugin(i, ask, said)

@@ -282,7 +282,12 @@ def _host_port(listen: str) -> tuple[str, int]:
     show_default=True,
     help="MiB: a vGPU asking more is refused at admission (0: the largest the device plugins publish, if any)",
 )
-@click.option("--no-api", is_flag=True, help="never read Nodes (sizes are checked against --largest-gpu-memory alone)")
+@click.option(
+    "--no-api",
+    is_flag=True,
+    help="never call the API server: no Nodes read (sizes are checked against "
+    "--largest-gpu-memory alone), and in mode dra no template written (its pods are refused)",
+)
 @KUBECONFIG
 @click.option(
     "--scheduler-name",
@@ -300,6 +305,7 @@ def admission_webhook(
     from gpuslice.admission import largest
     from gpuslice.admission.review import Settings
     from gpuslice.admission.server import Server
+    from gpuslice.admission.templates import TemplateWriter
 
     given = WebhookOptions(**options)  # type: ignore[arg-type]
     opts = dataclasses.replace(given, tls_cert=Path(given.tls_cert), tls_key=Path(given.tls_key),
@@ -313,7 +319,9 @@ def admission_webhook(
         # the device plugins publish each GPU's size: read where nothing is configured
         read = opts.use_api and opts.mode == "devicePlugin" and not opts.largest_gpu_memory
         sizes = largest.LargestGpu(opts.largest_gpu_memory, largest.node_lister(opts.kubeconfig) if read else None)
-        settings = Settings(opts.mode, opts.names(), schedulers, sizes.start().mib)
+        # mode dra: each rewritten pod's ResourceClaimTemplates are written into its namespace
+        writer = TemplateWriter(opts.kubeconfig) if opts.use_api and opts.mode == "dra" else None
+        settings = Settings(opts.mode, opts.names(), schedulers, sizes.start().mib, writer)
         return Server(settings, host, port, opts.tls_cert, opts.tls_key)
 
     app.serve(make)

@@ -2,7 +2,11 @@
 (resource.k8s.io/v1), enough for the kubernetes client the DRA plugin uses:
 claims are served as a test puts them; slices are created and replaced with a
 resourceVersion, and each one written is validated against the official
-Kubernetes 1.37 schema (kubernetes-validate). Pods (core/v1) are listed across
+Kubernetes 1.37 schema (kubernetes-validate). ResourceClaimTemplates are
+created in a namespace (409 AlreadyExists for a name there, the namespace
+in the body the path's, validated like the slices) and read back, as the
+admission webhook writes them in mode dra; `refuse_templates` answers every
+write with that status instead (RBAC's 403, say). Pods (core/v1) are listed across
 namespaces with the field selectors the device plugin uses (spec.nodeName,
 status.phase), as a test puts them. Nodes (core/v1) are read and patched
 with a JSON merge patch (RFC 7386, the only patch type the plugin sends),
@@ -53,6 +57,9 @@ class ApiServer:
         self.node_patches = 0
         self.pod_lists = 0
         self.writes: list[tuple[str, str]] = []  # (verb, name) of each slice write
+        self.templates: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> ResourceClaimTemplate
+        self.template_posts: list[tuple[str, str]] = []  # (namespace, name) of each create asked, kept or not
+        self.refuse_templates: int | None = None
         self.invalid: list[str] = []
         self._version = 0
         self._lock = threading.Lock()
@@ -77,6 +84,12 @@ class ApiServer:
         validate(claim)
         meta = claim["metadata"]
         self.claims[(meta["namespace"], meta["name"])] = claim
+
+    def put_template(self, template: dict[str, Any]) -> None:
+        validate(template)
+        meta = template["metadata"]
+        with self._lock:
+            self.templates[(meta["namespace"], meta["name"])] = template
 
     def put_pod(self, pod: dict[str, Any], version: str = K8S_VERSION) -> None:
         validate(pod) if version == K8S_VERSION else kubernetes_validate.validate(pod, version, strict=True)
@@ -155,7 +168,37 @@ class ApiServer:
                 m = re.fullmatch(BASE + r"/resourceslices/([^/?]+)", self.path.split("?")[0])
                 if m and m.group(1) in api.slices:
                     return self._send(200, api.slices[m.group(1)])
+                m = re.fullmatch(BASE + r"/namespaces/([^/]+)/resourceclaimtemplates/([^/?]+)", self.path.split("?")[0])
+                if m and (m.group(1), m.group(2)) in api.templates:
+                    with api._lock:
+                        return self._send(200, api.templates[(m.group(1), m.group(2))])
                 self._missing()
+
+            def _status(self, code: int, reason: str, message: str = "") -> None:
+                self._send(code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                                  "reason": reason, "message": message})  # fmt: skip
+
+            def _create_template(self, namespace: str) -> None:
+                body = self._body()
+                meta = body.get("metadata") or {}
+                with api._lock:
+                    api.template_posts.append((namespace, str(meta.get("name"))))
+                if api.refuse_templates is not None:
+                    return self._status(api.refuse_templates, "Forbidden", "resourceclaimtemplates is forbidden")
+                if meta.get("namespace", namespace) != namespace:
+                    return self._status(400, "BadRequest", "the namespace of the object does not match the request")
+                body["metadata"] = {**meta, "namespace": namespace}
+                try:
+                    validate(body)
+                except Exception as e:
+                    api.invalid.append(str(e))
+                    return self._status(422, "Invalid", str(e)[:500])
+                with api._lock:
+                    if (namespace, meta["name"]) in api.templates:
+                        return self._status(409, "AlreadyExists")
+                    body["metadata"]["resourceVersion"] = api._next_version()
+                    api.templates[(namespace, meta["name"])] = body
+                self._send(201, body)
 
             def _store_slice(self, name: str, body: dict[str, Any], verb: str) -> None:
                 try:
@@ -171,6 +214,9 @@ class ApiServer:
                 self._send(201 if verb == "create" else 200, body)
 
             def do_POST(self) -> None:
+                m = re.fullmatch(BASE + r"/namespaces/([^/]+)/resourceclaimtemplates", self.path.split("?")[0])
+                if m:
+                    return self._create_template(m.group(1))
                 if self.path.split("?")[0] != BASE + "/resourceslices":
                     return self._missing()
                 body = self._body()

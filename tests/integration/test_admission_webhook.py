@@ -130,7 +130,7 @@ def call(url: Url, ctx: ssl.SSLContext, method: str, path: str, body: bytes | No
         conn.close()
 
 
-def review(url: Url, ctx: ssl.SSLContext, pod: dict, operation: str = "CREATE") -> dict:
+def review(url: Url, ctx: ssl.SSLContext, pod: dict, operation: str = "CREATE", dry_run: bool = False) -> dict:
     body = {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -142,6 +142,7 @@ def review(url: Url, ctx: ssl.SSLContext, pod: dict, operation: str = "CREATE") 
             "operation": operation,
             "userInfo": {"username": "system:serviceaccount:ml:trainer", "groups": ["system:authenticated"]},
             "object": pod,
+            "dryRun": dry_run,
         },
     }
     return json.loads(call(url, ctx, "POST", "/mutate", json.dumps(body).encode()))
@@ -311,6 +312,74 @@ def test_in_device_plugin_mode_a_vgpu_larger_than_any_published_gpu_is_refused(t
                 "largest GPU has; accepted: up to 81920")  # fmt: skip
             big["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = 81920
             assert review(url, ctx, big)["response"]["allowed"] is True
+    finally:
+        api.stop()
+
+
+def _asking(mib: int) -> dict:
+    pod = copy.deepcopy(HAMI_README)
+    pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = mib
+    return pod
+
+
+def _rewritten(answer: dict, pod: dict) -> dict:
+    assert answer["allowed"] is True, answer
+    return jsonpatch.apply_patch(copy.deepcopy(pod), json.loads(base64.b64decode(answer["patch"])))
+
+
+def test_in_dra_mode_each_shapes_template_is_written_once_before_its_pods_are_let_through(tls, tmp_path):
+    """Mode dra: the webhook writes the ResourceClaimTemplate a rewritten pod's claim is made
+    from into the pod's namespace (an API server stand-in, by kubeconfig: a create, 409
+    AlreadyExists for a name there, each object validated against Kubernetes 1.37) before
+    it lets the pod through; pods of one shape share it; a dry run's pod writes nothing;
+    and a pod whose template cannot be written is refused in one line, not let through
+    with a claim nothing can be made from."""
+    from tools.api_server import ApiServer
+
+    api = ApiServer()
+    try:
+        config = api.kubeconfig(tmp_path / "kubeconfig")
+        with started(tls, "dra", "--kubeconfig", str(config)) as (url, ctx):
+            out = _rewritten(review(url, ctx, HAMI_README)["response"], HAMI_README)
+            kubernetes_validate.validate(out, "1.37", strict=True)
+            [claim] = out["spec"]["resourceClaims"]
+            name = claim["resourceClaimTemplateName"]
+            assert api.template_posts == [("ml", name)] and not api.invalid
+            written = api.templates[("ml", name)]["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+            assert written["capacity"] == {"requests": {"memory": "3000Mi", "cores": "30"}}
+            assert _rewritten(review(url, ctx, HAMI_README)["response"], HAMI_README) == out
+            assert len(api.template_posts) == 1  # the same shape again: the one template, no second write
+
+            dry = review(url, ctx, _asking(5000), dry_run=True)["response"]
+            assert dry["allowed"] is True and len(api.template_posts) == 1  # rewritten, nothing written
+
+            # a restarted webhook (nothing remembered) finds its template there: 409, read back, the same
+            with started(tls, "dra", "--kubeconfig", str(config)) as (url2, ctx2):
+                assert _rewritten(review(url2, ctx2, HAMI_README)["response"], HAMI_README) == out
+                assert api.template_posts == [("ml", name)] * 2 and len(api.templates) == 1
+
+            # someone else's object under the name the next shape's template is to have
+            theirs = _rewritten(review(url, ctx, _asking(6000), dry_run=True)["response"], _asking(6000))
+            taken = theirs["spec"]["resourceClaims"][0]["resourceClaimTemplateName"]
+            api.put_template({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                              "metadata": {"name": taken, "namespace": "ml"},
+                              "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                                  "deviceClassName": "gpuslice.io"}}]}}}})  # fmt: skip
+            r = review(url, ctx, _asking(6000))["response"]
+            assert r["allowed"] is False and r["status"]["message"] == (
+                f"gpuslice: ResourceClaimTemplate ml/{taken} exists and asks something else (it is not one the "
+                "webhook wrote); accepted: that name left to gpuslice's webhook")  # fmt: skip
+
+            api.refuse_templates = 403  # RBAC without resourceclaimtemplates
+            r = review(url, ctx, _asking(7000))["response"]
+            assert r["allowed"] is False and r["status"]["code"] == 503 and "patch" not in r
+            assert re.fullmatch(r"gpuslice: ResourceClaimTemplate ml/gpuslice-hami-[0-9a-f]{16}: the API server "
+                                r"answered 403 Forbidden", r["status"]["message"]), r  # fmt: skip
+        with started(tls, "dra", "--no-api") as (url, ctx):
+            r = review(url, ctx, HAMI_README)["response"]
+            assert r["allowed"] is False and r["status"]["message"] == (
+                "gpuslice: mode dra writes each rewritten pod's ResourceClaimTemplate through the API server, and "
+                "this webhook runs without it (--no-api)")  # fmt: skip
     finally:
         api.stop()
 

@@ -48,8 +48,7 @@ def test_every_object_is_valid_for_the_kubernetes_it_is_rendered_for(mode, versi
         assert r.returncode != 0 and "mode dra needs Kubernetes 1.34 or later" in r.stderr
         return
     extra: tuple[str, ...] = ("devicePlugin.schedulerExtender.enabled=true",) if mode == "devicePlugin" else ()
-    if mode != "dra":
-        extra += ("admissionWebhook.enabled=true",)
+    extra += ("admissionWebhook.enabled=true",)
     objects = template(
         f"{version}.0", f"mode={mode}", "nodeAgent.enabled=true", "metrics.serviceMonitor.enabled=true", *extra
     )
@@ -172,11 +171,6 @@ def test_the_chart_refuses_combinations_that_double_book_or_cannot_work(sets, sa
         ({"nodeAgent": {"runtimeVersion": "2"}}, "at '/nodeAgent/runtimeVersion'"),
         ({"devicePlugin": {"schedulerExtender": {"policy": "random"}}}, "at '/devicePlugin/schedulerExtender/policy'"),
         ({"nodeAgnet": {"enabled": False}}, "additional properties 'nodeAgnet' not allowed"),
-        # the mode the webhook cannot serve: a DRA pod asks through a ResourceClaimTemplate it cannot create
-        (
-            {"mode": "dra", "admissionWebhook": {"enabled": True}},
-            "at '/mode': value must be one of 'devicePlugin', 'runtimeClass'",
-        ),
         ({"admissionWebhook": {"failurePolicy": "Open"}}, "at '/admissionWebhook/failurePolicy'"),
         (
             {"admissionWebhook": {"schedulerNames": {"hami-scheduler": "volcano"}}},
@@ -256,6 +250,23 @@ def test_the_webhooks_arguments_are_the_commands_own_options_and_follow_the_valu
     binding = objects[("ClusterRoleBinding", "gpuslice-admission")]
     assert binding["subjects"][0]["name"] == pod["serviceAccountName"] == "gpuslice-admission"
     assert set(ctx.params["scheduler_names"]) == {"hami-scheduler=default-scheduler", "volcano=default-scheduler"}
+
+
+def test_in_mode_dra_the_webhook_writes_templates_and_nothing_else_and_never_for_a_dry_run():
+    """Mode dra: a rewritten pod's claims are made from ResourceClaimTemplates the webhook
+    writes into the pod's namespace (admission/templates.py): create and get them, no more,
+    in whichever namespace opted in (a ClusterRole), and no write for a dry run's pod."""
+    from gpuslice.cli.cmd_kube import admission_webhook
+
+    objects = by_kind(template("1.37.0", "mode=dra", "admissionWebhook.enabled=true"))
+    pod = objects[WEBHOOK]["spec"]["template"]["spec"]
+    ctx = admission_webhook.make_context("admission-webhook", pod["containers"][0]["command"][2:])
+    assert ctx.params["mode"] == "dra" and ctx.params["no_api"] is False and pod["automountServiceAccountToken"]
+    assert objects[("ClusterRole", "gpuslice-admission")]["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create", "get"]}
+    ]
+    [hook] = objects[("MutatingWebhookConfiguration", "gpuslice-admission")]["webhooks"]
+    assert hook["sideEffects"] == "NoneOnDryRun"
 
 
 def test_the_charts_certificate_is_for_the_service_signed_by_the_ca_the_api_server_is_given(tmp_path):

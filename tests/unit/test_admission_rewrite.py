@@ -129,7 +129,9 @@ def test_a_pod_that_asks_no_gpu_is_left_as_it_is():
     ({"nvidia.com/gpumem": "lots"}, "devicePlugin", "nvidia.com/gpumem: 'lots' is not MiB of GPU memory"),
     ({"nvidia.com/gpumem": "1", "nvidia.com/gpumem-percentage": "5"}, "runtimeClass", "together"),
     ({"nvidia.com/gpucores": "101", "nvidia.com/gpumem": "1"}, "runtimeClass", "accepted: an integer from 0 to 100"),
-    ({"nvidia.com/gpumem": "1"}, "dra", "mode 'dra'; accepted: devicePlugin, runtimeClass"),
+    ({"nvidia.com/gpumem": "1"}, "mig", "mode 'mig'; accepted: devicePlugin, runtimeClass, dra"),
+    ({"nvidia.com/gpumem-percentage": "50"}, "dra", "container c: nvidia.com/gpumem-percentage in dra mode"),
+    ({"nvidia.com/gpucores": "30"}, "dra", "container c: cores without memory"),
 ])  # fmt: skip
 def test_what_cannot_be_asked_of_gpuslice_is_refused_in_one_line(limits, mode, said):
     with pytest.raises(errors.InvalidArgument) as e:
@@ -142,7 +144,7 @@ def test_a_constraint_gpuslice_cannot_honour_is_refused_not_dropped(key):
     with pytest.raises(errors.InvalidArgument) as e:
         rewrite(pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={key: "A100"}), "devicePlugin")
     assert str(e.value).startswith(f"annotation {key}: 'A100' is not served by gpuslice yet")
-    assert f"accepted: {hami.USE_UUID} or {hami.USE_INDEX} in runtimeClass mode" in str(e.value)
+    assert f"in dra mode, {hami.USE_UUID} or {hami.USE_INDEX} in runtimeClass mode" in str(e.value)
     assert "\n" not in str(e.value)
 
 
@@ -170,7 +172,7 @@ def test_more_memory_than_the_largest_gpu_is_refused_where_the_largest_is_known(
 
 
 def test_a_second_pass_changes_nothing():
-    for mode in ("devicePlugin", "runtimeClass"):
+    for mode in ("devicePlugin", "runtimeClass", "dra"):
         once, _ = applied(HAMI_README, mode)
         assert rewrite(once, mode).patch == []
 
@@ -219,3 +221,128 @@ def test_in_runtime_class_mode_what_the_hook_would_refuse_at_start_is_refused_at
         rewrite(pod(ctr("c", limits), annotations={hami.USE_UUID: pins}), "runtimeClass")
     assert str(e.value).startswith("container c, asked of gpuslice: ") and said in str(e.value), str(e.value)
     assert "\n" not in str(e.value)
+
+
+# -- mode dra ------------------------------------------------------------------------------------
+
+
+def _template_of(p: dict, container: int = 0) -> dict:
+    r = rewrite(p, "dra")
+    out = jsonpatch.apply_patch(copy.deepcopy(p), r.patch)
+    claim = out["spec"]["containers"][container]["resources"]["claims"][-1]  # ours: after any of its own
+    [pod_claim] = [c for c in out["spec"]["resourceClaims"] if c["name"] == claim["name"]]
+    [t] = [t for t in r.templates if t["metadata"]["name"] == pod_claim["resourceClaimTemplateName"]]
+    return t
+
+
+def test_in_dra_mode_hamis_example_is_a_claim_of_the_same_from_a_template_of_its_namespace():
+    p = pod(ctr("cuda", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30,
+                         "nvidia.com/priority": 0}, env=[{"name": hami_policy(), "value": "force"}]))  # fmt: skip
+    r = rewrite(p, "dra")
+    out = jsonpatch.apply_patch(copy.deepcopy(p), r.patch)
+    [c] = out["spec"]["containers"]
+    assert c["resources"] == {"limits": {}, "claims": [{"name": "gpuslice-0"}]}  # HAMi's gone, nothing in env
+    assert c["env"] == [{"name": hami_policy(), "value": "force"}]
+    [t] = r.templates
+    assert out["spec"]["resourceClaims"] == [{"name": "gpuslice-0", "resourceClaimTemplateName": t["metadata"]["name"]}]
+    assert t["metadata"]["name"].startswith("gpuslice-hami-") and "namespace" not in t["metadata"]
+    devices = t["spec"]["spec"]["devices"]
+    assert devices["requests"] == [
+        {
+            "name": "gpu",
+            "exactly": {
+                "deviceClassName": "gpuslice.io",
+                "capacity": {"requests": {"memory": "3000Mi", "cores": "30"}},
+            },
+        }
+    ]
+    assert devices["config"] == [
+        {
+            "requests": ["gpu"],
+            "opaque": {
+                "driver": "gpuslice.io",
+                "parameters": {
+                    "apiVersion": "gpuslice.io/v1",
+                    "kind": "SliceConfig",
+                    "computePolicy": "hard",
+                    "priority": "high",
+                },
+            },
+        }
+    ]
+    said = json.loads(out["metadata"]["annotations"][RECORD])["cuda"]["to"]
+    assert said == {"resourceClaimTemplate": t["metadata"]["name"], "deviceClassName": "gpuslice.io",
+                    "memory": "3000Mi", "cores": "30", "computePolicy": "hard", "priority": "high"}  # fmt: skip
+
+
+def test_in_dra_mode_one_shape_is_one_template_and_each_container_its_own_claim():
+    same = {"nvidia.com/gpumem": "4096", "nvidia.com/gpucores": "20"}
+    p = pod(ctr("a", same), ctr("sidecar", {"cpu": "1"}), ctr("b", dict(same)), ctr("c", {"nvidia.com/gpu": "2"}))
+    p["spec"]["resourceClaims"] = [{"name": "theirs", "resourceClaimTemplateName": "other"}]
+    p["spec"]["containers"][0]["resources"]["claims"] = [{"name": "theirs"}]
+    r = rewrite(p, "dra")
+    out = jsonpatch.apply_patch(copy.deepcopy(p), r.patch)
+    assert [c["name"] for c in out["spec"]["resourceClaims"]] == ["theirs", "gpuslice-0", "gpuslice-2", "gpuslice-3"]
+    assert out["spec"]["containers"][0]["resources"]["claims"] == [{"name": "theirs"}, {"name": "gpuslice-0"}]
+    assert "claims" not in out["spec"]["containers"][1]["resources"]
+    assert len(r.templates) == 2  # a and b ask alike: one template, two claims
+    assert _template_of(p, 0) == _template_of(p, 2) != _template_of(p, 3)
+    whole = _template_of(p, 3)["spec"]["spec"]["devices"]
+    assert whole["requests"] == [{"name": "gpu", "exactly": {"deviceClassName": "whole.gpuslice.io", "count": 2}}]
+    assert whole["constraints"] == [{"requests": ["gpu"], "distinctAttribute": "gpuslice.io/uuid"}]  # two GPUs
+    # elastic (HAMi-core's default), and memory alone where the policy is disable: no cores booked
+    assert _template_of(p)["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]["computePolicy"] == "elastic"
+    off = pod(ctr("c", {"nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "30"},
+                  env=[{"name": hami_policy(), "value": "disable"}]))  # fmt: skip
+    assert _template_of(off)["spec"]["spec"]["devices"] == {
+        "requests": [
+            {
+                "name": "gpu",
+                "exactly": {"deviceClassName": "gpuslice.io", "capacity": {"requests": {"memory": "1000Mi"}}},
+            }
+        ]
+    }
+    taken = pod(ctr("c", {"nvidia.com/gpumem": "1000"}))
+    taken["spec"]["resourceClaims"] = [{"name": "gpuslice-0", "resourceClaimTemplateName": "x"}]
+    with pytest.raises(errors.InvalidArgument, match="the pod has a claim named gpuslice-0 already"):
+        rewrite(taken, "dra")
+
+
+def test_in_dra_mode_every_placement_annotation_is_a_selector_of_the_request():
+    a = {hami.USE_TYPE: "A100, h100", hami.NOUSE_TYPE: "PCIe", hami.USE_UUID: "GPU-1a2b,GPU-3c4d",
+         hami.NOUSE_UUID: "GPU-dead", hami.USE_INDEX: "0,2", hami.NOUSE_INDEX: "1"}  # fmt: skip
+    t = _template_of(pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations=a))
+    found = [s["cel"]["expression"] for s in t["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]]
+    attr = 'device.attributes["gpuslice.io"]'
+    assert found == [
+        f'({attr}.uuid in ["GPU-1a2b", "GPU-3c4d"])', f'!({attr}.uuid in ["GPU-dead"])',
+        f"({attr}.index in [0, 2])", f"!({attr}.index in [1])",
+        f'{attr}.productName.matches("(?i)(A100|h100)")', f'!{attr}.productName.matches("(?i)(PCIe)")',
+    ]  # fmt: skip
+    dotted = _template_of(pod(ctr("c", {"nvidia.com/gpumem": "1"}), annotations={hami.USE_TYPE: "RTX 6000 Ada.v2"}))
+    [sel] = dotted["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"]
+    assert sel["cel"]["expression"].endswith('matches("(?i)(RTX 6000 Ada\\\\.v2)")')  # a dot is a dot
+
+
+@pytest.mark.parametrize(("key", "value", "said"), [
+    (hami.USE_TYPE, 'A100") || true || ("', "is not a GPU type"),
+    (hami.NOUSE_UUID, 'GPU-1"]', "is not a GPU's UUID"),
+    (hami.USE_INDEX, "first", "is not a GPU's index"),
+])  # fmt: skip
+def test_in_dra_mode_a_placement_value_that_is_no_gpus_is_one_line_and_never_reaches_an_expression(key, value, said):
+    with pytest.raises(errors.InvalidArgument) as e:
+        rewrite(pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={key: value}), "dra")
+    assert str(e.value).startswith(f"annotation {key}: {value!r} {said}; accepted: ") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("version", ["1.36", "1.37"])
+def test_in_dra_mode_the_pod_and_its_templates_are_valid_kubernetes_objects(version):
+    import kubernetes_validate
+
+    a = {hami.USE_TYPE: "A100", hami.NOUSE_UUID: "GPU-dead"}
+    p = pod(ctr("a", {"nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30", "nvidia.com/priority": "1"}),
+            ctr("b", {"volcano.sh/vgpu-number": "2"}), annotations=a)  # fmt: skip
+    r = rewrite(p, "dra")
+    kubernetes_validate.validate(jsonpatch.apply_patch(copy.deepcopy(p), r.patch), version, strict=True)
+    for t in r.templates:
+        kubernetes_validate.validate({**t, "metadata": {**t["metadata"], "namespace": "ml"}}, version, strict=True)
