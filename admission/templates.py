@@ -26,12 +26,15 @@ log = logging.getLogger(__name__)
 
 GROUP, VERSION, PLURAL = "resource.k8s.io", "v1", "resourceclaimtemplates"
 KNOWN_S = 60.0
+# a call's bound: a create and a read back stay within the webhook's own timeout (the chart's
+# timeoutSeconds, 10), so the API server hears a refusal in words rather than a timeout
+CALL_TIMEOUT_S = 3.0
 
 
 class TemplateWriter:
     """Writes templates through the API server (`kubernetes` client, CustomObjectsApi)."""
 
-    def __init__(self, kubeconfig: str | None, timeout: float = 5.0,
+    def __init__(self, kubeconfig: str | None, timeout: float = CALL_TIMEOUT_S,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         from gpuslice import kube
 
