@@ -18,21 +18,22 @@ annotation, so `kubectl describe` shows it.
   admission/templates.py); HAMi's constraints on where the pod may run
   become the request's CEL selectors, so every one of them is served there.
 
-In both, HAMi's resources leave the container (nothing would serve them),
-HAMi-core's utilization policy becomes the compute policy (default: the
-share may be exceeded while the GPU is idle, elastic; force: hard; disable:
-no share), its priority gpuslice's, and devices pinned by UUID
-(nvidia.com/use-gpuuuid, use-gpuindexes) the container's GPUSLICE_DEVICE
-in runtimeClass mode (in devicePlugin mode the kubelet chooses the GPU, so a
-pin is refused there). A pod's schedulerName that
+In every mode HAMi's resources leave the container (nothing would serve
+them), HAMi-core's utilization policy becomes the compute policy (default:
+the share may be exceeded while the GPU is idle, elastic; force: hard;
+disable: no share) and its priority gpuslice's; devices pinned by UUID
+(nvidia.com/use-gpuuuid, use-gpuindexes) become the container's
+GPUSLICE_DEVICE in runtimeClass mode (in devicePlugin mode the kubelet
+chooses the GPU, so a pin is refused there). A pod's schedulerName that
 names HAMi's scheduler becomes the one the chart maps it to.
 
 What gpuslice cannot honour is refused, not dropped: nouse-gpuuuid,
 nouse-gpuindexes and use-gputype/nouse-gputype constrain where a pod may
 run, and only mode dra serves them (a device plugin's or the hook's GPUs
-are chosen where no selector reaches). HAMi's per-pod gpu-scheduler-policy is a preference
-(gpuslice's placement policy is the extender's, chart-wide): it is left on
-the pod and the record says it was not translated."""
+are chosen where no selector reaches). HAMi's per-pod gpu-scheduler-policy
+is a preference (gpuslice's placement policy is the extender's,
+chart-wide): it is left on the pod and the record says it was not
+translated."""
 
 from __future__ import annotations
 
