@@ -236,3 +236,34 @@ def test_a_pod_cannot_join_another_pods_claim_through_its_env(dra, pods, gpu_nod
     assert {s.container_id for s in gpu_node.slices()} == {f"claim-{uid}"}
     pod.close()
     assert dra.unprepare(claim)[uid] == {"error": ""}
+
+
+def test_a_hami_pod_rewritten_for_dra_sees_exactly_what_it_asked_in_its_container(dra, pods, gpu_node):
+    """A pod written for HAMi (3000 MiB, 30 cores, HAMi-core's force, not on GPU 1), rewritten
+    by the admission webhook in mode dra; its claim made from the webhook's template and
+    allocated where the chart's DeviceClass and the template's selectors hold
+    (tests/harness/dra_scheduler.py), prepared, and given to a container through CDI: inside,
+    CUDA sees and hits the 3072 MiB the GPU's 256 MiB steps make of 3000, on GPU 0."""
+    from gpuslice.admission import hami
+    from gpuslice.admission.rewrite import rewrite
+    from tests.harness.dra_scheduler import allocate, claim_from, published
+    from tests.harness.helm import template as chart
+
+    classes = {o["metadata"]["name"]: o for o in chart("1.37.0", "mode=dra") if o["kind"] == "DeviceClass"}
+    pod_spec = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "hami", "namespace": "ml", "annotations": {hami.NOUSE_INDEX: "1"}},
+                "spec": {"containers": [{"name": "cuda", "image": "cuda:12", "resources": {"limits": {
+                    "nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}},
+                    "env": [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}]}]}}  # fmt: skip
+    [t] = rewrite(pod_spec, "dra").templates
+    claim = claim_from(t, "ml", "hami", "gpuslice-0")
+    assert allocate(claim, published(dra), classes) == ["gpu-0"]
+    [devices] = prepared(dra, claim)
+    pod = pods("hami")
+    pod.run("cuda", cdi_devices=devices)
+    out = pod.probe("cuda")
+    assert (out["total"], out["allocated"], out["then"]) == (3 * GiB, 3 * GiB, "CUDA_ERROR_OUT_OF_MEMORY")
+    held = {s.container_id: s for s in gpu_node.slices()}[f"claim-{claim['metadata']['uid']}"]
+    assert [(g.index, g.memory_limit, g.cores) for g in held.gpus] == [(0, 3 * GiB, 30)] and held.policy == "hard"
+    pod.close()
+    assert dra.unprepare(claim)[claim["metadata"]["uid"]] == {"error": ""}

@@ -3,15 +3,10 @@
 step as the real component takes it:
 
 - kube-controller-manager's resourceclaim controller makes the pod's claim
-  from the webhook's template: the template's spec, in the pod's namespace;
-- kube-scheduler's allocator takes a device of the ResourceSlice the kubelet
-  plugin publishes where the DeviceClass's selectors (the chart's, rendered
-  by the real helm) and the request's are all true, evaluated here by
-  cel-python standing in for cel-go, and consumes its capacity as the
-  device's requestPolicy has it (a request rounded up to the next step of
-  its validRange; what a request leaves out, the default); the class's
-  configuration and the claim's go into the allocation (FromClass,
-  FromClaim);
+  from the webhook's template, and kube-scheduler allocates it on a device
+  of the ResourceSlice the kubelet plugin publishes where the DeviceClass's
+  selectors (the chart's, rendered by the real helm) and the request's hold
+  (tests/harness/dra_scheduler.py: cel-python standing in for cel-go);
 - the stand-in kubelet prepares the claim through the DRA API.
 
 The slice then holds what the HAMi pod asked, on the GPU its annotations let
@@ -19,26 +14,22 @@ it have."""
 
 from __future__ import annotations
 
-import copy
-import time
-import uuid
 from typing import Any
 
-import celpy
 import pytest
 
 from gpuslice.admission import hami
 from gpuslice.admission.rewrite import rewrite
 from gpuslice.cli import sim_daemon
 from gpuslice.dra.claims import quantity
-from tests.harness.dra import NODE, DraNode
+from tests.harness.dra import DraNode
+from tests.harness.dra_scheduler import allocate, claim_from, published
 from tests.harness.helm import template as chart
 from tools.api_server import validate
 
 GiB = 1 << 30
 MiB = 1 << 20
 A100, H100 = "NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3"
-CEL = celpy.Environment()
 
 
 @pytest.fixture(scope="module")
@@ -72,70 +63,7 @@ def claim_of(pod: dict) -> dict:
     r = rewrite(pod, "dra")
     [t] = r.templates
     validate({**t, "metadata": {**t["metadata"], "namespace": "ml"}})
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": f"train-gpuslice-0-{uuid.uuid4().hex[:5]}", "namespace": "ml",
-                         "uid": str(uuid.uuid4())},
-            "spec": copy.deepcopy(t["spec"]["spec"])}  # fmt: skip
-
-
-def _typed(value: dict[str, Any]) -> Any:
-    """A ResourceSlice attribute's value as CEL sees it (DeviceAttribute: one of int, bool, string, version)."""
-    [v] = value.values()
-    return v
-
-
-def passes(expression: str, device: dict, driver: str = "gpuslice.io") -> bool:
-    """A CEL selector on one published device: its attributes by domain (an unqualified name is the
-    driver's), as the allocator's `device` variable has them."""
-    attributes: dict[str, dict[str, Any]] = {}
-    for name, value in device.get("attributes", {}).items():
-        domain, _, short = name.rpartition("/")
-        attributes.setdefault(domain or driver, {})[short] = _typed(value)
-    activation = celpy.json_to_cel({"device": {"driver": driver, "attributes": attributes}})
-    return bool(CEL.program(CEL.compile(expression)).evaluate(activation))
-
-
-def _consumed(capacity: dict, asked: str | None) -> str:
-    """A request's amount as the device's requestPolicy consumes it: the default where none is
-    asked, else rounded up to the next step of its validRange."""
-    policy = capacity["requestPolicy"]
-    if asked is None:
-        return str(policy["default"])
-    want, low = quantity(asked, "asked"), quantity(policy["validRange"]["min"], "min")
-    step = quantity(policy["validRange"]["step"], "step")
-    return str(low + -(-(max(want, low) - low) // step) * step)
-
-
-def allocate(claim: dict, slice_: dict, classes: dict[str, dict]) -> list[str]:
-    """kube-scheduler's allocation of a one-request claim on this node, into its status; the devices taken."""
-    [req] = claim["spec"]["devices"]["requests"]
-    exactly = req["exactly"]
-    cls = classes[exactly["deviceClassName"]]
-    selectors = [s["cel"]["expression"] for s in [*cls["spec"]["selectors"], *exactly.get("selectors", [])]]
-    fit = [d for d in slice_["spec"]["devices"] if all(passes(e, d) for e in selectors)]
-    taken = fit[: exactly.get("count", 1)]
-    if len(taken) < exactly.get("count", 1):
-        return []  # unschedulable here: the pod waits for a node that has them
-    asked = (exactly.get("capacity") or {}).get("requests") or {}
-    results = [{"request": req["name"], "driver": "gpuslice.io", "pool": NODE, "device": d["name"],
-                "shareID": str(uuid.uuid4()),
-                "consumedCapacity": {k: _consumed(c, asked.get(k)) for k, c in d["capacity"].items()}}
-               for d in taken]  # fmt: skip
-    config = [{"source": "FromClass", "requests": [req["name"]], **c} for c in cls["spec"].get("config", [])]
-    config += [{"source": "FromClaim", **c} for c in claim["spec"]["devices"].get("config", [])]
-    claim["status"] = {"allocation": {
-        "devices": {"results": results, **({"config": config} if config else {})},
-        "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}}}  # fmt: skip
-    return [d["name"] for d in taken]
-
-
-def published(node: DraNode) -> dict:
-    deadline = time.monotonic() + 20
-    while f"{NODE}-gpuslice.io" not in node.api.slices:
-        assert time.monotonic() < deadline, (node.api.invalid, node.log())
-        time.sleep(0.05)
-    return node.api.slices[f"{NODE}-gpuslice.io"]
+    return claim_from(t, "ml", pod["metadata"]["name"], "gpuslice-0")
 
 
 def test_hamis_vgpu_on_the_gpu_type_it_asks_is_a_slice_of_what_it_asked(node, classes):
