@@ -4,12 +4,14 @@ process, built from the official kubelet protos)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
-from gpuslice.cli.sim_daemon import RunningDaemon
+from gpuslice.cli.sim_daemon import RunningDaemon, cdi_generate
 from tests.harness import CLIENTS, REPO
 from tests.harness.kubelet_api import write_descriptor_sets
 from tools.dra_node import NODE, PluginNode, Result, allocated, listening
@@ -37,6 +39,21 @@ class DraNode(PluginNode):
     def prepare(self, *claims: dict, version: str = "v1") -> dict:
         refs = [{k: c["metadata"][k] for k in ("uid", "namespace", "name")} for c in claims]
         return self.kubelet("prepare", str(self.endpoint), version, json.dumps(refs))["claims"]
+
+    @classmethod
+    @contextlib.contextmanager
+    def serving(cls, d: RunningDaemon, tmp: Path) -> Iterator[DraNode]:
+        """A node on daemon `d`: its CDI spec generated under `tmp`, the plugin started, and stopped after."""
+        spec = tmp / "cdi" / "gpuslice.json"
+        spec.parent.mkdir()
+        r = cdi_generate(d, spec)
+        assert r.returncode == 0, r.stderr
+        node = cls(d, spec, tmp, tmp / "run-cdi")
+        node.start_plugin()
+        try:
+            yield node
+        finally:
+            node.close()
 
     def unprepare(self, *claims: dict, version: str = "v1") -> dict:
         refs = [{k: c["metadata"][k] for k in ("uid", "namespace", "name")} for c in claims]

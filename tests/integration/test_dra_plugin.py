@@ -48,14 +48,8 @@ def share_key(d, uid: str, share: str) -> str:  # type: ignore[no-untyped-def]
 def node(daemon, tmp_path):
     d = daemon([gpu("16Gi"), gpu("16Gi")], [{"gpus": [0, 1], "pcie": "hostbridge", "nvlinks": 4}],
                metrics={"port": sim_daemon.free_port()})  # fmt: skip
-    spec = tmp_path / "cdi" / "gpuslice.json"
-    spec.parent.mkdir()
-    r = sim_daemon.cdi_generate(d, spec)
-    assert r.returncode == 0, r.stderr
-    n = DraNode(d, spec, tmp_path, tmp_path / "run-cdi")
-    n.start_plugin()
-    yield n
-    n.close()
+    with DraNode.serving(d, tmp_path) as n:
+        yield n
 
 
 def published(node: DraNode) -> dict:

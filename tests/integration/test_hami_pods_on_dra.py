@@ -20,7 +20,6 @@ import pytest
 
 from gpuslice.admission import hami
 from gpuslice.admission.rewrite import rewrite
-from gpuslice.cli import sim_daemon
 from gpuslice.dra.claims import quantity
 from tests.harness.dra import DraNode
 from tests.harness.dra_scheduler import allocate, claim_from, published
@@ -41,14 +40,8 @@ def classes() -> dict[str, dict]:
 @pytest.fixture
 def node(daemon, tmp_path):  # type: ignore[no-untyped-def]
     d = daemon([{"memory": "16Gi", "name": A100}, {"memory": "16Gi", "name": H100}])
-    spec = tmp_path / "cdi" / "gpuslice.json"
-    spec.parent.mkdir()
-    r = sim_daemon.cdi_generate(d, spec)
-    assert r.returncode == 0, r.stderr
-    n = DraNode(d, spec, tmp_path, tmp_path / "run-cdi")
-    n.start_plugin()
-    yield n
-    n.close()
+    with DraNode.serving(d, tmp_path) as n:
+        yield n
 
 
 def hami_pod(limits: dict[str, Any], annotations: dict[str, str], policy: str = "force") -> dict:
