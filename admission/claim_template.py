@@ -24,11 +24,12 @@ from typing import Any
 
 from gpuslice import errors
 from gpuslice.admission import hami
+from gpuslice.dra.claims import CONFIG_API_VERSION, CONFIG_KIND
+from gpuslice.dra.resource_slice import API_VERSION, DRIVER
 
-API_VERSION = "resource.k8s.io/v1"
+# the chart's DeviceClasses (deploy/helm/gpuslice/templates/dra.yaml)
 DEVICE_CLASS = "gpuslice.io"  # a share: memory and cores consumed from a GPU many claims share
 WHOLE_CLASS = "whole.gpuslice.io"  # a whole GPU: the requestPolicy defaults, all of its memory
-DRIVER = "gpuslice.io"
 REQUEST = "gpu"
 PREFIX = "gpuslice-hami-"
 MANAGED_BY = "gpuslice-admission-webhook"  # app.kubernetes.io/managed-by on each template written
@@ -36,10 +37,6 @@ MANAGED_BY = "gpuslice-admission-webhook"  # app.kubernetes.io/managed-by on eac
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,80}\Z", re.ASCII)
 _TYPE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z ._-]{0,63}\Z", re.ASCII)  # a product's name, or part of one
 _ATTR = f'device.attributes["{DRIVER}"]'
-
-
-def _words(annotations: Mapping[str, Any], key: str) -> list[str]:
-    return [w.strip() for w in str(annotations.get(key) or "").split(",") if w.strip()]
 
 
 @dataclass(frozen=True)
@@ -73,7 +70,7 @@ def placement(annotations: Mapping[str, Any]) -> Placement:
     """HAMi's use-/nouse- annotations of a pod, each value checked (one line naming it otherwise)."""
 
     def uuids(key: str) -> tuple[str, ...]:
-        said = _words(annotations, key)
+        said = hami.listed(annotations, key)
         for u in said:
             if not _UUID.match(u):
                 raise errors.InvalidArgument(f"annotation {key}: {u!r} is not a GPU's UUID; accepted: comma-"
@@ -81,7 +78,7 @@ def placement(annotations: Mapping[str, Any]) -> Placement:
         return tuple(said)
 
     def indexes(key: str) -> tuple[int, ...]:
-        said = _words(annotations, key)
+        said = hami.listed(annotations, key)
         for i in said:
             if not i.isdigit() or int(i) > 1023:
                 raise errors.InvalidArgument(f"annotation {key}: {i!r} is not a GPU's index; accepted: "
@@ -89,7 +86,7 @@ def placement(annotations: Mapping[str, Any]) -> Placement:
         return tuple(int(i) for i in said)
 
     def types(key: str) -> tuple[str, ...]:
-        said = _words(annotations, key)
+        said = hami.listed(annotations, key)
         for t in said:
             if not _TYPE.match(t):
                 raise errors.InvalidArgument(f"annotation {key}: {t!r} is not a GPU type; accepted: comma-"
@@ -123,7 +120,7 @@ def template(ask: hami.Ask, policy: str | None, priority: str | None, where: Pla
     devices: dict[str, Any] = {"requests": [{"name": REQUEST, "exactly": exactly}]}
     if ask.gpus > 1:  # vGPUs of one container on as many GPUs, as HAMi places them
         devices["constraints"] = [{"requests": [REQUEST], "distinctAttribute": f"{DRIVER}/uuid"}]
-    params: dict[str, Any] = {"apiVersion": "gpuslice.io/v1", "kind": "SliceConfig"}
+    params: dict[str, Any] = {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND}
     if not ask.whole:  # a whole GPU's class says wholeGPU itself, and no share is held back
         if ask.cores and policy is not None:
             params["computePolicy"] = policy

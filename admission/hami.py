@@ -19,6 +19,7 @@ use_exclusive_card example: gpumem-percentage 100, gpucores 100)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from gpuslice import errors
@@ -101,6 +102,11 @@ def read(limits: dict[str, object], names: Names) -> Ask | None:
     if names.priority and names.priority in said:
         priority = _integer(names, names.priority, said[names.priority], 0, 1, "a priority")
     return Ask(names, gpus, memory, percent, cores, priority)
+
+
+def listed(annotations: Mapping[str, object], key: str) -> list[str]:
+    """An annotation's comma-separated values, as HAMi writes them (spaces around each dropped)."""
+    return [w.strip() for w in str(annotations.get(key) or "").split(",") if w.strip()]
 
 
 def memory_units(ask: Ask, unit: int = GiB) -> int | None:

@@ -171,7 +171,7 @@ def _as_the_hook_reads_it(env: dict[str, str], said: str) -> None:
 
 def _pinned(annotations: Mapping[str, Any]) -> str | None:
     """The GPUs HAMi's annotations let the pod run on, as gpuslice.io/device says them."""
-    said = [u.strip() for key in hami.PINS for u in str(annotations.get(key) or "").split(",") if u.strip()]
+    said = [u for key in hami.PINS for u in hami.listed(annotations, key)]
     return ",".join(said) or None
 
 

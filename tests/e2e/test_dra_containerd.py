@@ -246,10 +246,9 @@ def test_a_hami_pod_rewritten_for_dra_sees_exactly_what_it_asked_in_its_containe
     CUDA sees and hits the 3072 MiB the GPU's 256 MiB steps make of 3000, on GPU 0."""
     from gpuslice.admission import hami
     from gpuslice.admission.rewrite import rewrite
-    from tests.harness.dra_scheduler import allocate, claim_from, published
-    from tests.harness.helm import template as chart
+    from tests.harness.dra_scheduler import allocate, claim_from, device_classes, published
 
-    classes = {o["metadata"]["name"]: o for o in chart("1.37.0", "mode=dra") if o["kind"] == "DeviceClass"}
+    classes = device_classes()
     pod_spec = {"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": "hami", "namespace": "ml", "annotations": {hami.NOUSE_INDEX: "1"}},
                 "spec": {"containers": [{"name": "cuda", "image": "cuda:12", "resources": {"limits": {

@@ -26,6 +26,13 @@ from tools.dra_node import NODE, PluginNode
 CEL = celpy.Environment()
 
 
+def device_classes(kube_version: str = "1.37.0") -> dict[str, dict[str, Any]]:
+    """The chart's DeviceClasses in mode dra, by name, as the real helm renders them."""
+    from tests.harness.helm import template
+
+    return {o["metadata"]["name"]: o for o in template(kube_version, "mode=dra") if o["kind"] == "DeviceClass"}
+
+
 def claim_from(template: dict[str, Any], namespace: str, pod: str, name: str) -> dict[str, Any]:
     """The claim the resourceclaim controller makes for a pod's claim `name` from `template`."""
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",

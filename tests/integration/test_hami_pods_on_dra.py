@@ -22,8 +22,7 @@ from gpuslice.admission import hami
 from gpuslice.admission.rewrite import rewrite
 from gpuslice.dra.claims import quantity
 from tests.harness.dra import DraNode
-from tests.harness.dra_scheduler import allocate, claim_from, published
-from tests.harness.helm import template as chart
+from tests.harness.dra_scheduler import allocate, claim_from, device_classes, published
 from tools.api_server import validate
 
 GiB = 1 << 30
@@ -33,8 +32,7 @@ A100, H100 = "NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3"
 
 @pytest.fixture(scope="module")
 def classes() -> dict[str, dict]:
-    """The chart's DeviceClasses (mode dra), by name."""
-    return {o["metadata"]["name"]: o for o in chart("1.37.0", "mode=dra") if o["kind"] == "DeviceClass"}
+    return device_classes()
 
 
 @pytest.fixture
