@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from _pytest.pathlib import LOCK_TIMEOUT, make_numbered_dir_with_cleanup
 import gpuslice_sim
 from tests.harness import scheduling
 from tests.harness.machine import Agent, Container, DaemonFactory, SimMachine, gpu
+from tests.harness.timeline import Timeline
 
 TIERS = ("unit", "integration", "e2e")
 
@@ -104,6 +106,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"{item.nodeid}: a test belongs in one of tests/{{{','.join(TIERS)}}}/")
         item.add_marker(getattr(pytest.mark, tier))
     scheduling.write_ids(config, items)
+
+
+_timeline = Timeline.at(time.time())
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _timeline.add(report)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:  # type: ignore[no-untyped-def]
+    """Where the run's time went (tests/harness/timeline.py): what bounds the suite's budget."""
+    if hasattr(config, "workerinput") or not _timeline.spans:
+        return
+    terminalreporter.section("timeline")
+    for line in _timeline.lines(time.time()):
+        terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(optionalhook=True)
