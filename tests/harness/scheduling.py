@@ -3,14 +3,26 @@
 Most tests wait on simulated GPUs, daemons and runtimes rather than use a
 core, so they run side by side; the ones that measure (shares over seconds,
 fits within a deadline) lose their points beside other tests' load, so they
-run last, alone, in collection order, on one worker, after every other test
-has finished. In two phases:
+run last, after every other test has finished, on two workers. In two phases:
 
 1. every e2e test (not measuring) on one worker, in order: they share the
    machine's runtimes, packages and systemd; every other test on whichever
    worker is free, each one a unit of its own;
-2. once the queue is empty: one worker runs the measuring tests while the
-   others have been shut down.
+2. once the queue is empty: two workers run the measuring tests while the
+   others have been shut down; the measuring e2e tests are one unit, in
+   order on one of them, and every other measuring test is a unit of its
+   own for whichever of the two is free.
+
+Two measure side by side and not one: a measuring test mostly waits on its
+simulated GPU (a 30/70 pair: 3.2 s of CPU in 17 s), so two of them on two
+cores keep their points, and the phase takes half as long (776 s of
+measuring tests in one run; two halves side by side, 383 s each, every test
+passing). Each of the two runs the phase-1 test it was holding first (an
+xdist worker keeps its last test until it gets more), so one of those may
+still run while the other worker's first measuring test begins: the queue
+is in collection order, so that is a unit test near the end of tests/unit/
+(the e2e worker, whose last e2e test may still be held, is the one shut
+down and waited for).
 
 Only the workers see the tests' markers, so each writes the ids of its
 measuring tests to a file the controller names for it (`workerinput`),
@@ -28,6 +40,8 @@ from xdist.workermanage import WorkerController
 
 E2E = "tests/e2e"
 MEASURE = "measure"
+MEASURERS = 2  # workers in phase 2
+MEASURE_E2E = MEASURE + " " + E2E  # the measuring e2e tests' one unit (no node id has a space before "::")
 KEY = "gpuslice_measure_ids"  # in a worker's workerinput: where it writes its measuring tests' ids
 
 
@@ -50,13 +64,15 @@ class MeasureLast(LoadScopeScheduling):
     def __init__(self, config: pytest.Config, log=None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(config, log)
         self.measure: frozenset[str] = frozenset()
-        self.held: dict[str, bool] | None = None  # the measuring tests, until phase 2
-        self.measurer: WorkerController | None = None  # the worker that will run them
+        self.held: OrderedDict[str, dict[str, bool]] | None = None  # the measuring units, until phase 2
+        self.measurers: list[WorkerController] = []  # the workers that will run them
+        self.measuring = False  # phase 2 has begun: the queue is the measuring units'
 
     def _split_scope(self, nodeid: str) -> str:
+        e2e = nodeid.startswith(E2E + "/")
         if nodeid in self.measure:
-            return MEASURE
-        return E2E if nodeid.startswith(E2E + "/") else nodeid
+            return MEASURE_E2E if e2e else MEASURE + " " + nodeid
+        return E2E if e2e else nodeid
 
     def schedule(self) -> None:
         if self.collection is None and self.registered_collections:
@@ -72,8 +88,16 @@ class MeasureLast(LoadScopeScheduling):
         return frozenset(path.read_text().splitlines())
 
     def _hold_measure(self) -> None:
-        if MEASURE in self.workqueue:
-            self.held = self.workqueue.pop(MEASURE)
+        """In phase 1, the measuring units out of the queue, the e2e unit first (the longest)."""
+        if self.measuring:
+            return
+        units = [scope for scope in self.workqueue if scope.startswith(MEASURE + " ")]
+        if not units:
+            return
+        held = self.held if self.held is not None else OrderedDict()
+        for scope in sorted(units, key=lambda s: s != MEASURE_E2E):
+            held[scope] = self.workqueue.pop(scope)
+        self.held = held
 
     def _assign_work_unit(self, node: WorkerController) -> None:
         self._hold_measure()
@@ -88,26 +112,36 @@ class MeasureLast(LoadScopeScheduling):
             self._advance()
 
     def _advance(self) -> None:
-        """Once the queue is empty: one worker keeps going, the others are shut
+        """Once the queue is empty: two workers keep going, the others are shut
         down (a worker keeps its last test until it gets more or is told to
-        stop); when the others have finished, the one left gets the measuring tests."""
+        stop); when the others have finished, the two get the measuring units."""
         self._hold_measure()
         if self.workqueue or self.held is None:
             return
         live = [n for n in self.assigned_work if not n.shutting_down]
-        if self.measurer not in live:
-            self.measurer = live[0] if live else None
+        self.measurers = [n for n in self.measurers if n in live]
+        # the worker that holds an e2e test is shut down and its test waited for, not measured beside
+        candidates = sorted((n for n in live if n not in self.measurers), key=self._holds_e2e)
+        self.measurers += candidates[: MEASURERS - len(self.measurers)]
         for node in live:
-            if node is not self.measurer:
+            if node not in self.measurers:
                 node.shutdown()
-        if self.measurer is None:
+        if not self.measurers:
             return  # every worker is gone; xdist starts another and schedules again
-        others = [w for n, w in self.assigned_work.items() if n is not self.measurer]
-        if any(self._pending_of(w) for w in others) or self._pending_of(self.assigned_work[self.measurer]) > 1:
+        others = [w for n, w in self.assigned_work.items() if n not in self.measurers]
+        if any(self._pending_of(w) for w in others):
             return
-        self.workqueue = OrderedDict([(MEASURE, self.held)])
-        self.held = None
-        super()._assign_work_unit(self.measurer)
+        if any(self._pending_of(self.assigned_work[n]) > 1 for n in self.measurers):
+            return
+        self.workqueue, self.held, self.measuring = self.held, None, True
+        for node in self.measurers:
+            if self.workqueue:
+                super()._assign_work_unit(node)
+        for node in self.measurers:
+            super()._reschedule(node)  # more than one unit each, or shut down once none are left
+
+    def _holds_e2e(self, node: WorkerController) -> bool:
+        return not all(self.assigned_work[node].get(E2E, {}).values())
 
     @property
     def tests_finished(self) -> bool:
@@ -127,7 +161,7 @@ class MeasureLast(LoadScopeScheduling):
         if crashed is not None:
             workload[self._split_scope(crashed)][crashed] = True
         super().remove_node(node)
-        if node is self.measurer:
-            self.measurer = None
+        if node in self.measurers:
+            self.measurers.remove(node)
         self._advance()
         return crashed
