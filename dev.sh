@@ -56,7 +56,7 @@ case "$what" in
         tools/typecheck.sh
         set +e
         # three workers: most tests wait rather than compute; the measuring
-        # ones run last and alone (tests/harness/scheduling.py); -n 0 after
+        # ones run last, two at a time (tests/harness/scheduling.py); -n 0 after
         # it runs everything in one process, in turn
         .venv/bin/python -m pytest -n 3 "${@:2}"
         rc=$?

@@ -4,7 +4,7 @@ debootstrap of one to two minutes, nearly all of it one core's work (the
 node's: 60 s user of 67 s), so both are begun at once, on first use, for
 whichever of them this session's tests need; that first use waits for both,
 so no e2e test is measured beside a build (under pytest-xdist the measuring
-tests run last and alone, tests/harness/scheduling.py)."""
+tests run last, among themselves, tests/harness/scheduling.py)."""
 
 from __future__ import annotations
 

@@ -79,7 +79,7 @@ def containers(cri: Kubelet, node: DevicePluginNode, p: dict, tmp: Path, env: di
     return sandbox, {"cdi_devices": opts["cdi_devices"], "env": {**opts["envs"], **env}}
 
 
-@pytest.mark.measure  # a share measured over seconds: last and alone under xdist
+@pytest.mark.measure  # a share measured over seconds: last, beside measuring tests only, under xdist
 def test_two_pods_get_exactly_their_memory_and_hard_shares_and_deletion_frees_them(cri, node, gpu_node, tmp_path):
     fill_gpu_1(node)
     a, b = pod("a", {"memory": 4, "cores": 30}), pod("b", {"memory": 6, "cores": 60})
@@ -133,7 +133,7 @@ def as_the_api_server_stores_it(p: dict) -> dict:
     return p
 
 
-@pytest.mark.measure  # a share measured over seconds: last and alone under xdist
+@pytest.mark.measure  # a share measured over seconds: last, beside measuring tests only, under xdist
 def test_a_hami_pod_rewritten_by_the_webhook_gets_exactly_its_memory_and_its_hard_share(cri, node, gpu_node, tmp_path):
     """Issue 49 end to end: a pod written for HAMi (its README's shape: one vGPU,
     gpumem in MiB, gpucores, HAMi-core's `force` policy), answered by the

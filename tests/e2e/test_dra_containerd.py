@@ -108,7 +108,7 @@ def share_of(pod: Pod, name: str, seconds: float, since_ns: int = 0) -> float:
     return 100 * (b1 - b0) / (t1 - t0)
 
 
-@pytest.mark.measure  # a share measured over seconds: last and alone under xdist
+@pytest.mark.measure  # a share measured over seconds: last, beside measuring tests only, under xdist
 def test_a_claims_containers_get_exactly_its_memory_and_share_and_it_goes_away(dra, pods, gpu_node):
     config = [{"source": "FromClaim", "opaque": {"driver": "gpuslice.io", "parameters": {
         "apiVersion": "gpuslice.io/v1", "kind": "SliceConfig", "computePolicy": "hard"}}}]  # fmt: skip

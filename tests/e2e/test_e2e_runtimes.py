@@ -284,7 +284,7 @@ def test_an_images_own_libcuda_in_its_loader_config_comes_after_the_interposer(n
     assert probe_result(direct)["total"] == 512 * MiB
 
 
-@pytest.mark.measure  # a share measured over seconds: last and alone under xdist
+@pytest.mark.measure  # a share measured over seconds: last, beside measuring tests only, under xdist
 def test_the_demo_runs_three_containers_on_one_gpu():
     r = subprocess.run(
         [sys.executable, "-m", "gpuslice.cli", "demo", "--mode", "containers"],

@@ -50,7 +50,7 @@ def tree_size() -> int:
     return sum((REPO / f).stat().st_size for f in files.decode().split("\0") if f and (REPO / f).is_file())
 
 
-@pytest.mark.measure  # its selftest step measures the compute shares: last and alone under xdist
+@pytest.mark.measure  # its selftest step measures the compute shares: last, beside measuring tests only, under xdist
 def test_prepare_then_run_installs_from_the_wheels_alone_and_passes_on_the_simulator(tmp_path):
     """Run from the repository root, as docs/real-gpu.md says: on the H200 `python -m gpuslice.cli`
     found the source tree's gpuslice/ there before the installed package."""
