@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import pynvml
 
@@ -102,7 +103,11 @@ class Reconciler:
         # each process's charges before the driver is read, and after: a free between the two reads
         # would otherwise count as the driver's own until the next period (and refuse allocations
         # that fit), and so would an allocation charged and freed between them that the driver's
-        # count caught: what the process ever charged, read on both sides, bounds what it held
+        # count caught: what the process ever charged, read on both sides, bounds what it held.
+        # A row released meanwhile (its process exited: charges zeroed, then its pid) read as a
+        # process holding nothing that the driver, not yet let go, still counted: a slice whose
+        # rows were released across the reads keeps its figure, and is read again at once
+        seqs = [f.release_seq() for f in in_use]
         before = [_held(f) for f in in_use]
         extras: dict[str, tuple[SliceFiles, list[int]]] = {}
         read_from: dict[tuple[str, int], list[Reading]] = {}  # (slice, GPU) -> each process's count, most held
@@ -113,12 +118,21 @@ class Reconciler:
                 counts = self._reading(readings, files.gpu_uuid(g))
                 most = {pid: _most_held(files, slot, g, pid, held.get((slot, g))) for slot, pid in pids.items()}
                 row[g] = sum(max(0, counts.get(pid, 0) - m) for pid, m in most.items())
-                read_from[files.slice_id, g] = [(pid, counts.get(pid, 0), m) for pid, m in most.items()]
+                if log.isEnabledFor(logging.DEBUG):  # only a logged change names them
+                    read_from[files.slice_id, g] = [(pid, counts.get(pid, 0), m) for pid, m in most.items()]
         self._charge_unsliced(readings, extras, read_from)
+        unsure = {f.slice_id for f, seq in zip(in_use, seqs, strict=True) if seq % 2 or f.release_seq() != seq}
+        for sid in unsure:
+            extras.pop(sid, None)
+            log.debug("slice %s: a process's row was released while the driver was read; read again", sid)
+        if unsure:
+            self._soon.set()
         for sid, files in list(self.charged.items()):
-            if sid not in extras:  # its last process went: what the driver held for it went too
+            if sid not in extras and sid not in unsure:  # its last process went: what the driver held for it went too
                 for g in range(files.gpu_count()):
-                    files.set_driver_side(g, 0)
+                    was = files.set_driver_side(g, 0)
+                    if was and log.isEnabledFor(logging.DEBUG):
+                        log.debug("slice %s GPU %d: driver-side 0 bytes (was %d); no process attached", sid, g, was)
                     self._say_if_over(files, g)
                 del self.charged[sid]
         for sid, (files, row) in extras.items():
@@ -209,9 +223,8 @@ class Reconciler:
             stop.wait(WAKE_SPACING_S)  # a burst of exits is read once in this, not once each
 
 
-@dataclass(frozen=True)
-class Held:
-    """A process row as read before the driver's count."""
+class Held(NamedTuple):
+    """A process row as read before the driver's count (a tuple: thousands a period)."""
 
     pid: int
     ever: int  # bytes it ever charged (read first)

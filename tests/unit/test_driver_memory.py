@@ -33,6 +33,9 @@ class Files:
     def slot_pids(self) -> dict[int, int]:
         return dict(self.pids)
 
+    def release_seq(self) -> int:
+        return 0  # its rows are never released while read
+
     def gpu_count(self) -> int:
         return 1
 
@@ -166,6 +169,38 @@ def test_on_the_real_ledger_a_process_s_churn_while_the_driver_is_read_leaves_no
     files.release_slot(slot)
     again = files.claim_slot(11)
     assert again == slot and (files.proc_used(slot, 0), files.proc_charged(slot, 0)) == (0, 0)
+
+
+def test_a_process_whose_row_is_released_while_the_driver_is_read_leaves_nothing(tmp_path, caplog):
+    """The watcher releases an exited process's row (its charges, then its pid) on its own
+    thread, and the driver lets go of the process's context a moment later: a reading that
+    took the row's pid before the release and its charges after saw the driver count 300 MiB
+    for a process that held 0, and charged it all to the slice as the driver's own (a fresh
+    clone's suite, 2026-12-02: "driver-side 314572800 bytes (was 0); ... 15086 314572800 of
+    0", the next process's array fill then 300 MiB short). A reading across a release leaves
+    the slice's figure as it was and reads again at once."""
+    caplog.set_level(logging.DEBUG, "gpuslice.allocator.driver_memory")
+    files = SliceFiles(tmp_path, "s")
+    files.write_limits([GpuLimit("GPU-a", 1 << 30, 0, False)])
+    slot = files.claim_slot(10)
+    assert slot is not None and files.charge(slot, 0, 300 * MiB)  # its context's reserve
+
+    released = []
+
+    def read(uuid: str) -> dict[int, int]:
+        if not released:
+            released.append(files.release_slot(slot))  # it exited: the watcher's release, while the driver is read
+            return {10: 300 * MiB}  # the driver still counts its context
+        return {}
+
+    r = Reconciler(lambda: [files], read)
+    r.once()
+    assert (files.driver_side(0), files.used()) == (0, [0])
+    assert r._soon.is_set()  # read again at once
+    assert not [m for m in caplog.messages if "driver-side" in m]
+    r._soon.clear()  # as the reconciler's thread does before each reading
+    r.once()  # the driver has let go
+    assert released == [300 * MiB] and (files.driver_side(0), files.used(), r._soon.is_set()) == (0, [0], False)
 
 
 def test_a_process_of_the_slices_container_that_never_attached_is_charged_whole(caplog):
