@@ -1,14 +1,10 @@
 """The Debian root filesystems the e2e tests run: the plugin and node agent
 image's (`packaging/build.py image`) and the booted systemd node's. Each is a
-debootstrap of one to two minutes on a warm mirror, nearly all of it one
-core's work (the node's: 60 s user of 67 s), and several minutes where the
-mirror is slow (the image's took 247 and 298 s on fresh clones on 2026-12-01).
-So both begin at once, with the session's first e2e test, for whichever of
-them this session's tests need, and run while the e2e tests before their
-first use run; that first use waits for both. A measuring test waits for
-every build begun before it runs, so none is measured beside one (under
-pytest-xdist the measuring tests run last, among themselves, and begin
-none: tests/harness/scheduling.py)."""
+debootstrap of one to two minutes, nearly all of it one core's work (the
+node's: 60 s user of 67 s), so both are begun at once, on first use, for
+whichever of them this session's tests need; that first use waits for both,
+so no e2e test is measured beside a build (under pytest-xdist the measuring
+tests run last, among themselves, tests/harness/scheduling.py)."""
 
 from __future__ import annotations
 
@@ -73,20 +69,12 @@ class Builds:
     work: Path
     running: dict[str, Build] = field(default_factory=dict)
 
-    def begin(self, *also: str) -> None:
-        """Start every build this session needs (and `also`) not yet started."""
-        for n in sorted(self.wanted | set(also)):
+    def get(self, name: str) -> str:
+        for n in sorted(self.wanted | {name}):
             if n not in self.running:
                 self.running[n] = self._start(n)
-
-    def settle(self) -> None:
-        """Wait for every build begun (a failed one fails its own tests)."""
-        for b in self.running.values():
-            b.finish()
-
-    def get(self, name: str) -> str:
-        self.begin(name)
-        self.settle()  # the first use waits for every build: no test that needs one runs beside one
+        for b in self.running.values():  # the first use waits for every build (a failed one fails its
+            b.finish()  # own tests): no test runs beside one
         return self.running[name].wait()
 
     def _start(self, name: str) -> Build:
@@ -123,16 +111,6 @@ def builds(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     items = request.session.items
     wanted = {n for item in items for n in ("image", "rootfs") if n in getattr(item, "fixturenames", ())}
     return Builds(wanted, tmp_path_factory.mktemp("builds"))
-
-
-@pytest.fixture(autouse=True)
-def _builds_begun_or_settled(request: pytest.FixtureRequest, builds: Builds) -> None:
-    """Every e2e test: a measuring one waits for the builds begun; any other
-    begins them (only the first does anything)."""
-    if request.node.get_closest_marker("measure"):
-        builds.settle()
-    else:
-        builds.begin()
 
 
 @pytest.fixture(scope="session")
