@@ -108,7 +108,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     scheduling.write_ids(config, items)
 
 
-_timeline = Timeline.at(time.time())
+_timeline = Timeline(time.time())
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -7,7 +7,7 @@ read off any CI log, not guessed from the slowest tests."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tests.harness.scheduling import E2E, MEASURE
@@ -36,11 +36,7 @@ def group(nodeid: str, keywords: Any) -> str:
 @dataclass
 class Timeline:
     began: float
-    spans: dict[tuple[str, str], Span]
-
-    @classmethod
-    def at(cls, began: float) -> Timeline:
-        return cls(began, {})
+    spans: dict[tuple[str, str], Span] = field(default_factory=dict)  # (worker, group) -> its span
 
     def add(self, report: Any) -> None:
         """A report of a test's setup, call or teardown, from whichever worker ran it."""

@@ -14,7 +14,7 @@ def report(worker: str | None, nodeid: str, when: str, start: float, stop: float
 
 
 def test_each_workers_groups_are_counted_spanned_and_summed_from_the_sessions_start():
-    t = Timeline.at(1000.0)
+    t = Timeline(1000.0)
     for r in (
         report("gw0", "tests/e2e/test_a.py::t", "setup", 1010, 1300),
         report("gw0", "tests/e2e/test_a.py::t", "call", 1300, 1320),
@@ -37,6 +37,6 @@ def test_each_workers_groups_are_counted_spanned_and_summed_from_the_sessions_st
 
 
 def test_a_run_without_xdist_is_the_main_processs():
-    t = Timeline.at(0.5)
+    t = Timeline(0.5)
     t.add(report(None, "tests/unit/test_e.py::t", "setup", 1.0, 2.0))
     assert t.lines(3.0)[1].split()[:2] == ["main", "other"]
