@@ -35,7 +35,7 @@ from typing import NamedTuple
 import pynvml
 
 from gpuslice.allocator import metrics
-from gpuslice.allocator.slice_files import SliceFiles
+from gpuslice.allocator.slice_files import Rows, SliceFiles, constant
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,11 @@ class Reconciler:
     unsliced: dict[tuple[int, str], str] = field(default_factory=dict)  # (pid, GPU) -> its slice, once named
     suspects: dict[tuple[int, str], float] = field(default_factory=dict)  # (pid, GPU) seen unattached -> first seen
     clock: Callable[[], float] = time.monotonic
+    _worked: dict[str, _Worked] = field(default_factory=dict, init=False, repr=False)  # slice -> last worked out
+    _set: dict[str, list[int]] = field(default_factory=dict, init=False, repr=False)  # slice -> figure last set
     _soon: threading.Event = field(default_factory=threading.Event, init=False, repr=False)  # wake()
 
     def once(self) -> None:
-        readings: dict[str, dict[int, int]] = {}
         in_use = self.files_in_use()
         # each process's charges before the driver is read, and after: a free between the two reads
         # would otherwise count as the driver's own until the next period (and refuse allocations
@@ -107,58 +108,103 @@ class Reconciler:
         # A row released meanwhile (its process exited: charges zeroed, then its pid) read as a
         # process holding nothing that the driver, not yet let go, still counted: a slice whose
         # rows were released across the reads keeps its figure, and is read again at once
-        seqs = [f.release_seq() for f in in_use]
-        before = [_held(f) for f in in_use]
-        extras: dict[str, tuple[SliceFiles, list[int]]] = {}
-        read_from: dict[tuple[str, int], list[Reading]] = {}  # (slice, GPU) -> each process's count, most held
-        for files, held in zip(in_use, before, strict=True):
-            pids = files.slot_pids()
-            row = extras.setdefault(files.slice_id, (files, [0] * files.gpu_count()))[1]
-            for g in range(files.gpu_count()):
-                counts = self._reading(readings, files.gpu_uuid(g))
-                most = {pid: _most_held(files, slot, g, pid, held.get((slot, g))) for slot, pid in pids.items()}
-                row[g] = sum(max(0, counts.get(pid, 0) - m) for pid, m in most.items())
-                if log.isEnabledFor(logging.DEBUG):  # only a logged change names them
-                    read_from[files.slice_id, g] = [(pid, counts.get(pid, 0), m) for pid, m in most.items()]
-        self._charge_unsliced(readings, extras, read_from)
-        unsure = {f.slice_id for f, seq in zip(in_use, seqs, strict=True) if seq % 2 or f.release_seq() != seq}
+        before = self._before(in_use)
+        gpus = dict.fromkeys(u for b in before for u in b[3]) | dict.fromkeys(self.gpus())
+        readings = {u: self.read(u) for u in gpus}
+        after = [b[0].rows(ever_first=False, count=b[4].n_rows) for b in before]
+        p = self._work_out(before, after, readings)
+        known = {f.slice_id for f in in_use}  # a slice whose first process attached since: its rows now
+        p.attached.update(pid for f in self.files_in_use() if f.slice_id not in known for pid in f.slot_pids().values())
+        self._charge_unsliced(readings, p.extras, p.read_from, p.attached)
+        unsure = {f.slice_id for f, seq, *_ in before if seq % 2 or f.release_seq() != seq}
         for sid in unsure:
-            extras.pop(sid, None)
             log.debug("slice %s: a process's row was released while the driver was read; read again", sid)
+        unsure |= p.grown
+        for sid in unsure:
+            p.extras.pop(sid, None)
+            p.worked.pop(sid, None)
         if unsure:
             self._soon.set()
+        self._worked = p.worked
         for sid, files in list(self.charged.items()):
-            if sid not in extras and sid not in unsure:  # its last process went: what the driver held for it went too
+            if sid not in p.extras and sid not in unsure:  # its last process went: what the driver held went too
                 for g in range(files.gpu_count()):
                     was = files.set_driver_side(g, 0)
                     if was and log.isEnabledFor(logging.DEBUG):
                         log.debug("slice %s GPU %d: driver-side 0 bytes (was %d); no process attached", sid, g, was)
                     self._say_if_over(files, g)
                 del self.charged[sid]
-        for sid, (files, row) in extras.items():
+        self._set_figures(p)
+
+    def _work_out(self, before: list[_Before], after: list[Rows], readings: dict[str, dict[int, int]]) -> _Period:
+        """Each slice's figure from its rows read on both sides of the driver's counts: the one
+        last worked out where none of them moved."""
+        p, debug = _Period(), log.isEnabledFor(logging.DEBUG)
+        for (files, seq, k, us, b), a in zip(before, after, strict=True):
+            sid = files.slice_id
+            if k is not None and b == a == k.rows and [readings[u].get(pid, 0) for u, pid in k.counted] == k.seen:
+                p.worked[sid], p.extras[sid] = k, (files, list(k.row))
+                p.same.add(sid)
+                p.attached.update(k.pids)
+                if debug:  # an unsliced process's part may still move it
+                    p.read_from.update(((sid, g), list(said)) for g, said in enumerate(k.said))
+                continue
+            if not (b.whole() and a.whole()):  # a process attached past the rows read: read them all, at once
+                p.grown.add(sid)
+                p.attached.update(files.slot_pids().values())
+                continue
+            pids, pids_before = a.pids(), b.pids()
+            p.attached.update(pids.values())
+            row, said = [0] * len(us), []
+            for g, uuid in enumerate(us):
+                counts = readings[uuid]
+                most = {pid: _most_held(b, pids_before, a, slot, g, pid) for slot, pid in pids.items()}
+                row[g] = sum(max(0, counts.get(pid, 0) - m) for pid, m in most.items())
+                said.append(tuple((pid, counts.get(pid, 0), m) for pid, m in most.items()))
+                p.read_from[sid, g] = list(said[g])
+            p.extras[sid] = (files, row)
+            if b == a:  # read alike on both sides: the same rows and counts next period give the same
+                counted = tuple((u, pid) for u in us for pid in pids.values())
+                seen = [readings[u].get(pid, 0) for u, pid in counted]
+                rows = a.first(min(constant("GPUSLICE_SLICE_MAX_PROCS"), max(pids, default=-1) + 2))  # one free past
+                p.worked[sid] = _Worked(files, seq, files.generation(), rows, us, tuple(pids.values()), counted,
+                                        seen, tuple(row), tuple(said))  # fmt: skip
+        return p
+
+    def _set_figures(self, p: _Period) -> None:
+        last, debug = self._set, log.isEnabledFor(logging.DEBUG)
+        for sid, (files, row) in p.extras.items():
+            if sid in p.same and last.get(sid) == row:
+                continue  # what it holds, its limit and its figure as they were: nothing to set or say
             for g, extra in enumerate(row):
                 was = files.set_driver_side(g, extra)
-                if was != extra and log.isEnabledFor(logging.DEBUG):  # why a slice's total moved on its own
+                if was != extra and debug:  # why a slice's total moved on its own
                     log.debug("slice %s GPU %d: driver-side %d bytes (was %d); pid, driver's count of most held: %s",
-                              sid, g, extra, was, _said(read_from.get((sid, g), [])))  # fmt: skip
+                              sid, g, extra, was, _said(p.read_from.get((sid, g), [])))  # fmt: skip
                 if extra:
                     self.charged[sid] = files
                 self._say_if_over(files, g)
+        self._set = {sid: row for sid, (_, row) in p.extras.items()}
 
-    def _reading(self, readings: dict[str, dict[int, int]], uuid: str) -> dict[int, int]:
-        counts = readings.get(uuid)
-        if counts is None:
-            counts = readings[uuid] = self.read(uuid)
-        return counts
+    def _before(self, in_use: list[SliceFiles]) -> list[_Before]:
+        """Each slice's rows before the driver is read: as many as its figure was last worked
+        out from, if its files, its limits and the rows' releases are as they were then (so
+        they hold every row in use); else all. (Plain tuples: thousands a period.)"""
+        out: list[_Before] = []
+        last = self._worked
+        for f in in_use:
+            seq, k = f.release_seq(), last.get(f.slice_id)
+            if k is not None and k.files is f and k.seq == seq and k.generation == f.generation():
+                out.append((f, seq, k, k.uuids, f.rows(ever_first=True, count=k.rows.n_rows)))
+            else:
+                out.append((f, seq, None, _uuids(f), f.rows(ever_first=True)))
+        return out
 
     def _charge_unsliced(self, readings: dict[str, dict[int, int]], extras: dict[str, tuple[SliceFiles, list[int]]],
-                         read_from: dict[tuple[str, int], list[Reading]]) -> None:  # fmt: skip
-        """What the driver holds for processes of slices' containers that never attached."""
-        for uuid in self.gpus():
-            self._reading(readings, uuid)
-        # who is attached is read after the driver: a process attaches at cuInit, before it holds
-        # any memory, so one that holds memory and is in no slot now never attached
-        attached = {pid for f in self.files_in_use() for pid in f.slot_pids().values()}
+                         read_from: dict[tuple[str, int], list[Reading]], attached: set[int]) -> None:  # fmt: skip
+        """What the driver holds for processes of slices' containers that never attached.
+        `attached`: the pids in the rows read after the driver: a process attaches at cuInit,
+        before it holds any memory, so one that holds memory and was in no row then never attached."""
         seen: set[tuple[int, str]] = set()
         suspects: dict[tuple[int, str], float] = {}
         now = self.clock()
@@ -223,28 +269,50 @@ class Reconciler:
             stop.wait(WAKE_SPACING_S)  # a burst of exits is read once in this, not once each
 
 
-class Held(NamedTuple):
-    """A process row as read before the driver's count (a tuple: thousands a period)."""
+class _Worked(NamedTuple):
+    """A slice's figure as worked out from rows read alike before and after the driver: while
+    they, its limits and the driver's counts for their processes stay so, the figure stands."""
 
-    pid: int
-    ever: int  # bytes it ever charged (read first)
-    used: int  # bytes it held
+    files: SliceFiles
+    seq: int  # its release_seq then
+    generation: int  # of its limits
+    rows: Rows
+    uuids: tuple[str, ...]  # its GPUs, in order
+    pids: tuple[int, ...]  # its attached processes
+    counted: tuple[tuple[str, int], ...]  # each (GPU, attached process)
+    seen: list[int]  # the driver's count of each of those
+    row: tuple[int, ...]  # the figure per GPU, its attached processes' part
+    said: tuple[tuple[Reading, ...], ...]  # per GPU, each process's count and the most it held (for the log)
 
 
-def _held(files: SliceFiles) -> dict[tuple[int, int], Held]:
-    # what it ever charged is read first: the ledger raises it after what the process holds, so a
-    # charge made between the two reads is counted twice at worst, never missed
-    return {(slot, g): Held(pid, files.proc_charged(slot, g), files.proc_used(slot, g))
-            for slot, pid in files.slot_pids().items() for g in range(files.gpu_count())}  # fmt: skip
+@dataclass
+class _Period:
+    """What a reading of the driver's counts worked out, slice by slice."""
+
+    extras: dict[str, tuple[SliceFiles, list[int]]] = field(default_factory=dict)  # slice -> its figure per GPU
+    read_from: dict[tuple[str, int], list[Reading]] = field(default_factory=dict)  # (slice, GPU) -> the counts
+    worked: dict[str, _Worked] = field(default_factory=dict)  # slices read alike on both sides
+    same: set[str] = field(default_factory=set)  # slices whose rows, limits and driver's counts did not move
+    grown: set[str] = field(default_factory=set)  # slices with a process in a row past those read
+    attached: set[int] = field(default_factory=set)  # the pids in the rows read after the driver
 
 
-def _most_held(files: SliceFiles, slot: int, g: int, pid: int, before: Held | None) -> int:
+# a slice's files, its release_seq, what its figure was last worked out from (if it still
+# holds), its GPUs, its rows as read before the driver
+_Before = tuple[SliceFiles, int, "_Worked | None", tuple[str, ...], Rows]
+
+
+def _uuids(files: SliceFiles) -> tuple[str, ...]:
+    return tuple(files.gpu_uuid(g) for g in range(files.gpu_count()))
+
+
+def _most_held(before: Rows, was: dict[int, int], after: Rows, slot: int, g: int, pid: int) -> int:
     """The most the process of `slot` can have held on `g` while the driver was read: what it
-    held before, plus all it charged since (frees only lower it)."""
-    used, ever = files.proc_used(slot, g), files.proc_charged(slot, g)
-    if before is None or before.pid != pid or ever < before.ever:  # a new process in the row
+    held before, plus all it charged since (frees only lower it). `was`: the rows' pids before."""
+    used, ever = after.used(slot, g), after.ever(slot, g)
+    if was.get(slot) != pid or ever < before.ever(slot, g):  # a new process in the row
         return max(used, ever)
-    return max(used, before.used + ever - before.ever)
+    return max(used, before.used(slot, g) + ever - before.ever(slot, g))
 
 
 def kill_unsliced(owner_of: Callable[[int], SliceFiles | None]) -> Callable[[int, SliceFiles], None]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cache
 from itertools import compress
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cffi import FFI
 
@@ -44,14 +44,90 @@ def _header_cdef(header: Path) -> str:
     return text.split("/* cdef-begin */", 1)[1].split("/* cdef-end */", 1)[0]
 
 
-@cache
-def _pid_column(ffi: FFI) -> struct.Struct:
-    """The `pid` of each process row, read from the rows' bytes (native order, int32)."""
-    row, at = ffi.sizeof("struct gpuslice_proc_usage"), ffi.offsetof("struct gpuslice_proc_usage", "pid")
-    rows = constant("GPUSLICE_SLICE_MAX_PROCS")
-    assert ffi.sizeof("int32_t") == 4 and at + 4 <= row
-    return struct.Struct("=" + f"{at}xi{row - at - 4}x" * rows)
+@dataclass(frozen=True)
+class _Layout:
+    """Where a usage file's process rows and what they ever charged lie, and how their fields
+    are read from the rows' bytes (native order): the header's layout, read once."""
 
+    max_procs: int
+    proc_at: int  # the rows' offset in the usage file
+    charged_at: int  # what they ever charged: uint64_t[max_procs][GPUSLICE_SLICE_MAX_GPUS]
+    row_size: int  # one process row
+    charged_size: int  # one row of `charged`
+    pid: struct.Struct  # a row's pid, at the row's offset
+    used: struct.Struct  # a row's used[GPUs], at the row's offset
+    charged: struct.Struct  # a row of `charged`, at its offset
+    pid_skip: tuple[int, int]  # bytes before a row's pid, and after it
+
+    @cache  # noqa: B019 (one layout, kept for the process's life)
+    def pid_column(self, rows: int) -> struct.Struct:
+        """The pid of each of the first `rows` rows."""
+        before, after = self.pid_skip
+        return struct.Struct("=" + f"{before}xi{after}x" * rows)
+
+    def spans(self, rows: int) -> tuple[int, int, int, int]:
+        """The first `rows` rows' (start, end), then what they ever charged's."""
+        return (self.proc_at, self.proc_at + rows * self.row_size,
+                self.charged_at, self.charged_at + rows * self.charged_size)  # fmt: skip
+
+
+@cache
+def _layout() -> _Layout:
+    ffi, _ = ffi_and_lib()
+    row, gpus = ffi.sizeof("struct gpuslice_proc_usage"), constant("GPUSLICE_SLICE_MAX_GPUS")
+    pid_at, used_at = (ffi.offsetof("struct gpuslice_proc_usage", f) for f in ("pid", "used"))
+    assert ffi.sizeof("int32_t") == 4 and ffi.sizeof("uint64_t") == 8 and pid_at + 4 <= row
+    return _Layout(
+        constant("GPUSLICE_SLICE_MAX_PROCS"),
+        ffi.offsetof("struct gpuslice_usage", "proc"),
+        ffi.offsetof("struct gpuslice_usage", "charged"),
+        row,
+        gpus * 8,
+        struct.Struct(f"={pid_at}xi"),
+        struct.Struct(f"={used_at}x{gpus}Q"),
+        struct.Struct(f"={gpus}Q"),
+        (pid_at, row - pid_at - 4),
+    )
+
+
+class Rows(NamedTuple):
+    """A slice's first process rows as read at one moment, as bytes: equal to another read of
+    as many rows exactly when nothing in them moved (the reconciler works out again only a
+    slice whose rows did)."""
+
+    proc: bytes  # struct gpuslice_proc_usage[n_rows]
+    charged: bytes  # uint64_t[n_rows][GPUSLICE_SLICE_MAX_GPUS]
+    n_rows: int  # the rows read, from the first
+
+    def pids(self) -> dict[int, int]:
+        """slot -> pid of the rows in use."""
+        pids = _layout().pid_column(self.n_rows).unpack_from(self.proc)
+        return dict(zip(compress(range(len(pids)), pids), filter(None, pids), strict=True))
+
+    def whole(self) -> bool:
+        """Every row in use is among those read, given that none was released since a read that
+        found all rows after these free: the last row read is free (a claim takes the first
+        free row, so none was taken past it), or there are no more."""
+        lay = _layout()
+        return self.n_rows == lay.max_procs or lay.pid.unpack_from(self.proc, (self.n_rows - 1) * lay.row_size)[0] == 0
+
+    def first(self, n_rows: int) -> Rows:
+        """The first `n_rows` of these rows, as a read of that many would give them."""
+        lay = _layout()
+        return Rows(self.proc[: n_rows * lay.row_size], self.charged[: n_rows * lay.charged_size], n_rows)
+
+    def used(self, slot: int, gpu: int) -> int:
+        """What the process of `slot` charged on `gpu` (SliceFiles.proc_used)."""
+        lay = _layout()
+        return int(lay.used.unpack_from(self.proc, slot * lay.row_size)[gpu])
+
+    def ever(self, slot: int, gpu: int) -> int:
+        """What the process of `slot` ever charged on `gpu` (SliceFiles.proc_charged)."""
+        lay = _layout()
+        return int(lay.charged.unpack_from(self.charged, slot * lay.charged_size)[gpu])
+
+
+_new = tuple.__new__
 
 _RELEASING = threading.Lock()
 _RELEASES: dict[str, int] = {}  # slice id -> its release_seq, whichever SliceFiles of it released
@@ -155,6 +231,7 @@ class SliceFiles:
         older = self.ffi.offsetof("struct gpuslice_usage", "charged"), constant("GPUSLICE_USAGE_MAGIC")
         self.usage = self._map(self.usage_path, "struct gpuslice_usage", older)
         self.usage.version = constant("GPUSLICE_SLICE_VERSION")  # new, or a version 3 file extended
+        self._usage_bytes = self.ffi.buffer(self.usage)  # the rows' bytes read as slices of it (rows())
         if self.usage.magic != constant("GPUSLICE_USAGE_MAGIC"):  # new: counters start at zero
             self.usage.magic = constant("GPUSLICE_USAGE_MAGIC")
 
@@ -226,8 +303,26 @@ class SliceFiles:
     def slot_pids(self) -> dict[int, int]:
         # every row's pid in one unpack of the rows' bytes: a row at a time through cffi made three
         # of these per slice each period half of the reconciler's CPU at 2,000 slices
-        pids = _pid_column(self.ffi).unpack_from(self.ffi.buffer(self.usage.proc))
+        lay = _layout()
+        pids = lay.pid_column(lay.max_procs).unpack_from(self.ffi.buffer(self.usage.proc))
         return dict(zip(compress(range(len(pids)), pids), filter(None, pids), strict=True))  # rows in use
+
+    def rows(self, ever_first: bool, count: int = 0) -> Rows:
+        """The first `count` process rows' bytes (all of them: 0). `ever_first`: what the rows
+        ever charged is read before what they hold (the ledger raises it after), as a read
+        before the driver's count wants it: a charge between the two is counted twice at worst,
+        never missed (driver_memory.py)."""
+        count = count or _layout().max_procs
+        (p, q, c, d), usage = _layout().spans(count), self._usage_bytes
+        if ever_first:
+            charged = usage[c:d]
+            return _new(Rows, (usage[p:q], charged, count))  # Rows(...) less its Python frame
+        proc = usage[p:q]
+        return _new(Rows, (proc, usage[c:d], count))
+
+    def generation(self) -> int:
+        """The limits' generation: bumped by every change of them (a Resize)."""
+        return int(self.limits.generation)
 
     def release_slot(self, slot: int) -> int:
         with _RELEASING:  # odd while a release of this slice's rows is under way (release_seq)

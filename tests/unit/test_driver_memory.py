@@ -18,6 +18,31 @@ pytestmark = pytest.mark.unit
 MiB = 1 << 20
 
 
+@dataclass(frozen=True)
+class Rows:
+    """The stand-in's rows as read at once (SliceFiles.rows)."""
+
+    pid_of: tuple[tuple[int, int], ...]
+    held: tuple[tuple[int, int], ...]
+    ever_of: tuple[tuple[int, int], ...]
+    n_rows: int = 64
+
+    def whole(self) -> bool:
+        return True
+
+    def first(self, count: int) -> Rows:
+        return self
+
+    def pids(self) -> dict[int, int]:
+        return dict(self.pid_of)
+
+    def used(self, slot: int, g: int) -> int:
+        return dict(self.held)[slot]
+
+    def ever(self, slot: int, g: int) -> int:
+        return dict(self.ever_of).get(slot, 0)
+
+
 @dataclass
 class Files:
     """One slice on one GPU: each slot's process and what it charged through the interposer."""
@@ -32,6 +57,12 @@ class Files:
 
     def slot_pids(self) -> dict[int, int]:
         return dict(self.pids)
+
+    def rows(self, ever_first: bool, count: int = 0) -> Rows:
+        return Rows(tuple(self.pids.items()), tuple(self.charges.items()), tuple(self.ever.items()))
+
+    def generation(self) -> int:
+        return 1
 
     def release_seq(self) -> int:
         return 0  # its rows are never released while read
@@ -219,7 +250,7 @@ def test_a_process_of_the_slices_container_that_never_attached_is_charged_whole(
     assert f.said == [0]
     r.once()
     r.once()
-    assert f.said == [0, 300 * MiB, 300 * MiB]
+    assert f.said == [0, 300 * MiB] and f.driver == 300 * MiB  # set once: a figure that stands is not set again
     warned = [m for m in caplog.messages if "without the interposer" in m]
     assert warned == [
         "slice s GPU 0: process 20 of its container holds 314572800 bytes on the GPU without the interposer "
@@ -240,7 +271,7 @@ def test_an_unattached_process_is_charged_only_once_seen_a_period_on_however_oft
                    owner_of={20: f}.get, clock=lambda: now[0])  # fmt: skip
     for now[0] in (0.0, 0.02, 0.5, 0.98):
         r.once()
-    assert f.said == [0, 0, 0, 0] and r.unsliced == {}
+    assert f.said == [0] and r.unsliced == {}  # 0 from the first, and never changed
     now[0] = 1.0
     r.once()
     assert f.said[-1] == 300 * MiB and r.unsliced == {(20, "GPU-a"): "s"}
@@ -271,3 +302,83 @@ def test_a_process_that_attaches_while_the_driver_is_read_is_not_unsliced():
     r.once()
     r.once()
     assert f.said == [0, 0]
+
+
+def _slice(tmp_path, limit: int = 1 << 30) -> SliceFiles:
+    files = SliceFiles(tmp_path, "s")
+    files.write_limits([GpuLimit("GPU-a", limit, 0, False)])
+    return files
+
+
+def test_a_settled_slice_keeps_its_figure_and_moves_with_its_rows_or_the_drivers_count(tmp_path):
+    """A slice whose rows, limits and driver's counts did not move since the last period is
+    not worked out or set again (2,000 such slices a period: docs/performance.md); any one of
+    them moving is seen the period it moves."""
+    files = _slice(tmp_path)
+    slot = files.claim_slot(10)
+    assert slot is not None and files.charge(slot, 0, 100 * MiB)
+    counts = {10: 150 * MiB}
+    sets = []
+    real_set = files.set_driver_side
+    files.set_driver_side = lambda g, n: sets.append(n) or real_set(g, n)  # type: ignore[method-assign]
+    r = Reconciler(lambda: [files], lambda uuid: counts)
+    r.once()
+    r.once()
+    assert (files.driver_side(0), sets) == (50 * MiB, [50 * MiB])  # worked out and set once
+    counts[10] = 170 * MiB  # the driver alone moved
+    r.once()
+    assert files.driver_side(0) == 70 * MiB
+    assert files.charge(slot, 0, 20 * MiB)  # the rows alone moved: the process charged what the driver counted
+    r.once()
+    r.once()
+    assert (files.driver_side(0), files.used(), sets) == (50 * MiB, [170 * MiB], [50 * MiB, 70 * MiB, 50 * MiB])
+
+
+def test_a_settled_slice_whose_limit_is_lowered_is_said_to_be_over_it(tmp_path, caplog):
+    """Its rows and the driver's counts as they were; its limits' generation is not."""
+    files = _slice(tmp_path)
+    slot = files.claim_slot(10)
+    assert slot is not None and files.charge(slot, 0, 100 * MiB)
+    r = Reconciler(lambda: [files], lambda uuid: {10: 300 * MiB})
+    r.once()
+    r.once()
+    assert r.over == {}
+    files.write_limits([GpuLimit("GPU-a", 256 * MiB, 0, False)])  # a Resize
+    r.once()
+    assert r.over == {("s", 0): 44 * MiB} and any("past its limit" in m for m in caplog.messages)
+
+
+def test_a_process_that_attaches_to_a_settled_slice_is_read_whole_at_once_and_is_not_unsliced(tmp_path):
+    """A settled slice's rows are read only up to the first free one past those in use: a new
+    process takes the first free row, so one that did is seen there, and the slice keeps its
+    figure and is read again at once, every row, its new process with it."""
+    files = _slice(tmp_path)
+    first = files.claim_slot(10)
+    assert first is not None and files.charge(first, 0, 100 * MiB)
+    counts = {10: 150 * MiB}
+    r = Reconciler(lambda: [files], lambda uuid: counts, gpus=lambda: ["GPU-a"], owner_of={11: files}.get,
+                   clock=periods())  # fmt: skip
+    r.once()
+    r.once()
+    second = files.claim_slot(11)
+    assert second == 1 and files.charge(second, 0, 200 * MiB)
+    counts[11] = 260 * MiB
+    r._soon.clear()
+    r.once()
+    assert (files.driver_side(0), r._soon.is_set(), r.suspects) == (50 * MiB, True, {})
+    r.once()
+    assert (files.driver_side(0), r.unsliced, r.suspects) == (110 * MiB, {}, {})
+
+
+def test_the_rows_read_from_a_slices_files_are_the_ledgers(tmp_path):
+    """Rows: each row's pid, what it holds and ever charged, from the bytes of the first rows."""
+    files = _slice(tmp_path)
+    for pid, n in ((10, 5 * MiB), (11, 7 * MiB)):
+        slot = files.claim_slot(pid)
+        assert slot is not None and files.charge(slot, 0, n)
+    files.uncharge(1, 0, 2 * MiB)
+    rows = files.rows(ever_first=True)
+    assert rows == files.rows(ever_first=False) and rows.pids() == {0: 10, 1: 11} and rows.whole()
+    assert [(rows.used(s, 0), rows.ever(s, 0)) for s in (0, 1)] == [(5 * MiB, 5 * MiB), (5 * MiB, 7 * MiB)]
+    assert rows.first(3) == files.rows(ever_first=True, count=3) and rows.first(3).whole()
+    assert not rows.first(2).whole()  # its last row is in use: one past it may be too
