@@ -14,6 +14,7 @@ the budget; the daemon never sits on a launch path."""
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -35,6 +36,7 @@ ACTIVE_HOLD_S = 0.5  # a slice that launched this recently still holds its share
 HUNGRY_HOLD_S = 0.5  # ... and one that waited for budget this recently still wants more
 RATIO_WINDOW_S = 1.0  # cost-per-thread estimate over about a second ...
 RATIO_MIN_PERIODS = 4  # ... of at least this many periods; until then, the median of the GPU's other slices'
+EXACT_EVERY = 1024  # readings between exact sums of a history's GPU time (GateState.remember)
 LEARN_DOUBLING_S = 0.05  # before the cost is measured, the budget doubles this often
 LEARN_MAX_GROWTH = 64  # ... at most this much per period
 LEND_WINDOW_S = 0.5  # an active slice that has not waited for budget this long lends what it has not used
@@ -55,7 +57,7 @@ TICK_LOG_S = 10.0  # how long the ticks took is summed up in the log this often 
 FIT_BASES = ("share", "even")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Share:
     """What a slice is entitled to on one GPU."""
 
@@ -94,21 +96,38 @@ class GateState:
     learning: tuple[float, float] | None = None  # while its GPU's costs are fitted (CostSplit.learning)
     quiet: int = 0  # readings left after a fit whose error is not integrated: they ran on its budgets
 
+    # the history's sums, kept as it changes (a tick asks for them several times a slice)
+    _busy_ns_sum: float = field(default=0.0, repr=False)
+    _threads_sum: int = field(default=0, repr=False)
+    _window_ns_sum: int = field(default=0, repr=False)
+    _measured: int = field(default=0, repr=False)  # readings with GPU time and threads both
+    _since_exact: int = field(default=0, repr=False)  # readings since the GPU time's sum was added up anew
+
     def ns_per_thread(self, settled: bool = True) -> float | None:
         """GPU time per launched thread: once a few periods have been measured
         (settled), or from whatever has been (not settled)."""
-        measured = sum(1 for b, t, _ in self.history if b > 0 and t > 0)
-        if measured == 0 or (settled and measured < RATIO_MIN_PERIODS):
+        if self._measured == 0 or (settled and self._measured < RATIO_MIN_PERIODS):
             return None
-        return sum(b for b, _, _ in self.history) / max(1, sum(t for _, t, _ in self.history))
+        return self._busy_ns_sum / max(1, self._threads_sum)
 
     def remember(self, busy_ns: float, threads: int, window_ns: int) -> None:
         """One reading and the threads launched in the time it covers; about
         RATIO_WINDOW_S of them are kept, and at least RATIO_MIN_PERIODS."""
         self.history.append((busy_ns, threads, window_ns))
+        self._add(busy_ns, threads, window_ns, 1)
         self.measured_ns += window_ns
-        while len(self.history) > RATIO_MIN_PERIODS and sum(w for _, _, w in self.history) > RATIO_WINDOW_S * 1e9:
-            self.history.popleft()
+        while len(self.history) > RATIO_MIN_PERIODS and self._window_ns_sum > RATIO_WINDOW_S * 1e9:
+            b, t, w = self.history.popleft()
+            self._add(b, t, w, -1)
+        self._since_exact += 1
+        if self._since_exact >= EXACT_EVERY:  # what adding and taking away floats drifted, put right
+            self._busy_ns_sum, self._since_exact = math.fsum(b for b, _, _ in self.history), 0
+
+    def _add(self, busy_ns: float, threads: int, window_ns: int, sign: int) -> None:
+        self._busy_ns_sum += sign * busy_ns
+        self._threads_sum += sign * threads
+        self._window_ns_sum += sign * window_ns
+        self._measured += sign * (busy_ns > 0 and threads > 0)
 
 
 def targets(shares: list[Share], active: set[str], needs: dict[str, float] | None = None,
@@ -199,6 +218,7 @@ class ComputeController:
         self.splits: dict[str, CostSplit] = {}  # per GPU UUID, where its driver gives each period to one process
         self.one_per_period: dict[str, bool] = {}  # per GPU UUID: what its driver's readings showed last
         self.fits: dict[tuple[str, str], int] = {}  # (GPU UUID, "join" or "drift"): the fits of costs begun
+        self._shares: dict[str, tuple[SliceFiles, int, list[Share]]] = {}  # slice -> its files, generation, shares
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last = clock()
@@ -237,12 +257,27 @@ class ComputeController:
     # -- one period ------------------------------------------------------------------
     def shares(self, files: dict[str, SliceFiles]) -> list[Share]:
         """What each slice with processes is entitled to, per GPU in its files'
-        order, from the daemon's records (never decoded back from the files)."""
+        order, from the daemon's records (never decoded back from the files).
+        A slice's are read again only once its files' limits have changed (their
+        generation: the daemon updates the record first, under the lock
+        `limits_of` takes), not every tick."""
         out: list[Share] = []
-        for sid in files:
-            for g, lim in enumerate(self.limits_of(sid)):
-                if lim.cores < 100:  # a whole GPU is never throttled
-                    out.append(Share(sid, g, lim.uuid, lim.cores / 100, lim.hard, lim.priority))
+        known, fresh = self._shares, {}
+        for sid, f in files.items():
+            generation, k = f.generation(), known.get(sid)
+            if k is None or k[0] is not f or k[1] != generation:
+                k = (
+                    f,
+                    generation,
+                    [
+                        Share(sid, g, lim.uuid, lim.cores / 100, lim.hard, lim.priority)
+                        for g, lim in enumerate(self.limits_of(sid))
+                        if lim.cores < 100
+                    ],
+                )  # fmt: skip (a whole GPU is never throttled)
+            fresh[sid] = k
+            out.extend(k[2])
+        self._shares = fresh
         return out
 
     def tick(self) -> None:
@@ -263,7 +298,10 @@ class ComputeController:
         """One GPU's period: read, split, decide each slice's target and refill its gate."""
         reading = self.sample(uuid)
         for s in on_gpu:
-            self._read(self.state.setdefault((s.slice_id, s.gpu), GateState()), files[s.slice_id], s.gpu, reading)
+            st = self.state.get((s.slice_id, s.gpu))
+            if st is None:  # not setdefault: a GateState a slice a tick, made to be dropped
+                st = self.state[(s.slice_id, s.gpu)] = GateState()
+            self._read(st, files[s.slice_id], s.gpu, reading)
         self._split(uuid, on_gpu, files, reading, now, dt)
         active = {s.slice_id for s in on_gpu if self._observe(self.state[(s.slice_id, s.gpu)], files[s.slice_id],
                                                                   s.gpu, now)}  # fmt: skip
@@ -455,11 +493,12 @@ class ComputeController:
             cost = split.cost((s.slice_id, s.gpu)) if split and st.learning else None
             threads = self._threads(st, target, dt, ratio or st.ns_per_thread(settled=False), cost, tokens, base)
             before, after = f.refill_gate(s.gpu, threads, 2 * threads, next_refill)
-        log.debug(
-            "%s/%d target %.3f busy %.3f credit %.1f ms ratio %s open %s window %.1f used %.3f ms hungry %s tokens %d",
-            s.slice_id[:8], s.gpu, target, st.busy, st.credit_ns / 1e6, st.ns_per_thread(), want_open,
-            st.window_ns / 1e6, st.busy_ns / 1e6, st.last_hungry == self._last, after,
-        )  # fmt: skip
+        if log.isEnabledFor(logging.DEBUG):  # its arguments alone were a tenth of a tick's CPU
+            log.debug(
+                "%s/%d target %.3f busy %.3f credit %.1f ms ratio %s open %s window %.1f used %.3f ms hungry %s "
+                "tokens %d", s.slice_id[:8], s.gpu, target, st.busy, st.credit_ns / 1e6, st.ns_per_thread(),
+                want_open, st.window_ns / 1e6, st.busy_ns / 1e6, st.last_hungry == self._last, after,
+            )  # fmt: skip
         # the period after a first refill or a gate opened or closed ran what was queued before
         # (a whole launch queue, against a trickle of launches while learning): not paired
         st.switched = st.switched or st.after is None or st.opened != want_open

@@ -147,6 +147,12 @@ def _magic(fd: int) -> int:
 
 
 @cache
+def _int64_p(ffi: FFI) -> Any:
+    """`int64_t *` resolved once (the compute controller refills thousands of gates a second)."""
+    return ffi.typeof("int64_t *")
+
+
+@cache
 def _libc() -> Any:
     ffi, _ = ffi_and_lib()
     return ffi.dlopen(None)
@@ -371,15 +377,14 @@ class SliceFiles:
     # -- launch gates (docs/compute.md) -------------------------------------------
     def refill_gate(self, gpu: int, add: int, cap: int, next_refill_ns: int) -> tuple[int, int]:
         """Add a period's budget (capped); returns (tokens before, tokens after)."""
-        before = self.ffi.new("int64_t *")
-        gate = self.ffi.addressof(self.usage.gate[gpu])
-        after = self.lib.gpuslice_gate_refill(gate, add, cap, next_refill_ns, before)
+        before = self.ffi.new(_int64_p(self.ffi))
+        after = self.lib.gpuslice_gate_refill(self.usage.gate + gpu, add, cap, next_refill_ns, before)
         return int(before[0]), int(after)
 
     def open_gate(self, gpu: int, next_refill_ns: int) -> tuple[int, int]:
         """No limit until the next refill; returns (tokens before, tokens after)."""
-        before = self.ffi.new("int64_t *")
-        self.lib.gpuslice_gate_open(self.ffi.addressof(self.usage.gate[gpu]), next_refill_ns, before)
+        before = self.ffi.new(_int64_p(self.ffi))
+        self.lib.gpuslice_gate_open(self.usage.gate + gpu, next_refill_ns, before)
         return int(before[0]), 2 * constant("GPUSLICE_GATE_OPEN")
 
     def gate_waits(self, gpu: int) -> int:

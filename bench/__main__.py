@@ -8,6 +8,7 @@ import click
 from bench import (
     admission_webhook,
     compute_shares,
+    compute_tick,
     container_start,
     daemon_rpc,
     device_plugin,
@@ -25,6 +26,7 @@ BENCHMARKS = {
     "interposer-calls": interposer_calls.main,
     "container-start": container_start.main,
     "compute-shares": compute_shares.main,
+    "compute-tick": compute_tick.main,
     "scale": scale.main,
     "dra-prepare": dra_prepare.main,
     "device-plugin": device_plugin.main,

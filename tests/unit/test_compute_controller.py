@@ -450,3 +450,22 @@ def test_tick_times_are_summed_up_once_per_log_period():
     times.add(0.001, late=False)
     assert times.summary(100.0 + 2 * TICK_LOG_S) == "1 ticks in 10.0 s: mean 1.00 ms, longest 1.00 ms, 0 late"
     assert times.summary(100.0 + 3 * TICK_LOG_S) is None  # no tick ran: no line
+
+
+def test_a_resized_slices_share_moves_and_its_record_is_read_only_when_its_limits_change(tmp_path):
+    """The controller reads a slice's record (SliceManager.limits_of, under the manager's lock)
+    once, and again only once the slice's files' limits changed: a Resize updates the record
+    first, then writes the files."""
+    gpu, tenants, controller = node(tmp_path, (30, True), (70, True))
+    records = {t.files.slice_id: [GpuLimit(UUID, 1 << 30, c, True)] for t, c in zip(tenants, (30, 70), strict=True)}
+    read = []
+    controller.limits_of = lambda sid: read.append(sid) or records[sid]
+    drive(gpu, tenants, controller, 3.0)
+    assert drive(gpu, tenants, controller, 5.0) == pytest.approx([30, 70], abs=3.0)
+    assert sorted(read) == ["slice0", "slice1"]
+    for t, cores in zip(tenants, (60, 40), strict=True):  # as SliceManager.resize: the record, then the files
+        records[t.files.slice_id] = [GpuLimit(UUID, 1 << 30, cores, True)]
+        t.files.write_limits(records[t.files.slice_id])
+    drive(gpu, tenants, controller, 3.0)
+    assert drive(gpu, tenants, controller, 10.0) == pytest.approx([60, 40], abs=3.0)
+    assert sorted(read) == ["slice0", "slice0", "slice1", "slice1"]
