@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from gpuslice.allocator.config import FIT_BASES
 from gpuslice.allocator.cost_split import CostSplit
 from gpuslice.allocator.metrics import COMPUTE_TICK_SECONDS
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles
@@ -50,11 +51,6 @@ TARGET_MOVED = 0.05  # a slice's target moving this much restarts the watch for 
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
 TIERS = ("high", "normal", "low")
 TICK_LOG_S = 10.0  # how long the ticks took is summed up in the log this often (debug, tick_log)
-# while a GPU's costs are fitted, each slice gets CostSplit.learning's part of its own target
-# ("share"), or of the fitting slices' mean target ("even": every boosted row then mixes the
-# same loads, so a cost of sharing that grows as loads even out lands on no one slice; a
-# candidate the next real-GPU run decides, docs/compute.md)
-FIT_BASES = ("share", "even")
 
 
 @dataclass(frozen=True)

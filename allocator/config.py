@@ -5,14 +5,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import jsonschema
 import yaml
 
 from gpuslice import constants, errors
-from gpuslice.allocator.compute import FIT_BASES
 from gpuslice.cdi.registry import SPEC_DIRS
 from gpuslice.units import parse_bytes
+
+if TYPE_CHECKING:
+    import jsonschema
+
+# while a GPU's costs are fitted, each slice gets CostSplit.learning's part of its own target
+# ("share"), or of the fitting slices' mean target ("even": every boosted row then mixes the
+# same loads, so a cost of sharing that grows as loads even out lands on no one slice; a
+# candidate the next real-GPU run decides, docs/compute.md). Named here, where the config
+# takes one, not in compute.py: `gpuslice status` reads the config without the controller
+FIT_BASES = ("share", "even")
 
 SCHEMA = {
     "type": "object",
@@ -107,6 +116,8 @@ def load(path: str | Path | None) -> Config:
         raise ConfigError(f"config {path}: cannot read: {e.strerror}") from e
     except yaml.YAMLError as e:
         raise ConfigError(f"config {path}: not valid YAML: {e}".replace("\n", " ")) from e
+    import jsonschema  # here: `gpuslice status` without --config starts a fifth sooner without it
+
     errors = sorted(jsonschema.Draft202012Validator(SCHEMA).iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
         raise ConfigError("\n".join(f"config {path}: {_where(e)}: {e.message}" for e in errors))

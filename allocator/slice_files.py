@@ -310,7 +310,7 @@ class SliceFiles:
         # every row's pid in one unpack of the rows' bytes: a row at a time through cffi made three
         # of these per slice each period half of the reconciler's CPU at 2,000 slices
         lay = _layout()
-        pids = lay.pid_column(lay.max_procs).unpack_from(self.ffi.buffer(self.usage.proc))
+        pids = lay.pid_column(lay.max_procs).unpack_from(self._usage_bytes, lay.proc_at)
         return dict(zip(compress(range(len(pids)), pids), filter(None, pids), strict=True))  # rows in use
 
     def rows(self, ever_first: bool, count: int = 0) -> Rows:

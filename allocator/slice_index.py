@@ -38,6 +38,7 @@ class Index:
     members: dict[str, set[str]] = field(default_factory=dict)  # slice id -> its members' container ids
     groups: dict[ShareOwner, set[str]] = field(default_factory=dict)  # owner -> share groups of its shares (keys)
     tally: dict[str, GpuTally] = field(default_factory=dict)
+    held: dict[str, int] = field(default_factory=dict)  # GPU UUID -> slices whose files hold it (share groups too)
     # bound slices, oldest first (containers of a pod may share a namespace)
     by_pid_ns: dict[int, list[SliceRecord]] = field(default_factory=dict)
     by_cgroup: dict[str, list[SliceRecord]] = field(default_factory=dict)
@@ -54,6 +55,8 @@ class Index:
             self.groups.setdefault(owner, set()).add(rec.container_id)
         for a in rec.allocations if rec.books else ():
             self.tally.setdefault(a.gpu_uuid, GpuTally()).add(a, rec.whole, 1)
+        for uuid in rec.file_gpus:
+            self.held[uuid] = self.held.get(uuid, 0) + 1
         if rec.state == "bound":
             if rec.pid_ns is not None:
                 _insert(self.by_pid_ns.setdefault(rec.pid_ns, []), rec)
@@ -73,6 +76,10 @@ class Index:
             _remove(self.groups, owner, container_id)
         for a in rec.allocations if rec.books else ():
             self.tally[a.gpu_uuid].add(a, rec.whole, -1)
+        for uuid in rec.file_gpus:
+            self.held[uuid] -= 1
+            if not self.held[uuid]:
+                del self.held[uuid]
         if rec.state == "bound":
             _remove(self.by_pid_ns, rec.pid_ns, rec)
             _remove(self.by_cgroup, rec.cgroup, rec)

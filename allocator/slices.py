@@ -442,9 +442,8 @@ class SliceManager:
 
     def gpus_held(self) -> list[str]:
         """The UUIDs of the GPUs that slices hold."""
-        with self._lock:
-            recs = list(self.index.by_container.values())
-        return list(dict.fromkeys(u for r in recs for u in r.file_gpus))
+        with self._lock:  # kept as slices come and go: the reconciler asks every period
+            return list(self.index.held)
 
     def container_files_of(self, pid: int) -> SliceFiles | None:
         """The files of the slice whose container the process (this host's pid)

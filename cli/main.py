@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from gpuslice import __version__, stack_dump
+from gpuslice import stack_dump
 from gpuslice.cli import app
 
 # each command's name, and the module and function that make it
@@ -47,8 +47,18 @@ class Main(app.Group):
         return command
 
 
+def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    # the version looked up only when asked: importlib.metadata is a tenth of `gpuslice status`
+    if value and not ctx.resilient_parsing:
+        from gpuslice import __version__
+
+        click.echo(f"gpuslice, version {__version__}")
+        ctx.exit()
+
+
 @click.group(cls=Main, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="gpuslice")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="Show the version and exit.")  # fmt: skip
 def main() -> None:
     """gpuslice: share NVIDIA GPUs among containers with hard memory limits and compute shares."""
     # any gpuslice process that seems stuck (the daemon, the node agent, a selftest) says where

@@ -75,6 +75,6 @@ def test_the_slice_manager_knows_processes_through_the_proc_it_is_given(tmp_path
     m.bind("c1", 777777)
     found = m.slice_of(identity.of_pid(777777, identity.ProcFs(proc)))
     assert found is not None and found.container_id == "c1"
-    assert m.sweep(60) == []
+    assert m.sweep(60) == [] and m.gpus_held() == ["GPU-0"]
     (proc / "777777" / "stat").write_text(STAT.format(pid=777777, start=5001))  # the pid reused
-    assert m.sweep(60) == ["c1"]
+    assert m.sweep(60) == ["c1"] and m.gpus_held() == []  # the GPUs slices hold, kept as they go
