@@ -10,7 +10,6 @@ from pathlib import Path
 import click
 
 from gpuslice import errors
-from gpuslice.allocator import config as daemon_config
 from gpuslice.cli import app
 
 
@@ -41,6 +40,7 @@ def gpus(use_sim: bool, as_json: bool) -> None:
 @click.option("-v", "--verbose", is_flag=True, help="log at debug level")
 def daemon(config_path: str | None, verbose: bool) -> None:
     """Run the allocator daemon (gRPC control socket, slice socket, metrics)."""
+    from gpuslice.allocator import config as daemon_config
     from gpuslice.allocator.daemon import Daemon
 
     app.log_as("daemon", verbose)
@@ -98,6 +98,7 @@ def selftest_cmd(config_path, cdi_spec, memory, seconds, gpus, no_shares, as_jso
     temporary slices on each GPU the interposer over the driver: memory limits
     on every allocation path, the slice's view, SIGKILL, cuGetProcAddress,
     compute shares and the launch gate's cost. Exit 0 only if all pass."""
+    from gpuslice.allocator import config as daemon_config
     from gpuslice.cli import selftest as st
     from gpuslice.cli.selftest_report import all_passed, render
     from gpuslice.cli.selftest_report import as_json as report_json
