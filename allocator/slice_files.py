@@ -131,6 +131,7 @@ _new = tuple.__new__
 
 _RELEASING = threading.Lock()
 _RELEASES: dict[str, int] = {}  # slice id -> its release_seq, whichever SliceFiles of it released
+_CLAIMS: dict[str, int] = {}  # slice id -> the rows claimed, whichever SliceFiles of it claimed
 
 
 @cache
@@ -238,6 +239,7 @@ class SliceFiles:
         self.usage = self._map(self.usage_path, "struct gpuslice_usage", older)
         self.usage.version = constant("GPUSLICE_SLICE_VERSION")  # new, or a version 3 file extended
         self._usage_bytes = self.ffi.buffer(self.usage)  # the rows' bytes read as slices of it (rows())
+        self._pids: tuple[tuple[int, int] | None, dict[int, int]] = (None, {})  # slot_pids's, and when
         if self.usage.magic != constant("GPUSLICE_USAGE_MAGIC"):  # new: counters start at zero
             self.usage.magic = constant("GPUSLICE_USAGE_MAGIC")
 
@@ -303,15 +305,25 @@ class SliceFiles:
         for i in range(constant("GPUSLICE_SLICE_MAX_PROCS")):
             if rows[i].pid == 0:
                 rows[i].pid = pid
+                with _RELEASING:  # after the pid is written: a slot_pids keyed before it reads it again
+                    _CLAIMS[self.slice_id] = _CLAIMS.get(self.slice_id, 0) + 1
                 return i
         return None
 
     def slot_pids(self) -> dict[int, int]:
+        # the daemon writes every pid (claim_slot, release_slot), so the rows are read again only
+        # once one of them was claimed or released since (the controller asks each slice each tick)
+        key = (_CLAIMS.get(self.slice_id, 0), _RELEASES.get(self.slice_id, 0))
+        if self._pids[0] == key:
+            return dict(self._pids[1])
         # every row's pid in one unpack of the rows' bytes: a row at a time through cffi made three
         # of these per slice each period half of the reconciler's CPU at 2,000 slices
         lay = _layout()
-        pids = lay.pid_column(lay.max_procs).unpack_from(self._usage_bytes, lay.proc_at)
-        return dict(zip(compress(range(len(pids)), pids), filter(None, pids), strict=True))  # rows in use
+        column = lay.pid_column(lay.max_procs).unpack_from(self._usage_bytes, lay.proc_at)
+        pids = dict(zip(compress(range(len(column)), column), filter(None, column), strict=True))  # rows in use
+        if not key[1] % 2:  # not while a release is under way
+            self._pids = (key, pids)
+        return dict(pids)
 
     def rows(self, ever_first: bool, count: int = 0) -> Rows:
         """The first `count` process rows' bytes (all of them: 0). `ever_first`: what the rows
@@ -412,3 +424,4 @@ class SliceFiles:
             p.unlink(missing_ok=True)
         with _RELEASING:
             _RELEASES.pop(self.slice_id, None)
+            _CLAIMS.pop(self.slice_id, None)

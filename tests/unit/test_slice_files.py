@@ -46,3 +46,20 @@ def test_a_usage_file_of_any_other_layout_starts_again_from_zero(tmp_path):
         files = SliceFiles(tmp_path, name)
         files.write_limits([GpuLimit("GPU-a", 1 << 30, 50, True)])
         assert files.used() == [0] and files.slot_pids() == {}, name
+
+
+def test_the_rows_pids_follow_every_claim_and_release_whichever_files_of_the_slice_made_it(tmp_path):
+    """slot_pids reads the rows again only once a row was claimed or released (the daemon
+    writes every pid): through another SliceFiles of the same slice too."""
+    files = SliceFiles(tmp_path, "s")
+    files.write_limits([GpuLimit("GPU-a", 1 << 30, 10, False)])
+    assert files.claim_slot(77) == 0 and files.slot_pids() == {0: 77}
+    assert files.claim_slot(78) == 1 and files.slot_pids() == {0: 77, 1: 78}
+    files.release_slot(0)
+    assert files.slot_pids() == {1: 78}
+    other = SliceFiles(tmp_path, "s")
+    assert other.claim_slot(79) == 0 and files.slot_pids() == {0: 79, 1: 78}
+    other.release_slot(1)
+    assert files.slot_pids() == {0: 79} == other.slot_pids()
+    files.slot_pids()[5] = 1  # a caller's copy
+    assert files.slot_pids() == {0: 79}
