@@ -262,15 +262,12 @@ class ComputeController:
         for sid, f in files.items():
             generation, k = f.generation(), known.get(sid)
             if k is None or k[0] is not f or k[1] != generation:
-                k = (
-                    f,
-                    generation,
-                    [
-                        Share(sid, g, lim.uuid, lim.cores / 100, lim.hard, lim.priority)
-                        for g, lim in enumerate(self.limits_of(sid))
-                        if lim.cores < 100
-                    ],
-                )  # fmt: skip (a whole GPU is never throttled)
+                mine = [
+                    Share(sid, g, lim.uuid, lim.cores / 100, lim.hard, lim.priority)
+                    for g, lim in enumerate(self.limits_of(sid))
+                    if lim.cores < 100
+                ]  # fmt: skip (a whole GPU is never throttled)
+                k = (f, generation, mine)
             fresh[sid] = k
             out.extend(k[2])
         self._shares = fresh

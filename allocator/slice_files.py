@@ -90,6 +90,11 @@ def _layout() -> _Layout:
     )
 
 
+def _in_use(column: tuple[int, ...]) -> dict[int, int]:
+    """slot -> pid of the rows whose pid (in row order) is set."""
+    return dict(zip(compress(range(len(column)), column), filter(None, column), strict=True))
+
+
 class Rows(NamedTuple):
     """A slice's first process rows as read at one moment, as bytes: equal to another read of
     as many rows exactly when nothing in them moved (the reconciler works out again only a
@@ -101,8 +106,7 @@ class Rows(NamedTuple):
 
     def pids(self) -> dict[int, int]:
         """slot -> pid of the rows in use."""
-        pids = _layout().pid_column(self.n_rows).unpack_from(self.proc)
-        return dict(zip(compress(range(len(pids)), pids), filter(None, pids), strict=True))
+        return _in_use(_layout().pid_column(self.n_rows).unpack_from(self.proc))
 
     def whole(self) -> bool:
         """Every row in use is among those read, given that none was released since a read that
@@ -127,9 +131,7 @@ class Rows(NamedTuple):
         return int(lay.charged.unpack_from(self.charged, slot * lay.charged_size)[gpu])
 
 
-_new = tuple.__new__
-
-_RELEASING = threading.Lock()
+_ROWS_LOCK = threading.Lock()  # guards the two counts below
 _RELEASES: dict[str, int] = {}  # slice id -> its release_seq, whichever SliceFiles of it released
 _CLAIMS: dict[str, int] = {}  # slice id -> the rows claimed, whichever SliceFiles of it claimed
 
@@ -305,7 +307,7 @@ class SliceFiles:
         for i in range(constant("GPUSLICE_SLICE_MAX_PROCS")):
             if rows[i].pid == 0:
                 rows[i].pid = pid
-                with _RELEASING:  # after the pid is written: a slot_pids keyed before it reads it again
+                with _ROWS_LOCK:  # after the pid is written: a slot_pids keyed before it reads it again
                     _CLAIMS[self.slice_id] = _CLAIMS.get(self.slice_id, 0) + 1
                 return i
         return None
@@ -319,8 +321,7 @@ class SliceFiles:
         # every row's pid in one unpack of the rows' bytes: a row at a time through cffi made three
         # of these per slice each period half of the reconciler's CPU at 2,000 slices
         lay = _layout()
-        column = lay.pid_column(lay.max_procs).unpack_from(self._usage_bytes, lay.proc_at)
-        pids = dict(zip(compress(range(len(column)), column), filter(None, column), strict=True))  # rows in use
+        pids = _in_use(lay.pid_column(lay.max_procs).unpack_from(self._usage_bytes, lay.proc_at))
         if not key[1] % 2:  # not while a release is under way
             self._pids = (key, pids)
         return dict(pids)
@@ -334,21 +335,21 @@ class SliceFiles:
         (p, q, c, d), usage = _layout().spans(count), self._usage_bytes
         if ever_first:
             charged = usage[c:d]
-            return _new(Rows, (usage[p:q], charged, count))  # Rows(...) less its Python frame
+            return Rows(usage[p:q], charged, count)
         proc = usage[p:q]
-        return _new(Rows, (proc, usage[c:d], count))
+        return Rows(proc, usage[c:d], count)
 
     def generation(self) -> int:
         """The limits' generation: bumped by every change of them (a Resize)."""
         return int(self.limits.generation)
 
     def release_slot(self, slot: int) -> int:
-        with _RELEASING:  # odd while a release of this slice's rows is under way (release_seq)
+        with _ROWS_LOCK:  # odd while a release of this slice's rows is under way (release_seq)
             _RELEASES[self.slice_id] = _RELEASES.get(self.slice_id, 0) + 1
         try:
             return int(self.lib.gpuslice_usage_release_proc(self.usage, slot))
         finally:
-            with _RELEASING:
+            with _ROWS_LOCK:
                 _RELEASES[self.slice_id] += 1
 
     def release_seq(self) -> int:
@@ -422,6 +423,6 @@ class SliceFiles:
     def remove(self) -> None:
         for p in (self.limits_path, self.usage_path):
             p.unlink(missing_ok=True)
-        with _RELEASING:
+        with _ROWS_LOCK:
             _RELEASES.pop(self.slice_id, None)
             _CLAIMS.pop(self.slice_id, None)

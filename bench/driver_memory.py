@@ -4,8 +4,8 @@ attached: the CPU one period costs, as a share of a core at the default
 period (1 s), against the 2 % idle budget, when nothing moved since the last
 period (each slice's rows read and compared); beside it, in the same run, a
 period after every slice's process charged or freed (each worked out again),
-the first period (all of every slice's rows read) and the slice files' pids
-and GPUs read alone. The NVML read is one call per
+the first period (all of every slice's rows read) and every slice's rows
+and GPUs read once, alone. The NVML read is one call per
 GPU per period (the fake stands for it here; the simulator's answers it in
 the scale bench's daemon). The interposer's allocation path is untouched: it
 still only reads its counters (`./dev.sh bench interposer-calls` counts the
@@ -71,7 +71,7 @@ def main() -> None:
         first = _times(r.once, 1)[0]  # every slice worked out from all its rows: nothing known of it yet
         settled = _times(r.once, ROUNDS)  # nothing moved since: each slice's rows read and compared
         moving = _moving(files, r)
-        floor = _times(lambda: [(f.slot_pids(), f.gpu_count(), f.gpu_uuid(0)) for f in files], ROUNDS)
+        floor = _times(lambda: [(f.rows(ever_first=True), f.gpu_count(), f.gpu_uuid(0)) for f in files], ROUNDS)
         median, low = settled[ROUNDS // 2], settled[0]
         share = median / PERIOD_S
         print(f"reconciliation of {SLICES} slices with a process each, nothing moving: {median * 1e3:6.1f} ms CPU "
@@ -79,5 +79,5 @@ def main() -> None:
               f"{PERIOD_S:.0f} s)   /budget {share / IDLE_BUDGET:.2f}")  # fmt: skip
         print(f"  every slice's process charged or freed 1 MiB since the last period: {moving * 1e3:6.1f} ms "
               f"(median); the first period (all rows read): {first * 1e3:6.1f} ms")  # fmt: skip
-        print(f"  reading the slice files alone (pids, GPUs; the old floor, same run, median): "
+        print(f"  reading every slice's rows once and its GPUs alone (same run, median): "
               f"{floor[ROUNDS // 2] * 1e3:6.1f} ms   ratio {median / floor[ROUNDS // 2]:.2f}")  # fmt: skip
