@@ -36,6 +36,7 @@ class GpuCapacity:
     cores_reserved: int = 0
     slices: int = 0
     exclusive: bool = False
+    name: str = ""  # the product's name, as NVML gives it
 
 
 @dataclass(frozen=True)
@@ -64,14 +65,22 @@ def fits(req: SliceRequest, gpu: GpuCapacity, oversubscription: float) -> bool:
 
 
 def _candidates(req: SliceRequest, gpus: Sequence[GpuCapacity]) -> list[GpuCapacity]:
-    if not req.devices:
-        return list(gpus)
-    by_key = {str(g.index): g for g in gpus} | {g.uuid: g for g in gpus}
-    unknown = [d for d in req.devices if d not in by_key]
-    if unknown:
-        have = ", ".join(f"{g.index} ({g.uuid})" for g in gpus)
-        raise CannotFit(f"gpuslice.io/device: no GPU {', '.join(unknown)} on this node; it has {have}")
-    return [by_key[d] for d in req.devices]
+    """The GPUs the request may be given: those pinned, in its order, less
+    those its choice rules out; none at all is a request this node cannot serve."""
+    have = ", ".join(f"{g.index} ({g.uuid}{', ' + g.name if g.name else ''})" for g in gpus)
+    pinned = list(gpus)
+    if req.devices:
+        by_key = {str(g.index): g for g in gpus} | {g.uuid: g for g in gpus}
+        unknown = [d for d in req.devices if d not in by_key]
+        if unknown:
+            raise CannotFit(f"{requests.DEVICE}: no GPU {', '.join(unknown)} on this node; it has {have}")
+        pinned = [by_key[d] for d in req.devices]
+    choice = req.choice
+    allowed = [g for g in pinned if choice.admits(g.index, g.uuid, g.name)]
+    if not allowed:
+        why = "; ".join(f"GPU {g.index}: {choice.refusal(g.index, g.uuid, g.name)}" for g in pinned)
+        raise CannotFit(f"no GPU of this node is one the request may be given ({why}); it has {have}")
+    return allowed
 
 
 def _leftover(req: SliceRequest, gpu: GpuCapacity, oversubscription: float) -> int:
@@ -93,7 +102,8 @@ def describe(gpus: Sequence[GpuCapacity], oversubscription: float) -> str:
 
 def _too_big(req: SliceRequest, candidates: Sequence[GpuCapacity], oversubscription: float) -> str | None:
     if req.gpus > len(candidates):
-        return f"asks for {req.gpus} GPUs, {'pinned to' if req.devices else 'node has'} {len(candidates)}"
+        where = "pinned to" if req.devices else "may be given" if req.choice else "node has"
+        return f"asks for {req.gpus} GPUs, {where} {len(candidates)}"
     empty = [GpuCapacity(g.index, g.uuid, g.memory_total) for g in candidates]
     if sum(fits(req, g, oversubscription) for g in empty) < req.gpus:
         need = format_bytes(demand(req, candidates[0])[0])

@@ -21,7 +21,7 @@ from gpuslice.allocator.membership import MembershipKey, claim_share, devices_sh
 from gpuslice.allocator.records import SHARE_OWNERS, Allocation, OwnerKind, ShareOwner, SliceRecord
 from gpuslice.allocator.slice_index import Index
 
-Compute = tuple[requests.ComputePolicy, requests.Priority]
+Compute = requests.SizedElsewhere  # a device plugin container's own policy, priority and GPU choice
 
 
 class Conflict(errors.FailedPrecondition):
@@ -159,8 +159,8 @@ def with_compute(a: Allocation, compute: Compute) -> Allocation:
     if not a.of or a.of.kind is not OwnerKind.DEVICES:
         return a
     # the policy rules a share of compute: a memory share holds none, and stays elastic
-    policy = compute[0].value if a.share == "cores" else a.policy
-    return dataclasses.replace(a, policy=policy, priority=compute[1].value)
+    policy = compute.policy.value if a.share == "cores" else a.policy
+    return dataclasses.replace(a, policy=policy, priority=compute.priority.value)
 
 
 def no_other_group(index: Index, key: str, wanted: list[Allocation]) -> None:

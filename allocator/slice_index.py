@@ -114,7 +114,7 @@ class Index:
         caps = []
         for g in gpus:
             t = used.get(g.uuid, GpuTally())
-            caps.append(GpuCapacity(g.index, g.uuid, g.memory_total, t.memory, t.cores, t.slices, t.whole > 0))
+            caps.append(GpuCapacity(g.index, g.uuid, g.memory_total, t.memory, t.cores, t.slices, t.whole > 0, g.name))
         return caps
 
     def groups_of(self, owner: ShareOwner) -> list[SliceRecord]:

@@ -263,6 +263,19 @@ class SliceManager:
         """A container's share entries, each with the owner its key proves."""
         return share_groups.typed(self.membership, entries)
 
+    def _given_where_asked(self, container_id: str, given: list[Allocation], choice: requests.GpuChoice) -> None:
+        """The device plugin's GPUs must be ones the container may be given:
+        where the plugin could not tell which container it allocated for, the
+        container's start is where its choice is held."""
+        names = {g.uuid: g.name for g in self.inventory.gpus}
+        for a in given if choice else ():
+            why = choice.refusal(a.gpu_index, a.gpu_uuid, names.get(a.gpu_uuid, ""))
+            if why:
+                raise errors.FailedPrecondition(
+                    f"container {container_id}: the device plugin gave it GPU {a.gpu_index} ({a.gpu_uuid}), {why}; "
+                    "it runs only on a GPU it may be given"
+                )
+
     @metrics.counted(OwnerKind.MEMBER.value)
     def join(self, container_id: str, shares: list[ShareRef], pid: int, compute: share_groups.Compute | None = None,
              workload: Workload = NO_WORKLOAD) -> SliceRecord:  # fmt: skip
@@ -278,6 +291,7 @@ class SliceManager:
             wanted = share_groups.named(self.index, self.membership, shares)
             share_groups.one_device_slice(container_id, wanted)
             if compute is not None:
+                self._given_where_asked(container_id, wanted, compute.choice)
                 wanted = [share_groups.with_compute(a, compute) for a in wanted]
             key = share_groups.group_key(wanted)
             existing = self.index.by_container.get(container_id)

@@ -25,10 +25,11 @@ container starts."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuslice import request
 from gpuslice.device_plugin import units as u
 
 _WHOLE = re.compile(r"^[0-9]+\Z")
@@ -41,6 +42,12 @@ class Asks:
     pod: str  # namespace/name
     container: str
     limits: dict[str, int]  # our resources -> units
+    choice: request.GpuChoice = request.GpuChoice()  # which GPUs it may be given (its GPUSLICE_* environment)
+    refused: str = ""  # why none: its environment asks what the container's start would refuse
+
+    def refusal(self, index: int, uuid: str, name: str) -> str | None:
+        """Why the container may not be given this GPU; None when it may."""
+        return self.refused or self.choice.refusal(index, uuid, name)
 
 
 @dataclass(frozen=True)
@@ -86,6 +93,25 @@ def _units(value: Any) -> int | None:
     return int(text) if _WHOLE.match(text) else None  # extended resources are whole numbers
 
 
+def _where(container: dict[str, Any]) -> tuple[request.GpuChoice, str]:
+    """Which GPUs a container's environment lets it be given, read by the
+    parser its start reads it with; what that would refuse, in one line."""
+    env, unknown = [], []
+    for e in container.get("env") or ():
+        if not isinstance(e, dict) or e.get("name") not in request.ENV_NAMES:
+            continue
+        if "value" not in e and e.get("valueFrom") is not None:
+            unknown.append(str(e["name"]))  # a ConfigMap's or a field's: the API holds only where it comes from
+        env.append(f"{e['name']}={e.get('value') or ''}")
+    if unknown:
+        return request.GpuChoice(), (f"environment variable {unknown[0]} of container {container.get('name', '')} "
+                                     "comes from valueFrom; accepted for gpuslice's: a value written in the pod")  # fmt: skip
+    try:
+        return request.read_compute(request.gather({}, env)).choice, ""
+    except request.RequestError as e:
+        return request.GpuChoice(), f"container {container.get('name', '')}: {e}"
+
+
 def asks_of(pod: dict[str, Any]) -> PendingPod | None:
     """A pending pod's containers that ask our resources, in the kubelet's order; None if none does."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
@@ -94,7 +120,7 @@ def asks_of(pod: dict[str, Any]) -> PendingPod | None:
     for c in [*(spec.get("initContainers") or ()), *(spec.get("containers") or ())]:
         limits = ((c.get("resources") or {}).get("limits")) or {}
         ours = {r: n for r in u.RESOURCES if r in limits and (n := _units(limits[r])) is not None}
-        found.append(Asks(name, c.get("name", ""), ours))
+        found.append(Asks(name, c.get("name", ""), ours, *_where(c)) if ours else Asks(name, c.get("name", ""), ours))
     if not any(a.limits for a in found):
         return None
     return PendingPod(name, tuple(a for a in found if a.limits))
@@ -121,14 +147,22 @@ def _ask_line(asks: Asks) -> str:
     return " and ".join(f"{n} {r}" for r, n in sorted(asks.limits.items()) if r != u.GPU)
 
 
-def fitting(who: Admitting, held: Held) -> tuple[list[str], str]:
+def fitting(who: Admitting, held: Held, gpus_named: Mapping[str, tuple[int, str]] | None = None
+            ) -> tuple[list[str], str]:  # fmt: skip
     """GPUs on which everything the container asks (memory and cores) fits,
-    fullest first, and the one line that refuses it where none does."""
+    fullest first, and the one line that refuses it where none does.
+    `gpus_named`: each GPU's index and name by UUID, which the container's
+    GPU choice is held against (none: it has no choice to hold)."""
     wanted = {r: n for r, n in who.asks.limits.items() if r != u.GPU and r not in who.holds}
     free = {r: held.free(r) for r in wanted}
     gpus = sorted({g for counts in free.values() for g in counts})
     if who.held_gpu:
         gpus = [who.held_gpu]
+    ruled_out = refusals(who, gpus, gpus_named or {})
+    if ruled_out and len(ruled_out) == len(gpus):
+        why = "; ".join(f"{g}: {r}" for g, r in sorted(ruled_out.items()))
+        return [], f"container {who.name} may be given none of this node's GPUs ({why})"
+    gpus = [g for g in gpus if g not in ruled_out]
     ok = [g for g in gpus if all(free[r].get(g, 0) >= n for r, n in wanted.items())]
     ok.sort(key=lambda g: (sum(free[r].get(g, 0) for r in wanted), g))
     have = "; ".join(
@@ -138,3 +172,14 @@ def fitting(who: Admitting, held: Held) -> tuple[list[str], str]:
     where = f"on GPU {who.held_gpu}, where it holds the rest" if who.held_gpu else "on one GPU"
     line = f"container {who.name} asks {_ask_line(who.asks)} {where}; free: {have or 'no GPU'}"
     return ok, line
+
+
+def refusals(who: Admitting, gpus: Iterable[str], gpus_named: Mapping[str, tuple[int, str]]) -> dict[str, str]:
+    """Of `gpus`, those the container may not be given, with why."""
+    out = {}
+    for g in gpus:
+        index, name = gpus_named.get(g, (-1, ""))
+        why = who.asks.refusal(index, g, name)
+        if why:
+            out[g] = why
+    return out

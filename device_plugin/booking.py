@@ -76,22 +76,40 @@ class Booking:
         return who, held
 
     def prefer(self, resource: str, available: list[str], must_include: list[str], size: int) -> list[str]:
-        """The units to take, all on one GPU; raises with the refusal line."""
+        """The units to take, all on one GPU (whole GPUs: on GPUs the container
+        may be given); raises with the refusal line."""
         with self.lock:
-            who, held = (None, None) if must_include or resource == u.GPU else self._identify(resource, size)
-            if who is not None and held is not None:
-                ok, line = admission.fitting(who, held)
+            who, held = (None, None) if must_include else self._identify(resource, size)
+            if who is not None and held is not None and resource != u.GPU:
+                ok, line = admission.fitting(who, held, self._named(who))
                 free = preference.free_by_gpu(available)
                 for gpu in ok:
                     if len(free.get(gpu, [])) >= size:
                         return free[gpu][:size]
                 self._found = None  # refused: no Allocate follows
                 raise errors.ResourceExhausted(line)
+            if who is not None and (out := admission.refusals(who, u.by_gpu(available), self._named(who))):
+                available = [d for d in available if u.parse(d).gpu not in out]
+                if len(u.by_gpu(available)) < size:
+                    self._found = None
+                    why = "; ".join(f"{g}: {r}" for g, r in sorted(out.items()))
+                    raise errors.ResourceExhausted(f"container {who.name} asks {size} whole GPUs; "
+                                                   f"{len(u.by_gpu(available))} free it may be given ({why})")  # fmt: skip
             return preference.prefer(resource, available, must_include, size, self.steering.partner())
+
+    def _named(self, who: Admitting) -> dict[str, tuple[int, str]]:
+        """Each GPU's index and name by UUID, where the container has a GPU choice to hold them against."""
+        if not (who.asks.choice or who.asks.refused):
+            return {}
+        return {g.uuid: (g.index, g.name) for g in self.daemon.inventory().gpus}
 
     def allocate(self, resource: str, device_ids: list[str]) -> dp.ContainerAllocateResponse:
         with self.lock:
-            who = None if resource == u.GPU else self._identify(resource, len(device_ids), reuse=True)[0]
+            who = self._identify(resource, len(device_ids), reuse=True)[0]
+            if who is not None and (out := admission.refusals(who, u.by_gpu(device_ids), self._named(who))):
+                gpu, why = sorted(out.items())[0]
+                raise errors.FailedPrecondition(f"container {who.name}: given {resource} on {gpu}, {why}; it runs "
+                                                "only on a GPU it may be given")  # fmt: skip
             if resource != u.GPU:
                 gpus = u.by_gpu(device_ids)
                 if len(gpus) > 1:

@@ -32,7 +32,7 @@ from typing import Any
 
 from gpuslice import errors
 from gpuslice.device_plugin import gpu_fit, node_gpus
-from gpuslice.device_plugin.admission import asks_of
+from gpuslice.device_plugin.admission import Asks, asks_of
 from gpuslice.device_plugin.gpu_fit import Take
 from gpuslice.http_json import JsonServer
 
@@ -79,12 +79,13 @@ def _read_args(args: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return args["Pod"], items
 
 
-def pod_asks(pod: dict[str, Any]) -> list[dict[str, int]]:
-    """Each of the pod's containers that asks our resources: its units by resource.
-    Init containers are counted as containers of their own: the kubelet
-    gives them units of their own too, which the containers after may reuse."""
+def pod_containers(pod: dict[str, Any]) -> list[Asks]:
+    """Each of the pod's containers that asks our resources: its units by
+    resource and the GPUs it may be given. Init containers are counted as
+    containers of their own: the kubelet gives them units of their own too,
+    which the containers after may reuse."""
     found = asks_of(pod)
-    return [dict(c.limits) for c in found.containers] if found else []
+    return list(found.containers) if found else []
 
 
 class Extender:
@@ -131,7 +132,8 @@ class Extender:
             pod, nodes = _read_args(args)
         except errors.GpusliceError as e:
             return _filter_result([], failed, unresolvable, str(e))
-        asks = pod_asks(pod)
+        containers = pod_containers(pod)
+        asks = [dict(c.limits) for c in containers]
         if not asks:
             return _filter_result(nodes, failed, unresolvable)  # nothing of ours: not ours to judge
         who = _pod_name(pod)
@@ -145,11 +147,11 @@ class Extender:
                 except errors.GpusliceError as e:
                     unresolvable[name] = str(e)
                     continue
-                takes = gpu_fit.place(asks, free)
+                takes = gpu_fit.place(asks, free, containers)
                 if isinstance(takes, str):
                     failed[name] = f"gpuslice: {takes}"
                     continue
-                score = gpu_fit.score(asks, free, self.spread)
+                score = gpu_fit.score(asks, free, self.spread, containers)
                 if best is None or score > best[0] or (score == best[0] and name < best[1]):
                     best = (score, name, node, takes)
             if best is None:
@@ -168,12 +170,13 @@ class Extender:
     def prioritize(self, args: Any) -> list[dict[str, Any]]:
         """HostPriorityList: each node's score by the policy (0 where the pod does not fit)."""
         pod, nodes = _read_args(args)
-        asks, who = pod_asks(pod), _pod_name(pod)
+        containers, who = pod_containers(pod), _pod_name(pod)
+        asks = [dict(c.limits) for c in containers]
         scores = []
         with self.lock:
             for node in nodes:
                 try:
-                    score = gpu_fit.score(asks, self._free(node, who), self.spread) if asks else 0
+                    score = gpu_fit.score(asks, self._free(node, who), self.spread, containers) if asks else 0
                 except errors.GpusliceError:
                     score = 0
                 scores.append({"Host": _node_name(node), "Score": score})

@@ -16,7 +16,7 @@ get a slice; the others, sidecars, get none."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -30,7 +30,11 @@ CORES = PREFIX + "cores"
 POLICY = PREFIX + "compute-policy"
 PRIORITY = PREFIX + "priority"
 DEVICE = PREFIX + "device"
-KNOWN = (GPUS, MEMORY, CORES, POLICY, PRIORITY, DEVICE)
+AVOID_DEVICE = PREFIX + "avoid-device"
+DEVICE_TYPE = PREFIX + "device-type"
+AVOID_DEVICE_TYPE = PREFIX + "avoid-device-type"
+WHERE = (DEVICE, AVOID_DEVICE, DEVICE_TYPE, AVOID_DEVICE_TYPE)  # which of a node's GPUs the container may be given
+KNOWN = (GPUS, MEMORY, CORES, POLICY, PRIORITY, *WHERE)
 CONTAINERS = PREFIX + "containers"  # which containers of a pod a pod-wide request is for
 ANNOTATIONS = (*KNOWN, CONTAINERS)
 MAX_GPUS = 64
@@ -52,6 +56,8 @@ _UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\Z",
 _PERCENT = re.compile(r"^[ \t]*([0-9]{1,3})[ \t]*%[ \t]*\Z", re.ASCII)
 _WHOLE = re.compile(r"^[ \t]*([0-9]{1,6})[ \t]*\Z", re.ASCII)
 _INDEX = re.compile(r"^[0-9]{1,4}\Z", re.ASCII)
+# a GPU type: a word of the product's name as NVML gives it ("A100" of "NVIDIA A100-SXM4-40GB")
+TYPE_WORD = re.compile(r"^[0-9A-Za-z][0-9A-Za-z ._-]{0,63}\Z", re.ASCII)
 MAX_VALUE = 1024  # characters in one value: a device list of 64 UUIDs fits
 
 
@@ -82,6 +88,39 @@ class MemoryLimit:
 
 
 @dataclass(frozen=True)
+class GpuChoice:
+    """Which of a node's GPUs a container may be given: one of `devices` (by
+    index or UUID) where any are named, none of `avoid`, and one whose name
+    contains one of `types` (ignoring case, as HAMi's use-gputype) where any
+    are named and none of `avoid_types`."""
+
+    devices: tuple[str, ...] = ()
+    avoid: tuple[str, ...] = ()
+    types: tuple[str, ...] = ()
+    avoid_types: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.devices or self.avoid or self.types or self.avoid_types)
+
+    def refusal(self, index: int, uuid: str, name: str) -> str | None:
+        """Why the GPU is not one the container may be given; None when it is."""
+        keys = {str(index), uuid}
+        upper = name.upper()
+        if self.devices and not keys & set(self.devices):
+            return f"not one of {DEVICE} {','.join(self.devices)}"
+        if keys & set(self.avoid):
+            return f"one of {AVOID_DEVICE} {','.join(self.avoid)}"
+        if self.types and not any(t.upper() in upper for t in self.types):
+            return f"{name or 'its name unknown'}, not of {DEVICE_TYPE} {','.join(self.types)}"
+        if any(t.upper() in upper for t in self.avoid_types):
+            return f"{name}, of {AVOID_DEVICE_TYPE} {','.join(self.avoid_types)}"
+        return None
+
+    def admits(self, index: int, uuid: str, name: str) -> bool:
+        return self.refusal(index, uuid, name) is None
+
+
+@dataclass(frozen=True)
 class SliceRequest:
     gpus: int = 1
     memory: MemoryLimit | None = None  # None: the whole memory of each GPU
@@ -89,6 +128,14 @@ class SliceRequest:
     policy: ComputePolicy = ComputePolicy.ELASTIC
     priority: Priority = Priority.NORMAL
     devices: tuple[str, ...] = ()  # pinned GPU indices or UUIDs
+    avoid_devices: tuple[str, ...] = ()  # GPUs by index or UUID it must not be given
+    device_types: tuple[str, ...] = ()  # words of a GPU's name, one of which its GPUs' names contain
+    avoid_device_types: tuple[str, ...] = ()  # words none of which its GPUs' names contain
+
+    @property
+    def choice(self) -> GpuChoice:
+        """Which GPUs it may be given."""
+        return GpuChoice(self.devices, self.avoid_devices, self.device_types, self.avoid_device_types)
 
     @property
     def whole_gpus(self) -> bool:
@@ -198,6 +245,25 @@ def _devices(label: str, value: str) -> tuple[str, ...]:
     return items
 
 
+def _types(label: str, value: str) -> tuple[str, ...]:
+    accepted = ("comma-separated words of a GPU's name, each once (A100,H100; letters, digits, space, . _ -, "
+                "at most 64 characters a word)")  # fmt: skip
+    items = tuple(part.strip() for part in value.split(","))
+    if not all(TYPE_WORD.match(t) for t in items) or len({t.upper() for t in items}) != len(items):
+        raise _bad(label, value, accepted)
+    return items
+
+
+def _where(ours: Mapping[str, str], label: Callable[[str], str]) -> GpuChoice:
+    """Which GPUs the request may be given, each value checked."""
+    return GpuChoice(
+        _devices(label(DEVICE), ours[DEVICE]) if DEVICE in ours else (),
+        _devices(label(AVOID_DEVICE), ours[AVOID_DEVICE]) if AVOID_DEVICE in ours else (),
+        _types(label(DEVICE_TYPE), ours[DEVICE_TYPE]) if DEVICE_TYPE in ours else (),
+        _types(label(AVOID_DEVICE_TYPE), ours[AVOID_DEVICE_TYPE]) if AVOID_DEVICE_TYPE in ours else (),
+    )
+
+
 def _choice(label: str, value: str, enum: type[Enum]) -> Enum:
     try:
         return enum(value.strip().lower())
@@ -240,7 +306,8 @@ def _parse_ours(ours: Mapping[str, str], sources: Mapping[str, str] | None) -> S
             raise RequestError(f"annotation {_shown(key)}: unknown; accepted annotations: {', '.join(ANNOTATIONS)}")
         if not value.isascii() or len(value) > MAX_VALUE:
             raise _bad(label(key), value, f"ASCII text of at most {MAX_VALUE} characters")
-    devices = _devices(label(DEVICE), ours[DEVICE]) if DEVICE in ours else ()
+    where = _where(ours, label)
+    devices = where.devices
     default_gpus = len(devices) or 1
     accepted_gpus = f"a whole number from 1 to {MAX_GPUS}"
     gpus = _int_in(label(GPUS), ours[GPUS], 1, MAX_GPUS, accepted_gpus) if GPUS in ours else None
@@ -257,21 +324,35 @@ def _parse_ours(ours: Mapping[str, str], sources: Mapping[str, str] | None) -> S
         policy=_choice(label(POLICY), ours[POLICY], ComputePolicy) if POLICY in ours else ComputePolicy.ELASTIC,  # type: ignore[arg-type]
         priority=_choice(label(PRIORITY), ours[PRIORITY], Priority) if PRIORITY in ours else Priority.NORMAL,  # type: ignore[arg-type]
         devices=devices,
+        avoid_devices=where.avoid,
+        device_types=where.types,
+        avoid_device_types=where.avoid_types,
     )
 
 
 COMPUTE_ONLY = (POLICY, PRIORITY)  # what a container whose slice the device plugin sized may still ask
+# ... and which GPUs it may be given, which the plugin heeds and the container's start checks
+SIZED_ELSEWHERE = (*COMPUTE_ONLY, *WHERE)
 
 
-def read_compute(asked: Asked) -> tuple[ComputePolicy, Priority]:
-    """The policy and priority of a container whose size comes from elsewhere
-    (the device plugin's resources): a size asked here too is refused, since
-    kube-scheduler would not have counted it."""
-    sized = sorted(k for k in asked.values if k in KNOWN and k not in COMPUTE_ONLY)
+@dataclass(frozen=True)
+class SizedElsewhere:
+    """What a container whose slice the device plugin sized asks of it besides."""
+
+    policy: ComputePolicy = ComputePolicy.ELASTIC
+    priority: Priority = Priority.NORMAL
+    choice: GpuChoice = GpuChoice()
+
+
+def read_compute(asked: Asked) -> SizedElsewhere:
+    """The policy, priority and GPU choice of a container whose size comes
+    from elsewhere (the device plugin's resources): a size asked here too is
+    refused, since kube-scheduler would not have counted it."""
+    sized = sorted(k for k in asked.values if k in KNOWN and k not in SIZED_ELSEWHERE)
     if sized:
         raise RequestError(
             f"{asked.sources.get(sized[0], sized[0])}: the container's slice is sized by its gpuslice.io/* resource "
-            f"limits (the device plugin); accepted here: {' and '.join(COMPUTE_ONLY)}"
+            f"limits (the device plugin); accepted here: {', '.join(SIZED_ELSEWHERE)}"
         )
     req = _parse_ours(asked.values, asked.sources)  # the one parser: its checks and its one-line errors
-    return (req.policy, req.priority) if req else (ComputePolicy.ELASTIC, Priority.NORMAL)
+    return SizedElsewhere(req.policy, req.priority, req.choice) if req else SizedElsewhere()

@@ -26,14 +26,16 @@ RESOURCES = ("gpuslice.io/memory", "gpuslice.io/cores", "gpuslice.io/gpu")
 
 
 def pod(name: str, *containers: dict[str, int] | tuple[str, dict[str, int]], namespace: str = "default",
-        annotations: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
+        annotations: dict[str, str] | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
     """A pod bound to NODE whose containers ask these limits ({"memory": 8, "cores": 30}); a
-    container is (name, limits) or limits alone (named c0, c1, ...)."""
+    container is (name, limits) or limits alone (named c0, c1, ...); `env`, each container's."""
     spec = []
     for i, c in enumerate(containers):
         cname, limits = c if isinstance(c, tuple) else (f"c{i}", c)
         full = {f"gpuslice.io/{k}": str(v) for k, v in limits.items()}
         spec.append({"name": cname, "image": "busybox", "resources": {"limits": full, "requests": full}})
+        if env:
+            spec[-1]["env"] = [{"name": k, "value": v} for k, v in env.items()]
     meta: dict[str, Any] = {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())}
     if annotations:
         meta["annotations"] = annotations

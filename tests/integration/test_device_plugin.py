@@ -104,6 +104,47 @@ def booked_gpus(held: dict[str, tuple[str, int, int]]) -> tuple[str, str]:
     return x, next(g for g in cores if g != x)
 
 
+def test_a_containers_gpu_choice_is_held_by_the_plugin_whichever_gpu_is_fuller(daemon, tmp_path):
+    """HAMi's use-gputype as the webhook writes it (the container's GPUSLICE_DEVICE_TYPE): the plugin
+    gives units only on a GPU whose name holds the word, though binpacking alone would choose the other."""
+    n = DevicePluginNode.running(daemon([gpu("16Gi", name="Sim A100-SXM4-16GB"), gpu("16Gi", name="Sim H100 16GB")]),
+                                 tmp_path)  # fmt: skip
+    try:
+        gpus = {g.name: g.uuid for g in n.d.client().inventory().gpus}
+        a100, h100 = gpus["Sim A100-SXM4-16GB"], gpus["Sim H100 16GB"]
+        assert n.admit(pod("first", {"memory": 4}, env={"GPUSLICE_DEVICE_TYPE": "a100"}))["admitted"]
+        assert {g for g, _, _ in booked(n).values()} == {a100}
+        # binpack would put it on the A100, which holds a slice; the choice says the H100
+        assert n.admit(pod("second", {"memory": 4, "cores": 20}, env={"GPUSLICE_AVOID_DEVICE_TYPE": "A100"}))[
+            "admitted"]
+        second = {k: v for k, v in booked(n).items() if v[0] != a100}
+        assert sorted(second.values()) == [(h100, 0, 20), (h100, 4, 0)]
+        before = booked(n)
+        none = n.admit(pod("third", {"memory": 1}, env={"GPUSLICE_DEVICE_TYPE": "V100"}))
+        assert none["admitted"] is False and "\n" not in none["message"]
+        assert "container default/third/c0 may be given none of this node's GPUs" in none["message"]
+        assert f"{a100}: Sim A100-SXM4-16GB, not of gpuslice.io/device-type V100" in none["message"]
+        out = n.admit(pod("fourth", {"memory": 4}, env={"GPUSLICE_DEVICE_TYPE": "A100;x"}))
+        assert out["admitted"] is False and 'GPUSLICE_DEVICE_TYPE: "A100;x" is not valid' in out["message"]
+        assert booked(n) == before  # nothing booked for the refused
+    finally:
+        n.close()
+
+
+def test_a_whole_gpu_is_given_where_its_containers_choice_lets_it(daemon, tmp_path):
+    n = DevicePluginNode.running(daemon([gpu("16Gi", name="Sim A100"), gpu("16Gi", name="Sim H100")]), tmp_path)
+    try:
+        gpus = sorted((g.uuid, g.name) for g in n.d.client().inventory().gpus)
+        last, last_name = gpus[-1]  # with both idle and no choice, the plugin takes the first by UUID
+        assert n.admit(pod("w", {"gpu": 1}, env={"GPUSLICE_DEVICE_TYPE": last_name.split()[1]}))["admitted"]
+        assert [g for g, _, _ in booked(n).values()] == [last]
+        out = n.admit(pod("v", {"gpu": 1}, env={"GPUSLICE_DEVICE": str(next(
+            g.index for g in n.d.client().inventory().gpus if g.uuid == last))}))  # fmt: skip
+        assert out["admitted"] is False and "asks 1 whole GPUs; 0 free it may be given" in out["message"]
+    finally:
+        n.close()
+
+
 def test_two_pods_of_several_containers_each_get_slices_on_one_gpu_each(node):
     p = pod("multi", ("main", {"memory": 4, "cores": 40}), ("side", {"memory": 2}))
     q = pod("other", ("main", {"memory": 12, "cores": 60}))

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.unit
 
 GiB = 1 << 30
 A, B = "GPU-aaaa", "GPU-bbbb"
+H100, A100 = "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"
 
 
 def node(name: str, state: NodeGpus | None) -> dict[str, Any]:
@@ -29,11 +30,12 @@ def node(name: str, state: NodeGpus | None) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Node", "metadata": meta}
 
 
-def pod(name: str, *containers: dict[str, int]) -> dict[str, Any]:
+def pod(name: str, *containers: dict[str, int], env: dict[str, str] | None = None) -> dict[str, Any]:
     spec = [
-        {"name": f"c{i}", "image": "busybox", "resources": {"limits": {k: str(v) for k, v in c.items()}}}
+        {"name": f"c{i}", "image": "busybox", "resources": {"limits": {k: str(v) for k, v in c.items()}},
+         **({"env": [{"name": k, "value": v} for k, v in env.items()]} if env else {})}
         for i, c in enumerate(containers)
-    ]
+    ]  # fmt: skip
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "ns"},
             "spec": {"containers": spec}}  # fmt: skip
 
@@ -109,6 +111,49 @@ def test_whole_gpus_go_where_no_slice_is():
     assert kept(out) == [] and out["FailedNodes"]["mixed"] == "gpuslice: container 0 asks 1 whole GPUs; 0 have no slice"
 
 
+# two nodes of two GPUs each: one with an A100 beside an H100 (the H100 the fuller), one with two A100s
+MIXED = NodeGpus({A: GpuFree(16, 100, True, 16, 0, A100), B: GpuFree(8, 100, False, 16, 1, H100)}, frozenset())
+A100S = NodeGpus({A: GpuFree(16, 100, True, 16, 0, A100), B: GpuFree(16, 100, True, 16, 1, A100)}, frozenset())
+
+
+@pytest.mark.parametrize("env,on,gpu", [
+    ({"GPUSLICE_DEVICE_TYPE": "h100"}, "mixed", B),  # HAMi's use-gputype: contains the word, ignoring case
+    ({"GPUSLICE_DEVICE_TYPE": "V100,A100"}, "a100s", None),  # any of the words; the emptier node by spread
+    ({"GPUSLICE_AVOID_DEVICE_TYPE": "A100"}, "mixed", B),
+    ({"GPUSLICE_DEVICE": "1"}, "a100s", B),  # a pin by index
+    ({"GPUSLICE_AVOID_DEVICE": "1"}, "a100s", None),  # by index: GPU 1 of every node
+])  # fmt: skip
+def test_a_containers_gpu_choice_rules_out_the_gpus_it_may_not_be_given(env, on, gpu):
+    e = extender.Extender(spread=True)  # alone, spread would choose the emptier node: a100s
+    out = e.filter(args(pod("p", {u.MEMORY: 4}, env=env), node("mixed", MIXED), node("a100s", A100S)))
+    assert kept(out) == [on]
+    if gpu is not None:
+        assert [t.gpu for t in e.assumed["ns/p"].takes] == [gpu]
+    else:
+        assert {t.gpu for t in e.assumed["ns/p"].takes} <= {A, B}
+
+
+def test_a_pod_that_may_be_given_no_gpu_of_a_node_is_told_why_and_a_plugin_without_names_admits_no_type():
+    e = extender.Extender()
+    out = e.filter(args(pod("p", {u.MEMORY: 4}, env={"GPUSLICE_DEVICE_TYPE": "H200"}), node("mixed", MIXED)))
+    assert kept(out) == []
+    assert out["FailedNodes"]["mixed"] == (
+        f"gpuslice: container 0 may be given none of the node's GPUs ({A}: {A100}, not of gpuslice.io/device-type "
+        f"H200; {B}: {H100}, not of gpuslice.io/device-type H200)"
+    )
+    whole = e.filter(args(pod("w", {u.GPU: 1}, env={"GPUSLICE_DEVICE_TYPE": "A100"}), node("a100s", A100S),
+                          node("mixed", MIXED)))  # fmt: skip
+    assert kept(whole) == ["mixed"] and e.assumed["ns/w"].takes[0].gpu == A  # binpack: the fuller node's idle A100
+    # a plugin from before names were published: the GPU's name is unknown, so no type is one it has
+    unnamed = NodeGpus({A: GpuFree(16, 100, True, 16)}, frozenset())
+    out = e.filter(args(pod("q", {u.MEMORY: 4}, env={"GPUSLICE_DEVICE_TYPE": "A100"}), node("old", unnamed)))
+    assert "its name unknown, not of gpuslice.io/device-type A100" in out["FailedNodes"]["old"]
+    # a choice its start would refuse fails it everywhere, with the parser's line
+    bad = e.filter(args(pod("r", {u.MEMORY: 4}, env={"GPUSLICE_DEVICE_TYPE": "A100;rm"}), node("a100s", A100S)))
+    assert kept(bad) == [] and 'environment variable GPUSLICE_DEVICE_TYPE: "A100;rm" is not valid' in (
+        bad["FailedNodes"]["a100s"])
+
+
 def test_nodes_without_state_are_unresolvable_and_pods_of_no_interest_pass():
     e = extender.Extender()
     out = e.filter(args(pod("p", {u.MEMORY: 1}), node("plain", None), node("roomy", ROOMY)))
@@ -143,10 +188,10 @@ def test_a_bad_published_state_makes_its_node_unresolvable_with_the_reason(text,
 
 def test_the_state_a_node_publishes_counts_what_the_kubelet_gave_and_what_is_whole_or_unhealthy():
     gpus = [
-        pb.Gpu(uuid=A, memory_total=16 * GiB, slices=1),
-        pb.Gpu(uuid=B, memory_total=16 * GiB),
-        pb.Gpu(uuid="GPU-cccc", memory_total=16 * GiB, slices=1, exclusive=True),
-        pb.Gpu(uuid="GPU-dddd", memory_total=16 * GiB, health="uncorrectable ECC errors"),
+        pb.Gpu(index=0, uuid=A, memory_total=16 * GiB, slices=1, name=H100),
+        pb.Gpu(index=1, uuid=B, memory_total=16 * GiB, name=H100),
+        pb.Gpu(index=2, uuid="GPU-cccc", memory_total=16 * GiB, slices=1, exclusive=True, name=H100),
+        pb.Gpu(index=3, uuid="GPU-dddd", memory_total=16 * GiB, health="uncorrectable ECC errors", name=H100),
     ]
     held = Held(
         by_container={
@@ -156,11 +201,12 @@ def test_the_state_a_node_publishes_counts_what_the_kubelet_gave_and_what_is_who
     )
     state = node_gpus.of_node(gpus, held)
     assert state.gpus == {
-        A: GpuFree(10, 70, False, 16),
-        B: GpuFree(16, 100, True, 16),
-        "GPU-cccc": GpuFree(0, 0, False, 16),
-        "GPU-dddd": GpuFree(0, 0, False, 16),
+        A: GpuFree(10, 70, False, 16, 0, H100),
+        B: GpuFree(16, 100, True, 16, 1, H100),
+        "GPU-cccc": GpuFree(0, 0, False, 16, 2, H100),
+        "GPU-dddd": GpuFree(0, 0, False, 16, 3, H100),
     }
     assert state.pods == {"ns/p", "ns/w"}
     assert node_gpus.decode(state.encode()) == state
-    assert json.loads(state.encode())["gpus"][A] == {"memory": 10, "cores": 70, "whole": False, "memoryUnits": 16}
+    assert json.loads(state.encode())["gpus"][A] == {"memory": 10, "cores": 70, "whole": False, "memoryUnits": 16,
+                                                     "index": 0, "name": H100}  # fmt: skip

@@ -84,3 +84,51 @@ def test_memory_oversubscription_lets_reservations_pass_the_total():
     with pytest.raises(NoRoom):
         place(req(memory="4Gi"), node, pcie)
     assert [p.index for p in place(req(memory="4Gi"), node, pcie, oversubscription=1.5)] == [0]
+
+
+def named(*names: str) -> list[GpuCapacity]:
+    """Idle GPUs with these product names, GPU i's UUID U(i)."""
+    return [GpuCapacity(i, U(i), 16 * GiB, name=n) for i, n in enumerate(names)]
+
+
+def U(i: int) -> str:
+    return f"GPU-{i:08x}-0000-0000-0000-000000000000"
+
+
+MIXED = ("NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA L4")
+
+
+@pytest.mark.parametrize(("asked", "where"), [
+    (req(device_type="h100", memory="1Gi"), [1]),  # a word of the name, ignoring case (HAMi's use-gputype)
+    (req(device_type="L4,H100", memory="1Gi"), [1]),  # any of the words; then best fit, then the lowest index
+    (req(avoid_device_type="A100", gpus="2", memory="1Gi"), [1, 3]),
+    (req(device_type="A100", avoid_device="0", memory="1Gi"), [2]),
+    (req(avoid_device=f"{U(0)},1", memory="1Gi"), [2]),  # by UUID and by index
+    (req(device="1,2", gpus="1", device_type="A100", memory="1Gi"), [2]),  # a pin and a type together: both hold
+])  # fmt: skip
+def test_a_requests_gpu_choice_narrows_where_it_lands(asked, where):
+    assert [p.index for p in place(asked, named(*MIXED), pcie)] == where
+
+
+def test_a_request_no_gpu_of_the_node_may_be_given_can_never_fit_here_and_says_why_of_each():
+    with pytest.raises(CannotFit) as e:
+        place(req(device_type="H200", memory="1Gi"), named(*MIXED[:2]), pcie)
+    assert str(e.value) == (
+        "no GPU of this node is one the request may be given (GPU 0: NVIDIA A100-SXM4-80GB, not of "
+        "gpuslice.io/device-type H200; GPU 1: NVIDIA H100 80GB HBM3, not of gpuslice.io/device-type H200); it has "
+        f"0 ({U(0)}, NVIDIA A100-SXM4-80GB), 1 ({U(1)}, NVIDIA H100 80GB HBM3)"
+    )
+    with pytest.raises(CannotFit, match="asks for 2 GPUs, may be given 1"):
+        place(req(device_type="A100", gpus="2", memory="1Gi"), named(*MIXED[:2]), pcie)
+
+
+@pytest.mark.parametrize(("notes", "says"), [
+    ({"gpuslice.io/device-type": "A100;rm"}, 'annotation gpuslice.io/device-type: "A100;rm" is not valid'),
+    ({"gpuslice.io/avoid-device-type": "a100,A100"}, "each once"),
+    ({"gpuslice.io/device-type": ""}, "comma-separated words of a GPU's name"),
+    ({"gpuslice.io/avoid-device": "GPU-x"}, "comma-separated GPU indices or UUIDs"),
+])  # fmt: skip
+def test_a_bad_gpu_choice_is_one_line_naming_it(notes, says):
+    with pytest.raises(request.RequestError) as e:
+        request.parse({"gpuslice.io/memory": "1Gi", **notes})
+    assert says in str(e.value) and "\n" not in str(e.value)
