@@ -49,7 +49,6 @@ USE_UUID, NOUSE_UUID = "nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid"
 USE_INDEX, NOUSE_INDEX = "nvidia.com/use-gpuindexes", "nvidia.com/nouse-gpuindexes"
 USE_TYPE, NOUSE_TYPE = "nvidia.com/use-gputype", "nvidia.com/nouse-gputype"
 POLICY = "hami.io/gpu-scheduler-policy"
-NOT_SERVED = (NOUSE_UUID, NOUSE_INDEX, USE_TYPE, NOUSE_TYPE)  # constraints gpuslice has no way to honour yet
 PINS = (USE_UUID, USE_INDEX)  # the GPUs a pod may run on, one of them per vGPU: gpuslice.io/device's meaning
 
 

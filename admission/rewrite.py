@@ -21,19 +21,19 @@ annotation, so `kubectl describe` shows it.
 In every mode HAMi's resources leave the container (nothing would serve
 them), HAMi-core's utilization policy becomes the compute policy (default:
 the share may be exceeded while the GPU is idle, elastic; force: hard;
-disable: no share) and its priority gpuslice's; devices pinned by UUID
-(nvidia.com/use-gpuuuid, use-gpuindexes) become the container's
-GPUSLICE_DEVICE in runtimeClass mode (in devicePlugin mode the kubelet
-chooses the GPU, so a pin is refused there). A pod's schedulerName that
-names HAMi's scheduler becomes the one the chart maps it to.
+disable: no share) and its priority gpuslice's. HAMi's constraints on the
+GPUs a pod may run on (use-/nouse-gpuuuid, -gpuindexes, -gputype) become,
+in devicePlugin and runtimeClass mode, each GPU container's GPU choice in
+its environment (GPUSLICE_DEVICE, GPUSLICE_AVOID_DEVICE,
+GPUSLICE_DEVICE_TYPE, GPUSLICE_AVOID_DEVICE_TYPE): the scheduler extender
+places the pod by it, the device plugin and the daemon's placement give
+only such GPUs, and the container's start refuses any other. A pod's
+schedulerName that names HAMi's scheduler becomes the one the chart maps
+it to.
 
-What gpuslice cannot honour is refused, not dropped: nouse-gpuuuid,
-nouse-gpuindexes and use-gputype/nouse-gputype constrain where a pod may
-run, and only mode dra serves them (a device plugin's or the hook's GPUs
-are chosen where no selector reaches). HAMi's per-pod gpu-scheduler-policy
-is a preference (gpuslice's placement policy is the extender's,
-chart-wide): it is left on the pod and the record says it was not
-translated."""
+HAMi's per-pod gpu-scheduler-policy is a preference (gpuslice's placement
+policy is the extender's, chart-wide): it is left on the pod and the
+record says it was not translated."""
 
 from __future__ import annotations
 
@@ -140,23 +140,13 @@ def _runtime_class(ask: hami.Ask, said: str) -> dict[str, str]:
     return env
 
 
-def _refuse_constraints(annotations: Mapping[str, Any], mode: str) -> None:
-    if mode == "dra":
-        return  # every one is a selector of the request there (claim_template.placement checks them)
-    for key in hami.NOT_SERVED:
-        if annotations.get(key):
-            raise errors.InvalidArgument(
-                f"annotation {key}: {annotations[key]!r} is not served by gpuslice yet (a constraint on where the "
-                f"pod runs: dropping it could place the pod where it must not run); accepted: any of HAMi's "
-                f"placement annotations in dra mode, {hami.USE_UUID} or {hami.USE_INDEX} in runtimeClass mode, "
-                "or no such annotation"
-            )
-    for key in hami.PINS:
-        if annotations.get(key) and mode == "devicePlugin":
-            raise errors.InvalidArgument(
-                f"annotation {key}: {annotations[key]!r} in devicePlugin mode, where the kubelet chooses the GPU "
-                "and cannot be told which; accepted: runtimeClass mode, or no such annotation"
-            )
+def _as_the_plugin_reads_it(env: dict[str, str], said: str) -> None:
+    """A device plugin container's environment as the plugin, the extender and its start read it:
+    what they would refuse (a GPU choice that is no UUID, index or word of a GPU's name) is refused now."""
+    try:
+        request.read_compute(request.gather({}, [f"{k}={v}" for k, v in env.items()]))
+    except request.RequestError as e:
+        raise errors.InvalidArgument(f"{said}, asked of gpuslice: {e}") from e
 
 
 def _as_the_hook_reads_it(env: dict[str, str], said: str) -> None:
@@ -169,10 +159,16 @@ def _as_the_hook_reads_it(env: dict[str, str], said: str) -> None:
         raise errors.InvalidArgument(f"{said}, asked of gpuslice: {e}") from e
 
 
-def _pinned(annotations: Mapping[str, Any]) -> str | None:
-    """The GPUs HAMi's annotations let the pod run on, as gpuslice.io/device says them."""
-    said = [u for key in hami.PINS for u in hami.listed(annotations, key)]
-    return ",".join(said) or None
+def _choice_env(annotations: Mapping[str, Any]) -> dict[str, str]:
+    """HAMi's constraints on the GPUs a pod's vGPUs may be on, as each of its GPU containers' environment
+    says them to gpuslice: a pod annotation would reach its sidecars too."""
+    said = {
+        request.DEVICE: [v for key in hami.PINS for v in hami.listed(annotations, key)],
+        request.AVOID_DEVICE: [v for key in (hami.NOUSE_UUID, hami.NOUSE_INDEX) for v in hami.listed(annotations, key)],
+        request.DEVICE_TYPE: hami.listed(annotations, hami.USE_TYPE),
+        request.AVOID_DEVICE_TYPE: hami.listed(annotations, hami.NOUSE_TYPE),
+    }
+    return {request.env_name(k): ",".join(v) for k, v in said.items() if v}
 
 
 def rewrite(
@@ -193,12 +189,11 @@ def rewrite(
     if not asks:
         return out
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    _refuse_constraints(annotations, mode)
-    pinned = _pinned(annotations)
+    choice = _choice_env(annotations) if mode != "dra" else {}
     where = claim_template.placement(annotations) if mode == "dra" else None
     taken = {str(pc.get("name")) for pc in (pod.get("spec") or {}).get("resourceClaims") or [] if isinstance(pc, dict)}
     for i, c, ask in asks:
-        _rewrite_container(out, i, c, ask, mode, pinned, largest_gpu_mib, where, taken)
+        _rewrite_container(out, i, c, ask, mode, choice, largest_gpu_mib, where, taken)
     out.patch += _claim_ops(pod, out.claims)
     if mode == "runtimeClass":
         out.patch.append({"op": "add", "path": "/spec/runtimeClassName", "value": RUNTIME_CLASS})
@@ -250,7 +245,7 @@ def _dra(out: Rewrite, i: int, c: dict[str, Any], ask: hami.Ask, where: claim_te
     return {"resourceClaimTemplate": name, **claim_template.summary(tmpl)}
 
 
-def _rewrite_container(out: Rewrite, i: int, c: dict[str, Any], ask: hami.Ask, mode: str, pinned: str | None,
+def _rewrite_container(out: Rewrite, i: int, c: dict[str, Any], ask: hami.Ask, mode: str, choice: dict[str, str],
                        largest_gpu_mib: int, where: claim_template.Placement | None = None,
                        taken: frozenset[str] | set[str] = frozenset()) -> None:  # fmt: skip
     """One container's part of the patch, and its record (what it asked, what it asks now)."""
@@ -280,11 +275,11 @@ def _rewrite_container(out: Rewrite, i: int, c: dict[str, Any], ask: hami.Ask, m
             env["GPUSLICE_COMPUTE_POLICY"] = policy
         if (word := hami.priority_word(ask)) is not None:
             env["GPUSLICE_PRIORITY"] = word
+    env.update(choice)
     if mode == "devicePlugin":
         env.pop("GPUSLICE_GPUS", None)
+        _as_the_plugin_reads_it(env, said)
     else:
-        if pinned:
-            env["GPUSLICE_DEVICE"] = pinned  # the container's own: a pod annotation would pin its sidecars too
         _as_the_hook_reads_it(env, said)
     out.patch += _env_ops(i, c, env)
     out.record[c.get("name", str(i))] = {"from": _theirs(c, ask), "to": {**asked, **env}}

@@ -42,7 +42,7 @@ class Asks:
     pod: str  # namespace/name
     container: str
     limits: dict[str, int]  # our resources -> units
-    choice: request.GpuChoice = request.GpuChoice()  # which GPUs it may be given (its GPUSLICE_* environment)
+    choice: request.GpuChoice = field(default_factory=request.GpuChoice)  # the GPUs it may be given (its env)
     refused: str = ""  # why none: its environment asks what the container's start would refuse
 
     def refusal(self, index: int, uuid: str, name: str) -> str | None:
@@ -104,8 +104,9 @@ def _where(container: dict[str, Any]) -> tuple[request.GpuChoice, str]:
             unknown.append(str(e["name"]))  # a ConfigMap's or a field's: the API holds only where it comes from
         env.append(f"{e['name']}={e.get('value') or ''}")
     if unknown:
-        return request.GpuChoice(), (f"environment variable {unknown[0]} of container {container.get('name', '')} "
-                                     "comes from valueFrom; accepted for gpuslice's: a value written in the pod")  # fmt: skip
+        line = (f"environment variable {unknown[0]} of container {container.get('name', '')} comes from "
+                "valueFrom; accepted for gpuslice's: a value written in the pod")  # fmt: skip
+        return request.GpuChoice(), line
     try:
         return request.read_compute(request.gather({}, env)).choice, ""
     except request.RequestError as e:

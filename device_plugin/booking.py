@@ -93,8 +93,10 @@ class Booking:
                 if len(u.by_gpu(available)) < size:
                     self._found = None
                     why = "; ".join(f"{g}: {r}" for g, r in sorted(out.items()))
-                    raise errors.ResourceExhausted(f"container {who.name} asks {size} whole GPUs; "
-                                                   f"{len(u.by_gpu(available))} free it may be given ({why})")  # fmt: skip
+                    free = len(u.by_gpu(available))
+                    raise errors.ResourceExhausted(
+                        f"container {who.name} asks {size} whole GPUs; {free} free it may be given ({why})"
+                    )
             return preference.prefer(resource, available, must_include, size, self.steering.partner())
 
     def _named(self, who: Admitting) -> dict[str, tuple[int, str]]:

@@ -120,6 +120,57 @@ def test_two_pods_get_exactly_their_memory_and_hard_shares_and_deletion_frees_th
     assert [s.owner_kind for s in gpu_node.slices()] == [pb.DEVICES]  # members and groups went with their containers
 
 
+def test_a_hami_pods_gpu_constraint_is_held_by_the_plugin_and_at_the_containers_start(cri, node, gpu_node, tmp_path):
+    """HAMi's nouse-gpuuuid, rewritten by the webhook into the container's
+    GPUSLICE_AVOID_DEVICE: the plugin gives its memory on the other GPU though
+    binpacking would choose the avoided one (a pod pinned there holds a
+    little of it), and its container runs there through containerd; the same
+    devices in a container whose own choice rules their GPU out do not start."""
+    import base64
+    import copy
+    import json
+
+    import grpc
+    import jsonpatch
+
+    from gpuslice.admission.review import Settings, answer
+
+    uuid_of = {g.index: g.uuid for g in node.d.client().inventory().gpus}
+    filler = pod("pinned-to-1", {"memory": 2}, env={"GPUSLICE_DEVICE": "1"})
+    assert node.admit(filler)["admitted"] and gpu_of(node, filler) == uuid_of[1]  # the fuller GPU now
+    hami_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hami-avoid", "namespace": "default",
+                "annotations": {"nvidia.com/nouse-gpuuuid": uuid_of[1]}}, "spec": {"containers": [{
+                    "name": "cuda", "image": "busybox",
+                    "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 4096}}}]}}  # fmt: skip
+    review = {"request": {"uid": "r2", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "operation": "CREATE",
+                          "object": hami_pod}}  # fmt: skip
+    got = answer(review, Settings("devicePlugin"))["response"]
+    assert got["allowed"], got
+    p = as_the_api_server_stores_it(
+        jsonpatch.apply_patch(copy.deepcopy(hami_pod), json.loads(base64.b64decode(got["patch"])))
+    )
+    p["metadata"]["uid"] = "7d3e2c1a-0000-4000-8000-00000000e2e1"
+    env = {e["name"]: e["value"] for e in p["spec"]["containers"][0]["env"]}
+    assert env == {"GPUSLICE_AVOID_DEVICE": uuid_of[1]}
+    assert node.admit(p)["admitted"], node.log()
+    opts = node.options(p, container="cuda")
+    assert opts["cdi_devices"] == [f"gpuslice.io/gpu={uuid_of[0]}"]
+    sandbox = Pod(cri, tmp_path / "logs", "hami-avoid", {}, handler="")
+    kw = {"cdi_devices": opts["cdi_devices"], "env": {**opts["envs"], **env}}
+    try:
+        sandbox.run("probe", **kw)
+        out = sandbox.probe("probe")
+        assert out["total"] == 4096 << 20 and out["then"] == "CUDA_ERROR_OUT_OF_MEMORY", out
+        with pytest.raises(grpc.RpcError) as e:
+            sandbox.run("elsewhere", **{**kw, "env": {**kw["env"], "GPUSLICE_AVOID_DEVICE": "0"}})
+        said = e.value.details()
+        assert f"the device plugin gave it GPU 0 ({uuid_of[0]}), one of gpuslice.io/avoid-device 0" in said, said
+    finally:
+        sandbox.close()
+    node.delete(p)
+    node.delete(filler)
+
+
 def as_the_api_server_stores_it(p: dict) -> dict:
     """A pod as kube-apiserver stores it once created and bound: an extended
     resource's request defaulted to its limit (SetDefaults for a container's

@@ -175,11 +175,11 @@ def example(name: str, limits: dict, annotations: dict | None = None) -> dict:
         "resources": {"limits": limits}}]}}  # fmt: skip
 
 
-# HAMi's examples/nvidia, each: what the container's limits (devicePlugin) or env (runtimeClass) become,
-# or the start of the refusal's line
+# HAMi's examples/nvidia, each: what the container's limits (devicePlugin; with its env, where it gets
+# any) or env (runtimeClass) become, or the start of the refusal's line
 EXAMPLES = {
     "default_use": (example("default_use", {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000, "nvidia.com/gpucores": 30}),
-                    {"gpuslice.io/memory": "3", "gpuslice.io/cores": "30"},
+                    ({"gpuslice.io/memory": "3", "gpuslice.io/cores": "30"}, {"GPUSLICE_COMPUTE_POLICY": "elastic"}),
                     {"GPUSLICE_GPUS": "1", "GPUSLICE_MEMORY": "3000Mi", "GPUSLICE_CORES": "30",
                      "GPUSLICE_COMPUTE_POLICY": "elastic"}),
     "use_memory_fraction": (example("use_memory_fraction", {"nvidia.com/gpu": 2, "nvidia.com/gpumem-percentage": 50,
@@ -192,12 +192,12 @@ EXAMPLES = {
                            {"gpuslice.io/gpu": "2"}, {"GPUSLICE_GPUS": "2"}),
     "specify_index_to_use": (example("specify_index_to_use", {"nvidia.com/gpu": 1},
                                      {"nvidia.com/use-gpuindexes": "0,1"}),
-                             "gpuslice: annotation nvidia.com/use-gpuindexes: '0,1' in devicePlugin mode",
+                             ({"gpuslice.io/gpu": "1"}, {"GPUSLICE_DEVICE": "0,1"}),
                              {"GPUSLICE_GPUS": "1", "GPUSLICE_DEVICE": "0,1"}),
     "specify_card_type_to_use": (example("specify_card_type_to_use", {"nvidia.com/gpu": 2},
                                          {"nvidia.com/use-gputype": "A100"}),
-                                 "gpuslice: annotation nvidia.com/use-gputype: 'A100' is not served",
-                                 "gpuslice: annotation nvidia.com/use-gputype: 'A100' is not served"),
+                                 ({"gpuslice.io/gpu": "2"}, {"GPUSLICE_DEVICE_TYPE": "A100"}),
+                                 {"GPUSLICE_GPUS": "2", "GPUSLICE_DEVICE_TYPE": "A100"}),
 }  # fmt: skip
 
 
@@ -214,7 +214,8 @@ def test_hamis_own_examples_field_by_field(webhook, name):
     kubernetes_validate.validate(out, "1.30", strict=True)
     [c] = out["spec"]["containers"]
     if mode == "devicePlugin":
-        assert c["resources"]["limits"] == want
+        limits, env = want if isinstance(want, tuple) else (want, {})
+        assert c["resources"]["limits"] == limits and {e["name"]: e["value"] for e in c.get("env", [])} == env
     else:
         assert c["resources"]["limits"] == {} and {e["name"]: e["value"] for e in c["env"]} == want
         assert out["spec"]["runtimeClassName"] == "gpuslice"

@@ -116,7 +116,8 @@ def test_a_containers_gpu_choice_is_held_by_the_plugin_whichever_gpu_is_fuller(d
         assert {g for g, _, _ in booked(n).values()} == {a100}
         # binpack would put it on the A100, which holds a slice; the choice says the H100
         assert n.admit(pod("second", {"memory": 4, "cores": 20}, env={"GPUSLICE_AVOID_DEVICE_TYPE": "A100"}))[
-            "admitted"]
+            "admitted"
+        ]
         second = {k: v for k, v in booked(n).items() if v[0] != a100}
         assert sorted(second.values()) == [(h100, 0, 20), (h100, 4, 0)]
         before = booked(n)

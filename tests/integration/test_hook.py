@@ -433,10 +433,12 @@ def test_a_device_plugin_containers_slice_is_what_it_was_given_on_one_gpu(tmp_pa
         "split": ([entry("mem0"), entry("cores1")], {}, f"lie on GPUs {', '.join(sorted(uuids))}; a slice lies"),
         "cores-only": ([entry("cores0")], {}, "gpuslice.io/cores without gpuslice.io/memory"),
         "sized-twice": ([entry("mem0")], {"gpuslice.io/memory": "8Gi"}, "sized by its gpuslice.io/* resource limits"),
-        "not-there": ([entry("mem0"), "GPUSLICE_AVOID_DEVICE=0"], {},
-                      f"the device plugin gave it GPU 0 ({uuids[0]}), one of gpuslice.io/avoid-device 0; it runs only"),
-        "not-its-type": ([entry("mem0"), "GPUSLICE_DEVICE_TYPE=H200"], {},
-                         "not of gpuslice.io/device-type H200"),
+        "not-there": (
+            [entry("mem0"), "GPUSLICE_AVOID_DEVICE=0"],
+            {},
+            f"the device plugin gave it GPU 0 ({uuids[0]}), one of gpuslice.io/avoid-device 0; it runs only",
+        ),
+        "not-its-type": ([entry("mem0"), "GPUSLICE_DEVICE_TYPE=H200"], {}, "not of gpuslice.io/device-type H200"),
     }
     for name, (env, notes, said) in cases.items():
         box = containers()
@@ -447,8 +449,17 @@ def test_a_device_plugin_containers_slice_is_what_it_was_given_on_one_gpu(tmp_pa
     assert {s.owner_kind for s in client.list()} == {pb.DEVICES}  # nobody joined anything
 
     box = containers()
-    b = bundle(tmp_path / "ok", {}, env=[entry("mem0"), entry("cores0"), "GPUSLICE_COMPUTE_POLICY=hard",
-                                         f"GPUSLICE_DEVICE={uuids[0]}", "GPUSLICE_AVOID_DEVICE=1"])
+    b = bundle(
+        tmp_path / "ok",
+        {},
+        env=[
+            entry("mem0"),
+            entry("cores0"),
+            "GPUSLICE_COMPUTE_POLICY=hard",
+            f"GPUSLICE_DEVICE={uuids[0]}",
+            "GPUSLICE_AVOID_DEVICE=1",
+        ],
+    )
     r = hook("createRuntime", {"id": "ok", "pid": box.init_pid, "bundle": str(b)}, d.socket)
     assert r.returncode == 0, r.stderr
     group = next(s for s in client.list() if s.owner_kind == pb.SHARE_GROUP)

@@ -14,7 +14,7 @@ import json
 import jsonpatch
 import pytest
 
-from gpuslice import errors
+from gpuslice import errors, request
 from gpuslice.admission import hami
 from gpuslice.admission.rewrite import RECORD, rewrite
 
@@ -95,11 +95,14 @@ def test_priority_disable_and_pinned_devices():
     assert env["GPUSLICE_PRIORITY"] == "high"  # HAMi: 0 high, 1 low
     assert env["GPUSLICE_DEVICE"] == "GPU-aaaaaaaa-0000-0000-0000-000000000000"  # the container's, not its sidecars'
     assert "gpuslice.io/device" not in out["metadata"]["annotations"]
-    # in devicePlugin mode the kubelet chooses the GPU: a pin it cannot be told is refused
-    with pytest.raises(errors.InvalidArgument) as e:
-        rewrite(p, "devicePlugin")
-    assert str(e.value).startswith(f"annotation {hami.USE_UUID}: 'GPU-aaaaaaaa-0000-0000-0000-000000000000' in "
-                                   "devicePlugin mode, where the kubelet chooses the GPU")  # fmt: skip
+    # in devicePlugin mode the same pin, which the extender and the plugin heed (the kubelet asks the plugin)
+    out, record = applied(p, "devicePlugin")
+    [c] = out["spec"]["containers"]
+    assert {e["name"]: e["value"] for e in c["env"] if e["name"].startswith("GPUSLICE_")} == {
+        "GPUSLICE_PRIORITY": "high",
+        "GPUSLICE_DEVICE": "GPU-aaaaaaaa-0000-0000-0000-000000000000",
+    }
+    assert record["c"]["to"]["GPUSLICE_DEVICE"] == "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 
 
 def test_hamis_index_pins_and_its_exclusive_card_example():
@@ -139,12 +142,37 @@ def test_what_cannot_be_asked_of_gpuslice_is_refused_in_one_line(limits, mode, s
     assert said in str(e.value) and "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("key", [hami.NOUSE_UUID, hami.NOUSE_INDEX, hami.USE_TYPE, hami.NOUSE_TYPE])
-def test_a_constraint_gpuslice_cannot_honour_is_refused_not_dropped(key):
+@pytest.mark.parametrize("mode", ["devicePlugin", "runtimeClass"])
+def test_hamis_constraints_on_a_pods_gpus_become_each_gpu_containers_choice(mode):
+    """Outside dra mode HAMi's use-/nouse- annotations are the GPU containers' own choice (a pod
+    annotation would reach its sidecars), in the words the plugin, the extender and the hook read."""
+    notes = {hami.USE_TYPE: "A100, H100", hami.NOUSE_TYPE: "PCIe",
+             hami.NOUSE_UUID: "GPU-bbbbbbbb-0000-0000-0000-000000000000", hami.NOUSE_INDEX: "3"}  # fmt: skip
+    p = pod(ctr("main", {"nvidia.com/gpumem": "1000"}), ctr("sidecar", {"cpu": "1"}), annotations=notes)
+    out, record = applied(p, mode)
+    main, sidecar = out["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in main["env"]}
+    assert {k: v for k, v in env.items() if "DEVICE" in k} == {
+        "GPUSLICE_DEVICE_TYPE": "A100,H100",
+        "GPUSLICE_AVOID_DEVICE_TYPE": "PCIe",
+        "GPUSLICE_AVOID_DEVICE": "GPU-bbbbbbbb-0000-0000-0000-000000000000,3",
+    }
+    assert "env" not in sidecar and record["main"]["to"]["GPUSLICE_DEVICE_TYPE"] == "A100,H100"
+    choice = request.read_compute(request.gather({}, [f"{k}={v}" for k, v in env.items() if "DEVICE" in k])).choice
+    assert choice.admits(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3")
+    assert not choice.admits(0, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "NVIDIA A100 80GB PCIe")
+    assert not choice.admits(3, "GPU-aaaaaaaa-0000-0000-0000-000000000000", "NVIDIA H100 80GB HBM3")
+
+
+@pytest.mark.parametrize(("key", "value", "says"), [
+    (hami.USE_TYPE, "A100;H100", 'environment variable GPUSLICE_DEVICE_TYPE: "A100;H100" is not valid'),
+    (hami.NOUSE_UUID, "MIG-1", 'environment variable GPUSLICE_AVOID_DEVICE: "MIG-1" is not valid'),
+])  # fmt: skip
+@pytest.mark.parametrize("mode", ["devicePlugin", "runtimeClass"])
+def test_a_constraint_the_node_would_refuse_is_refused_at_creation_in_one_line(key, value, says, mode):
     with pytest.raises(errors.InvalidArgument) as e:
-        rewrite(pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={key: "A100"}), "devicePlugin")
-    assert str(e.value).startswith(f"annotation {key}: 'A100' is not served by gpuslice yet")
-    assert f"in dra mode, {hami.USE_UUID} or {hami.USE_INDEX} in runtimeClass mode" in str(e.value)
+        rewrite(pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={key: value}), mode)
+    assert str(e.value).startswith("container c, asked of gpuslice: ") and says in str(e.value)
     assert "\n" not in str(e.value)
 
 

@@ -150,8 +150,10 @@ def test_a_pod_that_may_be_given_no_gpu_of_a_node_is_told_why_and_a_plugin_witho
     assert "its name unknown, not of gpuslice.io/device-type A100" in out["FailedNodes"]["old"]
     # a choice its start would refuse fails it everywhere, with the parser's line
     bad = e.filter(args(pod("r", {u.MEMORY: 4}, env={"GPUSLICE_DEVICE_TYPE": "A100;rm"}), node("a100s", A100S)))
-    assert kept(bad) == [] and 'environment variable GPUSLICE_DEVICE_TYPE: "A100;rm" is not valid' in (
-        bad["FailedNodes"]["a100s"])
+    assert (
+        kept(bad) == []
+        and 'environment variable GPUSLICE_DEVICE_TYPE: "A100;rm" is not valid' in (bad["FailedNodes"]["a100s"])
+    )
 
 
 def test_nodes_without_state_are_unresolvable_and_pods_of_no_interest_pass():
