@@ -93,9 +93,9 @@ class Booking:
                 if len(u.by_gpu(available)) < size:
                     self._found = None
                     why = "; ".join(f"{g}: {r}" for g, r in sorted(out.items()))
-                    free = len(u.by_gpu(available))
+                    left = len(u.by_gpu(available))
                     raise errors.ResourceExhausted(
-                        f"container {who.name} asks {size} whole GPUs; {free} free it may be given ({why})"
+                        f"container {who.name} asks {size} whole GPUs; {left} free it may be given ({why})"
                     )
             return preference.prefer(resource, available, must_include, size, self.steering.partner())
 
