@@ -84,6 +84,24 @@ def test_pinning_is_honoured_or_refused_with_a_reason(daemon):
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "more than any GPU holds" in msg
 
 
+def test_a_gpu_type_or_a_gpu_to_avoid_chooses_among_the_nodes_gpus_and_nothing_is_left_reserved(daemon):
+    """What the webhook writes for HAMi's use-gputype and nouse-gpuuuid in runtimeClass mode, as the
+    hook hands it to the daemon: the slice lands on a GPU of that name though best fit chooses another."""
+    c = daemon([gpu("16Gi", name="Sim A100-SXM4-16GB"), gpu("16Gi", name="Sim H100 16GB")]).client()
+    uuid = {g.name: g.uuid for g in c.inventory().gpus}
+    assert c.reserve("a100", {MEM: "8Gi", "gpuslice.io/device-type": "a100"}).gpus[0].uuid == uuid["Sim A100-SXM4-16GB"]
+    # best fit would put 1 GiB on the fuller A100; the request avoids it, by type and then by UUID
+    assert c.reserve("t", {MEM: "1Gi", "gpuslice.io/avoid-device-type": "A100"}).gpus[0].uuid == uuid["Sim H100 16GB"]
+    avoid = {MEM: "1Gi", "gpuslice.io/avoid-device": uuid["Sim A100-SXM4-16GB"]}
+    assert c.reserve("u", avoid).gpus[0].uuid == uuid["Sim H100 16GB"]
+    before = {s.container_id for s in c.list()}
+    code, msg = code_of(lambda: c.reserve("v", {MEM: "1Gi", "gpuslice.io/device-type": "V100"}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "\n" not in msg
+    assert msg.startswith("no GPU of this node is one the request may be given (GPU 0: Sim A100-SXM4-16GB, not of "
+                          "gpuslice.io/device-type V100; GPU 1: Sim H100 16GB, not of"), msg  # fmt: skip
+    assert {s.container_id for s in c.list()} == before
+
+
 @pytest.mark.parametrize(
     ("annotations", "fragment"),
     [
