@@ -89,7 +89,9 @@ def names(nodes: list[dict[str, Any]]) -> list[str]:
 def test_the_extender_keeps_pods_off_nodes_whose_totals_fit_but_no_gpu_does(cluster):
     n, scheduler, _ = cluster
     state = published(n, lambda s: len(s["gpus"]) == 2)
-    assert all(g == {"memory": 16, "cores": 100, "whole": True, "memoryUnits": 16} for g in state["gpus"].values())
+    free = {"memory": 16, "cores": 100, "whole": True, "memoryUnits": 16, "name": "gpuslice Simulated GPU"}
+    assert sorted(g.pop("index") for g in state["gpus"].values()) == [0, 1]  # what a GPU choice is held against
+    assert all(g == free for g in state["gpus"].values())
     # one pod on each GPU: 6 GiB left on each, 12 on the node
     for name in ("a", "b"):
         assert n.admit(pod(name, {"memory": 10, "cores": 10})) == {"admitted": True}
