@@ -155,6 +155,12 @@ def test_stopping_the_pod_while_it_runs_releases_its_slices(node, pods, gpu_node
         ({"gpuslice.io/memory": "lots"}, 'annotation gpuslice.io/memory: "lots" is not valid; accepted: '),
         ({"gpuslice.io/memory": "64Gi"}, "more than any GPU holds"),
         ({"gpuslice.io/containers": "Bad_Name", "gpuslice.io/memory": "1Gi"}, "annotation gpuslice.io/containers"),
+        # HAMi's use-gputype, as a pod annotation: the node's one GPU is not of that type
+        (
+            {"gpuslice.io/device-type": "V100", "gpuslice.io/memory": "1Gi"},
+            "no GPU of this node is one the request may be given (GPU 0: gpuslice Simulated GPU, not of "
+            "gpuslice.io/device-type V100)",
+        ),
     ],
 )
 def test_a_bad_request_fails_start_container_with_the_parsers_line_and_reserves_nothing(
@@ -167,6 +173,18 @@ def test_a_bad_request_fails_start_container_with_the_parsers_line_and_reserves_
     assert reason in e.value.details(), e.value.details()  # what the kubelet reports for the pod
     assert gpu_node.slices() == []
     assert all(g.memory_reserved == 0 for g in gpu_node.daemon.client().inventory().gpus)
+
+
+def test_a_gpu_type_in_the_containers_environment_is_held_at_its_start(node, pods, gpu_node):
+    """What the webhook writes for HAMi's use-gputype in runtimeClass mode: the container's own
+    GPUSLICE_DEVICE_TYPE, a word of the GPU's name in any case."""
+    _, kubelet = node
+    pod = pods("typed", {})
+    cid = pod.run("app", env={"GPUSLICE_MEMORY": "1Gi", "GPUSLICE_DEVICE_TYPE": "V100, simulated"})
+    assert pod.probe("app")["total"] == GiB
+    assert [s.container_id for s in gpu_node.wait_slices(1)] == [cid]
+    kubelet.stop(cid)
+    assert gpu_node.wait_slices(0) == []
 
 
 def test_containerd_restarted_in_the_middle_leaks_nothing(node, pods, gpu_node):
