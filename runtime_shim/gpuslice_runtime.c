@@ -27,9 +27,10 @@
 #define SPEC_ENV GS_ENV_CDI_SPEC
 /* what a config.json that may ask for a slice mentions: an annotation, or one of
  * the environment entries that mirror them (gpuslice/request.py, ENV_NAMES) */
-static const char *const MARKS[] = {"\"gpuslice.io/",           "\"GPUSLICE_GPUS=",     "\"GPUSLICE_MEMORY=",
-                                    "\"GPUSLICE_CORES=",        "\"GPUSLICE_PRIORITY=", "\"GPUSLICE_COMPUTE_POLICY=",
-                                    "\"GPUSLICE_DEVICE=",       NULL};
+static const char *const MARKS[] = {
+    "\"gpuslice.io/",       "\"GPUSLICE_GPUS=",           "\"GPUSLICE_MEMORY=",      "\"GPUSLICE_CORES=",
+    "\"GPUSLICE_PRIORITY=", "\"GPUSLICE_COMPUTE_POLICY=", "\"GPUSLICE_DEVICE=",      "\"GPUSLICE_AVOID_DEVICE=",
+    "\"GPUSLICE_DEVICE_TYPE=", "\"GPUSLICE_AVOID_DEVICE_TYPE=", NULL};
 
 static const char *const GLOBAL_WITH_VALUE[] = {"--root", "--log", "--log-format", "--criu", "--rootless", NULL};
 static const char *const CREATE_WITH_VALUE[] = {"--bundle", "-b", "--console-socket", "--pid-file", "--preserve-fds",
