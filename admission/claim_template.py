@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpuslice import errors
+from gpuslice import errors, request
 from gpuslice.admission import hami
 from gpuslice.dra.claims import CONFIG_API_VERSION, CONFIG_KIND
 from gpuslice.dra.resource_slice import API_VERSION, DRIVER
@@ -35,7 +35,6 @@ PREFIX = "gpuslice-hami-"
 MANAGED_BY = "gpuslice-admission-webhook"  # app.kubernetes.io/managed-by on each template written
 
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,80}\Z", re.ASCII)
-_TYPE = re.compile(r"^[0-9A-Za-z][0-9A-Za-z ._-]{0,63}\Z", re.ASCII)  # a product's name, or part of one
 _ATTR = f'device.attributes["{DRIVER}"]'
 
 
@@ -88,7 +87,7 @@ def placement(annotations: Mapping[str, Any]) -> Placement:
     def types(key: str) -> tuple[str, ...]:
         said = hami.listed(annotations, key)
         for t in said:
-            if not _TYPE.match(t):
+            if not request.TYPE_WORD.match(t):
                 raise errors.InvalidArgument(f"annotation {key}: {t!r} is not a GPU type; accepted: comma-"
                                              "separated words of a GPU's name (letters, digits, space, . _ -), "
                                              "such as A100")  # fmt: skip

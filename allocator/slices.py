@@ -267,8 +267,10 @@ class SliceManager:
         """The device plugin's GPUs must be ones the container may be given:
         where the plugin could not tell which container it allocated for, the
         container's start is where its choice is held."""
+        if not choice:
+            return
         names = {g.uuid: g.name for g in self.inventory.gpus}
-        for a in given if choice else ():
+        for a in given:
             why = choice.refusal(a.gpu_index, a.gpu_uuid, names.get(a.gpu_uuid, ""))
             if why:
                 raise errors.FailedPrecondition(
