@@ -51,6 +51,10 @@ TARGET_MOVED = 0.05  # a slice's target moving this much restarts the watch for 
 OPEN_AT = 0.999  # a target this close to the whole GPU opens the gate
 TIERS = ("high", "normal", "low")
 TICK_LOG_S = 10.0  # how long the ticks took is summed up in the log this often (debug, tick_log)
+# with no slice's process attached there is nothing to measure or refill: the controller waits this
+# long between ticks, and ticks at once when a process attaches (wake); 20 ticks a second of nothing
+# were most of an idle daemon's CPU
+IDLE_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -180,9 +184,10 @@ class TickTimes:
         self.longest = max(self.longest, took)
         self.late += late
 
-    def summary(self, now: float) -> str | None:
-        """The line for the time since the last one, once TICK_LOG_S has passed (and starts anew)."""
-        if now - self.since < TICK_LOG_S or not self.count:
+    def summary(self, now: float, now_or_never: bool = False) -> str | None:
+        """The line for the time since the last one, once TICK_LOG_S has passed (and starts anew);
+        `now_or_never`: whatever has passed (the controller goes idle, and its ticks stop)."""
+        if (now - self.since < TICK_LOG_S and not now_or_never) or not self.count:
             return None
         line = (f"{self.count} ticks in {now - self.since:.1f} s: mean {self.total / self.count * 1e3:.2f} ms, "
                 f"longest {self.longest * 1e3:.2f} ms, {self.late} late")  # fmt: skip
@@ -216,6 +221,7 @@ class ComputeController:
         self.fits: dict[tuple[str, str], int] = {}  # (GPU UUID, "join" or "drift"): the fits of costs begun
         self._shares: dict[str, tuple[SliceFiles, int, list[Share]]] = {}  # slice -> its files, generation, shares
         self._stop = threading.Event()
+        self._woken = threading.Event()  # a process attached, or stop: the idle wait ends
         self._thread: threading.Thread | None = None
         self._last = clock()
 
@@ -226,8 +232,14 @@ class ComputeController:
 
     def stop(self) -> None:
         self._stop.set()
+        self._woken.set()
         if self._thread:
             self._thread.join(timeout=5)
+
+    def wake(self) -> None:
+        """A process attached to a slice: tick now if idle (ProcessWatcher.on_watch). Its gate
+        is refilled before its first launch can find the budget stale (docs/compute.md)."""
+        self._woken.set()
 
     def _run(self) -> None:
         next_tick = time.monotonic()
@@ -235,20 +247,33 @@ class ComputeController:
         while not self._stop.is_set():
             next_tick += self.period
             began = time.monotonic()
+            self._woken.clear()  # an attach from here on ends the idle wait below at once
+            busy = True
             try:
-                self.tick()
+                busy = self.tick()
             except Exception:
                 log.exception("compute controller tick failed")
             ended = time.monotonic()
             COMPUTE_TICK_SECONDS.observe(ended - began)
             delay = next_tick - ended
-            times.add(ended - began, delay < 0)
-            if line := times.summary(ended):
+            if busy or times.count:  # the ticks that found nothing to do after the last that did are not summed
+                times.add(ended - began, delay < 0)
+            if line := times.summary(ended, now_or_never=not busy):
                 tick_log.debug("%s", line)
+            if not busy:
+                self._idle()
+                next_tick = times.since = time.monotonic()
+                continue
             if delay < 0:  # fell behind: start again from now
                 next_tick = time.monotonic()
                 delay = 0
             self._stop.wait(delay)
+
+    def _idle(self) -> None:
+        """No slice has a process: wait for one to attach (or IDLE_WAIT_S), then go on as if the
+        last tick were a period ago, so that the first budget is one period's, not the wait's."""
+        self._woken.wait(IDLE_WAIT_S)
+        self._last = self.clock() - self.period
 
     # -- one period ------------------------------------------------------------------
     def shares(self, files: dict[str, SliceFiles]) -> list[Share]:
@@ -273,7 +298,8 @@ class ComputeController:
         self._shares = fresh
         return out
 
-    def tick(self) -> None:
+    def tick(self) -> bool:
+        """One period on every GPU; False if no slice has a process (nothing was done)."""
         now = self.clock()
         dt = max(now - self._last, 1e-3)
         self._last = now
@@ -285,6 +311,7 @@ class ComputeController:
         for uuid, on_gpu in by_gpu.items():
             self._tick_gpu(uuid, on_gpu, files, now, dt, next_refill)
         self._forget(by_gpu)
+        return bool(files)
 
     def _tick_gpu(self, uuid: str, on_gpu: list[Share], files: dict[str, SliceFiles], now: float, dt: float,
                   next_refill: int) -> None:  # fmt: skip

@@ -79,6 +79,7 @@ class Daemon:
             cfg.compute_period,
             fit_base=cfg.compute_fit_base,
         )
+        self.watcher.on_watch.append(self.compute.wake)  # an idle controller ticks at once for a new process
         # the driver's per-process counts against the slices' charges (allocator/driver_memory.py)
         self.reconciler = Reconciler(
             lambda: list(self.watcher.files_in_use().values()),

@@ -26,6 +26,7 @@ class ProcessWatcher:
         self._stop = False
         self._in_use: dict[str, tuple[SliceFiles, int]] = {}  # slice id -> (files, processes watched)
         self.on_exit: list[Callable[[], None]] = []  # told once an exited process's row is released
+        self.on_watch: list[Callable[[], None]] = []  # told once a process is watched (its slice is in use)
         self._thread = threading.Thread(target=self._run, name="pidfd-watcher", daemon=True)
 
     def start(self) -> None:
@@ -52,6 +53,8 @@ class ProcessWatcher:
             _, n = self._in_use.get(files.slice_id, (files, 0))
             self._in_use[files.slice_id] = (files, n + 1)
         os.write(self._wake_w, b"x")
+        for told in self.on_watch:
+            told()
 
     def _unregister(self, fd: int, files: SliceFiles) -> None:
         """(under the lock)"""

@@ -6,15 +6,20 @@ moves by hand and the controller ticks once."""
 
 from __future__ import annotations
 
+import subprocess
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from gpuslice.allocator import compute
 from gpuslice.allocator.compute import TICK_LOG_S, ComputeController, TickTimes
 from gpuslice.allocator.cost_split import DRIFT_STRIKES, DRIFT_WINDOW_NS
 from gpuslice.allocator.slice_files import GpuLimit, SliceFiles, constant
 from gpuslice.allocator.utilization import Reading
+from gpuslice.allocator.watcher import ProcessWatcher
 
 PERIOD = 0.05
 PERIOD_NS = int(PERIOD * 1e9)
@@ -469,3 +474,54 @@ def test_a_resized_slices_share_moves_and_its_record_is_read_only_when_its_limit
     drive(gpu, tenants, controller, 3.0)
     assert drive(gpu, tenants, controller, 10.0) == pytest.approx([60, 40], abs=3.0)
     assert sorted(read) == ["slice0", "slice0", "slice1", "slice1"]
+
+
+def test_with_no_process_attached_the_controller_waits_and_an_attach_wakes_it(tmp_path, monkeypatch):
+    """An idle daemon's controller ticked 20 times a second with nothing to do: most of an idle
+    daemon's CPU. It now waits while no slice has a process, and a process the watcher starts
+    watching wakes it (ProcessWatcher.on_watch, as the daemon wires it): the real watcher, a
+    real child process and a slice's real files. Its gate is under the controller at once
+    though the idle wait is a minute here, the first budget is one period's, not the wait's,
+    and a stop ends the wait."""
+    monkeypatch.setattr(compute, "IDLE_WAIT_S", 60.0)
+    f = SliceFiles(tmp_path, "s")
+    limits = [GpuLimit(UUID, 1 << 30, 30, True)]
+    f.write_limits(limits)
+    watcher = ProcessWatcher()
+    ticks: list[tuple[int, float]] = []  # per tick: the slices it found, the time since the last as it counts it
+    events = {"second": threading.Event(), "busy": threading.Event(), "idle again": threading.Event()}
+
+    class Counting(ComputeController):
+        def tick(self) -> bool:
+            ticks.append((len(self.files()), self.clock() - self._last))
+            if len(ticks) == 2:
+                events["second"].set()
+            if ticks[-1][0]:
+                events["busy"].set()
+            elif events["busy"].is_set():
+                events["idle again"].set()
+            return super().tick()
+
+    controller = Counting(watcher.files_in_use, lambda sid: limits, lambda uuid: Reading({}, 0), PERIOD)
+    watcher.on_watch.append(controller.wake)
+    watcher.start()
+    controller.start()
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert not events["second"].wait(0.5)  # at 20 ticks a second: 10 in this time
+        slot = f.claim_slot(child.pid)
+        assert slot is not None and watcher.watch(child.pid, f, slot)
+        assert events["busy"].wait(10), ticks
+        assert ticks[-1][1] == pytest.approx(PERIOD, abs=0.01)  # the idle minute is not one period's budget
+        child.kill()
+        assert events["idle again"].wait(10), ticks  # its exit released the row: nothing to control
+        n = len(ticks)
+        time.sleep(0.3)  # what is asserted is that nothing comes: six ticks at 20 a second
+        assert len(ticks) == n
+    finally:
+        child.kill()
+        child.wait()
+        controller.stop()
+        watcher.stop()
+    assert not controller._thread.is_alive()  # type: ignore[union-attr]
+    assert f.usage.gate[0].tokens < constant("GPUSLICE_GATE_OPEN")  # the busy tick set a budget
