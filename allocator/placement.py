@@ -202,7 +202,9 @@ def resized(req: SliceRequest, allocs: Sequence[Allocation], used: Sequence[int]
     for i, a in enumerate(allocs):
         cap = by_uuid[a.gpu_uuid]
         if not fits(req, cap, oversubscription):
-            raise NoRoom(f"GPU {a.gpu_index} ({a.gpu_uuid}) has no room for the new size")
+            memory, cores = demand(req, cap)
+            raise NoRoom(f"no room for the new size ({format_bytes(memory)} and {cores} cores) beside the other "
+                         f"slices: {describe([cap], oversubscription)}")  # fmt: skip
         memory, cores = demand(req, cap)
         if i < len(used) and memory < used[i]:
             raise errors.FailedPrecondition(

@@ -79,6 +79,40 @@ def status(socket_path: str | None, as_json: bool) -> None:
         click.echo(render_status(inv, slices))
 
 
+@app.command()
+@click.argument("container")
+@click.option("--memory", help="the new memory limit per GPU (as gpuslice.io/memory: 8Gi, 1500Mi)")
+@click.option("--cores", help="the new compute share, 1-100 percent of each GPU (as gpuslice.io/cores)")
+@click.option("--socket", "socket_path", type=click.Path(), help="daemon socket (default $GPUSLICE_SOCKET or /run/...)")
+@click.option("--json", "as_json", is_flag=True, help="print the resized slice as JSON")
+def resize(container: str, memory: str | None, cores: str | None, socket_path: str | None, as_json: bool) -> None:
+    """Change a running container's slice: its memory limit and/or its compute
+    share, on the GPUs it has, when they fit (CONTAINER: its ID, a unique start
+    of one, or the slice's ID). Its processes see the new limits at once; a
+    memory limit below what they hold is refused."""
+    from google.protobuf.json_format import MessageToDict
+
+    from gpuslice import request
+    from gpuslice.cli.slice_lookup import find
+    from gpuslice.cli.status_table import render_status
+    from gpuslice.client import AllocatorClient
+
+    asked = {k: v for k, v in ((request.MEMORY, memory), (request.CORES, cores)) if v is not None}
+    if not asked:
+        raise errors.InvalidArgument("nothing to change; accepted: --memory SIZE and/or --cores PERCENT")
+    try:
+        with AllocatorClient(socket_path, timeout=10) as c:
+            target = find(c.list(), container)
+            resized = c.resize(target.container_id, asked)
+            inv = c.inventory()
+    except errors.Unavailable as e:
+        raise errors.Unavailable(f"cannot reach the daemon: {e}") from e
+    if as_json:
+        click.echo(json.dumps(MessageToDict(resized, preserving_proto_field_name=True), indent=2))
+    else:
+        click.echo(render_status(inv, [resized]))
+
+
 @app.command("selftest")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="the daemon's config (YAML)")
 @click.option("--cdi-spec", type=click.Path(dir_okay=False), help="the spec to check (default: the one CDI resolves)")

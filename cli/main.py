@@ -21,6 +21,7 @@ COMMANDS = {
     "gpus": ("cmd_node", "gpus"),
     "daemon": ("cmd_node", "daemon"),
     "status": ("cmd_node", "status"),
+    "resize": ("cmd_node", "resize"),
     "cdi": ("cmd_cdi", "cdi_group"),
     "selftest": ("cmd_node", "selftest_cmd"),
     "kubelet-plugin": ("cmd_kube", "kubelet_plugin"),

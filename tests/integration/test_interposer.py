@@ -311,3 +311,34 @@ def test_in_a_slice_nvml_utilization_is_the_slices_own(one_gib, started, contain
 def test_a_jit_link_round_trip_through_the_interposer(one_gib, started):
     got = one_gib.agent(started).call("jit_link")
     assert set(got["steps"].values()) == {"CUDA_SUCCESS"} and got["size"] == 1024 and got["round_trip"], got
+
+
+def test_gpuslice_resize_moves_a_running_containers_limit_and_refuses_one_below_what_it_holds(one_gib, started):
+    """`gpuslice resize`, the container named by a start of its ID: the process in the slice sees
+    the new limit through cuMemGetInfo and NVML at once and allocates up to it, not past it; a limit
+    below what it holds is refused in one line, and the limit it had stays."""
+
+    def resize(*args: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "gpuslice.cli", "resize", *args, "--socket", str(one_gib.d.socket)]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+    a = one_gib.agent(started)
+    held = a.call("alloc", path="mem", size=768 * MiB)
+    assert held["error"] == "CUDA_SUCCESS"
+    r = resize("bo", "--memory", "2Gi", "--cores", "60")
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    [row] = [line.split() for line in r.stdout.splitlines() if line.startswith("box ")]
+    assert row[4:6] == ["2.0", "GiB"] and row[8] == "60"
+    assert a.call("meminfo") == {"error": "CUDA_SUCCESS", "free": 2 * GiB - 768 * MiB, "total": 2 * GiB}
+    assert a.call("nvml")["total"] == 2 * GiB
+    rest = a.call("alloc", path="mem", size=2 * GiB - 768 * MiB)
+    assert rest["error"] == "CUDA_SUCCESS"
+    assert a.call("alloc", path="mem", size=2 * MiB)["error"] == "CUDA_ERROR_OUT_OF_MEMORY"
+    assert a.call("free", id=rest["id"])["error"] == "CUDA_SUCCESS"
+    r = resize("box", "--memory", "512Mi")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.splitlines() == [
+        "gpuslice resize: slice uses 768.0 MiB on GPU 0, more than the new limit 512.0 MiB"
+    ]
+    assert a.call("meminfo")["total"] == 2 * GiB
+    assert one_gib.client.get("box").gpus[0].memory_limit == 2 * GiB
