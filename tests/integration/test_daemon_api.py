@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -143,6 +144,9 @@ def test_resize_when_capacity_allows(daemon):
     assert grown.gpus[0].memory_limit == 8 * GiB and grown.gpus[0].cores == 60
     code, msg = code_of(lambda: c.resize("r", {MEM: "9Gi"}))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, msg
+    # what is free beside the other slices is named (8 GiB and 70 cores: the other's 8 GiB and 30 are not)
+    assert re.fullmatch(r"no room for the new size \(9\.0 GiB and 60 cores\) beside the other slices: "
+                        r"GPU 0 \(GPU-[0-9a-f-]+\): 8\.0 GiB and 70 cores free", msg), msg  # fmt: skip
     code, _ = code_of(lambda: c.resize("r", {GPUS: "2"}))
     assert code == grpc.StatusCode.INVALID_ARGUMENT
     # the slice's shared ledger carries the new limit for its processes
