@@ -31,6 +31,8 @@ class WebhookOptions:
     # devicePlugin mode: read the largest GPU from the Nodes the plugins publish on; dra: write the templates
     use_api: bool = True
     kubeconfig: str | None = None  # None: the pod's in-cluster service account
+    # mode dra: the MutatingWebhookConfiguration that owns the templates written (deleted with it); None: no owner
+    templates_owner: str | None = None
     scheduler_names: tuple[str, ...] = field(default=())  # FROM=TO: a pod's schedulerName and the one it gets
 
     def schedulers(self) -> dict[str, str]:

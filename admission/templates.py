@@ -10,7 +10,17 @@ takes it if its spec is the same (one that is not is someone else's object
 under gpuslice's name, and the pod is refused naming it). A template written
 for a pod that another admission step then refuses stays: it is what the
 next pod of that shape uses. Each one written or found is remembered for a
-minute, so a burst of pods of one shape costs one write."""
+minute, so a burst of pods of one shape costs one write.
+
+Each template written names the webhook's MutatingWebhookConfiguration as its
+owner (`owner`: its name; the chart's, `gpuslice-admission`): the templates
+are of that webhook, and Kubernetes' garbage collector deletes them with it
+(a namespaced object may have a cluster-scoped owner), so uninstalling the
+chart leaves none behind in the users' namespaces. A pod's claim, once made
+from its template, is the pod's own, and goes on without it. The owner's UID
+is read once, at the first write; a configuration that cannot be read is
+said once in the log, and templates are written without an owner rather
+than pods refused, until a read a minute later finds it."""
 
 from __future__ import annotations
 
@@ -35,7 +45,7 @@ class TemplateWriter:
     """Writes templates through the API server (`kubernetes` client, CustomObjectsApi)."""
 
     def __init__(self, kubeconfig: str | None, timeout: float = CALL_TIMEOUT_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic, owner: str | None = None) -> None:  # fmt: skip
         from gpuslice import kube
 
         self.client = kube.client(kubeconfig, "the admission webhook")
@@ -44,6 +54,10 @@ class TemplateWriter:
         self.clock = clock
         self.known: dict[tuple[str, str], float] = {}  # (namespace, name) -> when last written or found
         self.lock = threading.Lock()
+        self.owner = owner  # the MutatingWebhookConfiguration's name; None: templates without an owner
+        self._owner_ref: list[dict[str, str]] | None = None  # read at the first write
+        self._owner_tried = -KNOWN_S  # when it was last read (again a minute after one that failed)
+        self._owner_warned = False
 
     def __call__(self, namespace: str, templates: list[dict[str, Any]], dry_run: bool) -> None:
         for t in templates:
@@ -58,7 +72,7 @@ class TemplateWriter:
             seen = self.known.get(key)
         if seen is not None and self.clock() - seen < KNOWN_S:
             return
-        body = {**template, "metadata": {**template["metadata"], "namespace": namespace}}
+        body = {**template, "metadata": {**template["metadata"], "namespace": namespace, **self._owned()}}
         try:
             self.objects.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, body,
                                                          _request_timeout=self.timeout)  # fmt: skip
@@ -75,6 +89,32 @@ class TemplateWriter:
             self.known[key] = self.clock()
             for k in [k for k, at in self.known.items() if self.clock() - at >= KNOWN_S]:
                 del self.known[k]
+
+    def _owned(self) -> dict[str, list[dict[str, str]]]:
+        """A template's ownerReferences: the webhook's configuration, once its UID is read."""
+        if self.owner is None:
+            return {}
+        with self.lock:
+            if self._owner_ref is None and self.clock() - self._owner_tried >= KNOWN_S:
+                self._owner_tried = self.clock()
+                self._owner_ref = self._read_owner(self.owner)
+            return {"ownerReferences": self._owner_ref} if self._owner_ref else {}
+
+    def _read_owner(self, name: str) -> list[dict[str, str]] | None:
+        """Its owner reference; None (read again a minute on) if the configuration cannot be read."""
+        api = self.client.AdmissionregistrationV1Api()
+        try:
+            there = api.read_mutating_webhook_configuration(name, _request_timeout=self.timeout)
+        except Exception as e:  # refused (RBAC), not there, or no answer: the pods go on
+            said = f"{e.status} {e.reason}" if isinstance(e, self.client.ApiException) else f"{type(e).__name__}: {e}"
+            if not self._owner_warned:
+                log.warning("MutatingWebhookConfiguration %s, the templates' owner: the API server: %s; templates "
+                            "are written without an owner (not deleted with it) until it can be read",
+                            name, said)  # fmt: skip
+            self._owner_warned = True
+            return None
+        return [{"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                 "name": name, "uid": str(there.metadata.uid)}]  # fmt: skip
 
     def _same(self, namespace: str, template: dict[str, Any]) -> None:
         """The template already there under its name: taken if it asks the same."""

@@ -290,6 +290,12 @@ def _host_port(listen: str) -> tuple[str, int]:
 )
 @KUBECONFIG
 @click.option(
+    "--templates-owner",
+    default=_HOOK.templates_owner,
+    help="mode dra: the MutatingWebhookConfiguration (its name) named as the owner of each template written, "
+    "so that they are deleted with it (the chart's: gpuslice-admission)",
+)
+@click.option(
     "--scheduler-name",
     "scheduler_names",
     multiple=True,
@@ -320,7 +326,8 @@ def admission_webhook(
         read = opts.use_api and opts.mode == "devicePlugin" and not opts.largest_gpu_memory
         sizes = largest.LargestGpu(opts.largest_gpu_memory, largest.node_lister(opts.kubeconfig) if read else None)
         # mode dra: each rewritten pod's ResourceClaimTemplates are written into its namespace
-        writer = TemplateWriter(opts.kubeconfig) if opts.use_api and opts.mode == "dra" else None
+        writer = (TemplateWriter(opts.kubeconfig, owner=opts.templates_owner)
+                  if opts.use_api and opts.mode == "dra" else None)  # fmt: skip
         settings = Settings(opts.mode, opts.names(), schedulers, sizes.start().mib, writer)
         return Server(settings, host, port, opts.tls_cert, opts.tls_key)
 

@@ -10,7 +10,9 @@ write with that status instead (RBAC's 403, say). Pods (core/v1) are listed acro
 namespaces with the field selectors the device plugin uses (spec.nodeName,
 status.phase), as a test puts them. Nodes (core/v1) are read and patched
 with a JSON merge patch (RFC 7386, the only patch type the plugin sends),
-the result validated like the slices."""
+the result validated like the slices. MutatingWebhookConfigurations
+(admissionregistration.k8s.io/v1) are read by name, as a test puts them: the
+owner the webhook names on each template it writes."""
 
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ class ApiServer:
         self.templates: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> ResourceClaimTemplate
         self.template_posts: list[tuple[str, str]] = []  # (namespace, name) of each create asked, kept or not
         self.refuse_templates: int | None = None
+        self.webhook_configurations: dict[str, dict[str, Any]] = {}  # by name
         self.invalid: list[str] = []
         self._version = 0
         self._lock = threading.Lock()
@@ -90,6 +93,11 @@ class ApiServer:
         meta = template["metadata"]
         with self._lock:
             self.templates[(meta["namespace"], meta["name"])] = template
+
+    def put_webhook_configuration(self, configuration: dict[str, Any]) -> None:
+        validate(configuration)
+        with self._lock:
+            self.webhook_configurations[configuration["metadata"]["name"]] = configuration
 
     def put_pod(self, pod: dict[str, Any], version: str = K8S_VERSION) -> None:
         validate(pod) if version == K8S_VERSION else kubernetes_validate.validate(pod, version, strict=True)
@@ -168,6 +176,11 @@ class ApiServer:
                 m = re.fullmatch(BASE + r"/resourceslices/([^/?]+)", self.path.split("?")[0])
                 if m and m.group(1) in api.slices:
                     return self._send(200, api.slices[m.group(1)])
+                m = re.fullmatch(r"/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations/([^/?]+)",
+                                 self.path.split("?")[0])  # fmt: skip
+                if m and m.group(1) in api.webhook_configurations:
+                    with api._lock:
+                        return self._send(200, api.webhook_configurations[m.group(1)])
                 m = re.fullmatch(BASE + r"/namespaces/([^/]+)/resourceclaimtemplates/([^/?]+)", self.path.split("?")[0])
                 if m and (m.group(1), m.group(2)) in api.templates:
                     with api._lock:

@@ -334,18 +334,29 @@ def test_in_dra_mode_each_shapes_template_is_written_once_before_its_pods_are_le
     AlreadyExists for a name there, each object validated against Kubernetes 1.37) before
     it lets the pod through; pods of one shape share it; a dry run's pod writes nothing;
     and a pod whose template cannot be written is refused in one line, not let through
-    with a claim nothing can be made from."""
+    with a claim nothing can be made from. Each template names the webhook's
+    MutatingWebhookConfiguration (by its UID, as the API server has it) as its owner, so
+    that Kubernetes' garbage collector deletes them with it; one that cannot be read
+    leaves the templates without an owner, and lets the pods through all the same."""
     from tools.api_server import ApiServer
 
     api = ApiServer()
+    uid = "6b1c2f0e-3d4a-4b5c-8d9e-0f1a2b3c4d5e"
+    api.put_webhook_configuration({"apiVersion": "admissionregistration.k8s.io/v1",
+                                   "kind": "MutatingWebhookConfiguration",
+                                   "metadata": {"name": "gpuslice-admission", "uid": uid}})  # fmt: skip
+    owned = ("--templates-owner", "gpuslice-admission")
     try:
         config = api.kubeconfig(tmp_path / "kubeconfig")
-        with started(tls, "dra", "--kubeconfig", str(config)) as (url, ctx):
+        with started(tls, "dra", "--kubeconfig", str(config), *owned) as (url, ctx):
             out = _rewritten(review(url, ctx, HAMI_README)["response"], HAMI_README)
             kubernetes_validate.validate(out, "1.37", strict=True)
             [claim] = out["spec"]["resourceClaims"]
             name = claim["resourceClaimTemplateName"]
             assert api.template_posts == [("ml", name)] and not api.invalid
+            assert api.templates[("ml", name)]["metadata"]["ownerReferences"] == [
+                {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+                 "name": "gpuslice-admission", "uid": uid}]  # fmt: skip
             written = api.templates[("ml", name)]["spec"]["spec"]["devices"]["requests"][0]["exactly"]
             assert written["capacity"] == {"requests": {"memory": "3000Mi", "cores": "30"}}
             assert _rewritten(review(url, ctx, HAMI_README)["response"], HAMI_README) == out
@@ -355,7 +366,7 @@ def test_in_dra_mode_each_shapes_template_is_written_once_before_its_pods_are_le
             assert dry["allowed"] is True and len(api.template_posts) == 1  # rewritten, nothing written
 
             # a restarted webhook (nothing remembered) finds its template there: 409, read back, the same
-            with started(tls, "dra", "--kubeconfig", str(config)) as (url2, ctx2):
+            with started(tls, "dra", "--kubeconfig", str(config), *owned) as (url2, ctx2):
                 assert _rewritten(review(url2, ctx2, HAMI_README)["response"], HAMI_README) == out
                 assert api.template_posts == [("ml", name)] * 2 and len(api.templates) == 1
 
@@ -376,6 +387,12 @@ def test_in_dra_mode_each_shapes_template_is_written_once_before_its_pods_are_le
             assert r["allowed"] is False and r["status"]["code"] == 503 and "patch" not in r
             assert re.fullmatch(r"gpuslice: ResourceClaimTemplate ml/gpuslice-hami-[0-9a-f]{16}: the API server "
                                 r"answered 403 Forbidden", r["status"]["message"]), r  # fmt: skip
+        api.refuse_templates = None
+        with started(tls, "dra", "--kubeconfig", str(config), "--templates-owner", "not-there") as (url, ctx):
+            r = review(url, ctx, _asking(8000))["response"]
+            assert r["allowed"] is True  # its owner not found: the template is written without one
+            [written] = [t for t in api.templates.values() if "8000Mi" in json.dumps(t)]
+            assert "ownerReferences" not in written["metadata"] and not api.invalid
         with started(tls, "dra", "--no-api") as (url, ctx):
             r = review(url, ctx, HAMI_README)["response"]
             assert r["allowed"] is False and r["status"]["message"] == (

@@ -241,6 +241,7 @@ def test_the_webhooks_arguments_are_the_commands_own_options_and_follow_the_valu
     assert isinstance(ctx, click.Context)
     assert ctx.params["mode"] == "runtimeClass" and ctx.params["resource_mem"] == "example.com/vmem"
     assert ctx.params["largest_gpu_memory"] == 81920 and ctx.params["no_api"] is True
+    assert ctx.params["templates_owner"] is None  # templates are mode dra's alone
     # in devicePlugin mode with no size given it reads the Nodes' published sizes: get and list them, no more
     objects = by_kind(template("1.35.0", "mode=devicePlugin", f"{hook}.enabled=true"))
     pod = objects[WEBHOOK]["spec"]["template"]["spec"]
@@ -255,16 +256,21 @@ def test_the_webhooks_arguments_are_the_commands_own_options_and_follow_the_valu
 def test_in_mode_dra_the_webhook_writes_templates_and_nothing_else_and_never_for_a_dry_run():
     """Mode dra: a rewritten pod's claims are made from ResourceClaimTemplates the webhook
     writes into the pod's namespace (admission/templates.py): create and get them, no more,
-    in whichever namespace opted in (a ClusterRole), and no write for a dry run's pod."""
+    in whichever namespace opted in (a ClusterRole), and no write for a dry run's pod. Each
+    names the chart's MutatingWebhookConfiguration as its owner, so that they go with the
+    chart: the webhook may get that one configuration, by name, and nothing else of its kind."""
     from gpuslice.cli.cmd_kube import admission_webhook
 
     objects = by_kind(template("1.37.0", "mode=dra", "admissionWebhook.enabled=true"))
     pod = objects[WEBHOOK]["spec"]["template"]["spec"]
     ctx = admission_webhook.make_context("admission-webhook", pod["containers"][0]["command"][2:])
     assert ctx.params["mode"] == "dra" and ctx.params["no_api"] is False and pod["automountServiceAccountToken"]
+    assert ctx.params["templates_owner"] == "gpuslice-admission"
     assert objects[("ClusterRole", "gpuslice-admission")]["rules"] == [
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create", "get"]}
-    ]
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create", "get"]},
+        {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
+         "resourceNames": ["gpuslice-admission"], "verbs": ["get"]},
+    ]  # fmt: skip
     [hook] = objects[("MutatingWebhookConfiguration", "gpuslice-admission")]["webhooks"]
     assert hook["sideEffects"] == "NoneOnDryRun"
 
