@@ -27,13 +27,14 @@ in devicePlugin and runtimeClass mode, each GPU container's GPU choice in
 its environment (GPUSLICE_DEVICE, GPUSLICE_AVOID_DEVICE,
 GPUSLICE_DEVICE_TYPE, GPUSLICE_AVOID_DEVICE_TYPE): the scheduler extender
 places the pod by it, the device plugin and the daemon's placement give
-only such GPUs, and the container's start refuses any other. A pod's
-schedulerName that names HAMi's scheduler becomes the one the chart maps
-it to.
+only such GPUs, and the container's start refuses any other. HAMi's
+per-pod gpu-scheduler-policy (binpack or spread: which of a node's GPUs
+first) becomes GPUSLICE_GPU_POLICY there too. A pod's schedulerName that
+names HAMi's scheduler becomes the one the chart maps it to.
 
-HAMi's per-pod gpu-scheduler-policy is a preference (gpuslice's placement
-policy is the extender's, chart-wide): it is left on the pod and the
-record says it was not translated."""
+In dra mode, and for a gpu-scheduler-policy gpuslice has not, the policy
+is left on the pod and the record says it was not translated: there
+kube-scheduler's own scoring places the claims."""
 
 from __future__ import annotations
 
@@ -167,8 +168,16 @@ def _choice_env(annotations: Mapping[str, Any]) -> dict[str, str]:
         request.AVOID_DEVICE: [v for key in (hami.NOUSE_UUID, hami.NOUSE_INDEX) for v in hami.listed(annotations, key)],
         request.DEVICE_TYPE: hami.listed(annotations, hami.USE_TYPE),
         request.AVOID_DEVICE_TYPE: hami.listed(annotations, hami.NOUSE_TYPE),
+        request.GPU_POLICY: [p] if (p := _gpu_policy(annotations)) else [],
     }
     return {request.env_name(k): ",".join(v) for k, v in said.items() if v}
+
+
+def _gpu_policy(annotations: Mapping[str, Any]) -> str | None:
+    """HAMi's per-pod gpu-scheduler-policy where gpuslice has it (binpack, spread); None: not said, or
+    a policy of HAMi's that gpuslice has not (left on the pod, not translated)."""
+    said = str(annotations.get(hami.POLICY) or "").strip().lower()
+    return said if said in {p.value for p in request.GpuPolicy} else None
 
 
 def rewrite(
@@ -202,7 +211,9 @@ def rewrite(
         out.patch.append({"op": "replace", "path": "/spec/schedulerName", "value": schedulers[scheduler]})
         out.record["schedulerName"] = {"from": scheduler, "to": schedulers[scheduler]}
     if annotations.get(hami.POLICY):
-        out.record[hami.POLICY] = {"from": str(annotations[hami.POLICY]), "to": None}  # not translated: a preference
+        # each GPU container's GPUSLICE_GPU_POLICY outside dra mode; in it, kube-scheduler's own scoring places claims
+        to = request.env_name(request.GPU_POLICY) if request.env_name(request.GPU_POLICY) in choice else None
+        out.record[hami.POLICY] = {"from": str(annotations[hami.POLICY]), "to": to}
     extra = {RECORD: json.dumps(out.record, sort_keys=True, separators=(",", ":"))}
     if not (pod.get("metadata") or {}).get("annotations"):
         out.patch.append({"op": "add", "path": "/metadata/annotations", "value": extra})

@@ -1,7 +1,8 @@
 """Where a slice goes: pure functions over the GPUs' free capacity.
 
 Fractional slices go best-fit onto one GPU (the fullest GPU that still fits,
-so large holes stay free); whole GPUs need an empty GPU; multi-GPU requests
+so large holes stay free), or onto the emptiest where the request asks to be
+spread (`gpuslice.io/gpu-policy: spread`); whole GPUs need an empty GPU; multi-GPU requests
 are all-or-nothing and prefer the closest set (NVLink, then PCIe distance
 from NVML).  Pinned devices restrict the candidates or are refused with a
 reason."""
@@ -128,14 +129,19 @@ def place(
         raise NoRoom(
             f"no room for {req.gpus} x {what}: {describe(candidates, oversubscription)}",
         )
+    # binpack: the fullest that fits, so large holes stay free; spread (gpuslice.io/gpu-policy): the emptiest
+    sign = -1 if req.choice.spread else 1
     if req.gpus == 1:
-        best = min(fitting, key=lambda g: (_leftover(req, g, oversubscription), g.index))
+        if req.choice.spread:  # ties: the one fewer slices share
+            best = min(fitting, key=lambda g: (-_leftover(req, g, oversubscription), g.slices, g.index))
+        else:
+            best = min(fitting, key=lambda g: (_leftover(req, g, oversubscription), g.index))
         chosen: tuple[GpuCapacity, ...] = (best,)
     else:
 
         def cost(group: tuple[GpuCapacity, ...]) -> tuple[int, int, list[int]]:
-            spread = sum(distance(a.index, b.index) for a, b in combinations(group, 2))
-            return spread, sum(_leftover(req, g, oversubscription) for g in group), [g.index for g in group]
+            apart = sum(distance(a.index, b.index) for a, b in combinations(group, 2))
+            return apart, sign * sum(_leftover(req, g, oversubscription) for g in group), [g.index for g in group]
 
         chosen = min(combinations(fitting, req.gpus), key=cost)
     return [Placement(g.index, g.uuid, *demand(req, g)) for g in chosen]

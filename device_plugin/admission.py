@@ -151,7 +151,8 @@ def _ask_line(asks: Asks) -> str:
 def fitting(who: Admitting, held: Held, gpus_named: Mapping[str, tuple[int, str]] | None = None
             ) -> tuple[list[str], str]:  # fmt: skip
     """GPUs on which everything the container asks (memory and cores) fits,
-    fullest first, and the one line that refuses it where none does.
+    fullest first (emptiest first where its GPU policy is spread), and the one
+    line that refuses it where none does.
     `gpus_named`: each GPU's index and name by UUID, which the container's
     GPU choice is held against (none: it has no choice to hold)."""
     wanted = {r: n for r, n in who.asks.limits.items() if r != u.GPU and r not in who.holds}
@@ -165,7 +166,8 @@ def fitting(who: Admitting, held: Held, gpus_named: Mapping[str, tuple[int, str]
         return [], f"container {who.name} may be given none of this node's GPUs ({why})"
     gpus = [g for g in gpus if g not in ruled_out]
     ok = [g for g in gpus if all(free[r].get(g, 0) >= n for r, n in wanted.items())]
-    ok.sort(key=lambda g: (sum(free[r].get(g, 0) for r in wanted), g))
+    spread = who.asks.choice.spread  # gpuslice.io/gpu-policy: spread, the emptiest first
+    ok.sort(key=lambda g: ((-1 if spread else 1) * sum(free[r].get(g, 0) for r in wanted), g))
     have = "; ".join(
         f"{g} has " + " and ".join(f"{free[r].get(g, 0)} {r.removeprefix(u.PREFIX)}" for r in sorted(wanted))
         for g in gpus

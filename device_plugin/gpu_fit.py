@@ -1,6 +1,7 @@
 """Whether a pod's containers fit a node GPU by GPU, as the device plugin
 places them: each container's memory and cores on one GPU (the fullest that
-fits, as admission.fitting chooses), whole GPUs on GPUs with no slice. The
+fits, or the emptiest for a container whose GPU policy is spread, as
+admission.fitting chooses), whole GPUs on GPUs with no slice. The
 scheduler extender's filter and score rest on this."""
 
 from __future__ import annotations
@@ -69,9 +70,11 @@ def place(containers: list[dict[str, int]], free: Free, choices: Sequence[Asks |
                 return f"container {i} asks {whole} whole GPUs; {len(idle)} have no slice"
             now = [Take(g, whole=True) for g in idle[:whole]]
         elif memory or cores:
+            who = choices[i] if i < len(choices) else None
+            sign = -1 if who is not None and who.choice.spread else 1  # spread: the emptiest first
             fitting = sorted(
                 (g for g, f in mine.items() if f.memory >= memory and f.cores >= cores),
-                key=lambda g: (left[g].memory + left[g].cores, g),
+                key=lambda g: (sign * (left[g].memory + left[g].cores), g),
             )
             if not fitting:
                 return f"container {i} asks {memory} memory and {cores} cores on one GPU; free: {_have(mine)}"

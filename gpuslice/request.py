@@ -33,7 +33,9 @@ DEVICE = PREFIX + "device"
 AVOID_DEVICE = PREFIX + "avoid-device"
 DEVICE_TYPE = PREFIX + "device-type"
 AVOID_DEVICE_TYPE = PREFIX + "avoid-device-type"
-WHERE = (DEVICE, AVOID_DEVICE, DEVICE_TYPE, AVOID_DEVICE_TYPE)  # which of a node's GPUs the container may be given
+GPU_POLICY = PREFIX + "gpu-policy"  # of the GPUs it may be given and fits, the fullest (binpack) or emptiest (spread)
+# which of a node's GPUs the container may be given, and which of them first
+WHERE = (DEVICE, AVOID_DEVICE, DEVICE_TYPE, AVOID_DEVICE_TYPE, GPU_POLICY)
 KNOWN = (GPUS, MEMORY, CORES, POLICY, PRIORITY, *WHERE)
 CONTAINERS = PREFIX + "containers"  # which containers of a pod a pod-wide request is for
 ANNOTATIONS = (*KNOWN, CONTAINERS)
@@ -70,6 +72,15 @@ class ComputePolicy(str, Enum):
     HARD = "hard"
 
 
+class GpuPolicy(str, Enum):
+    """Of the GPUs a container may be given that it fits: the fullest (binpack: large
+    holes stay free) or the emptiest (spread: fewer neighbours), as HAMi's
+    hami.io/gpu-scheduler-policy."""
+
+    BINPACK = "binpack"
+    SPREAD = "spread"
+
+
 class Priority(str, Enum):
     HIGH = "high"
     NORMAL = "normal"
@@ -98,8 +109,11 @@ class GpuChoice:
     avoid: tuple[str, ...] = ()
     types: tuple[str, ...] = ()
     avoid_types: tuple[str, ...] = ()
+    # not which GPUs but which first, of those that fit: the emptiest (binpack: the fullest)
+    spread: bool = False
 
     def __bool__(self) -> bool:
+        """Whether it rules any GPU out (the order it asks rules none out)."""
         return bool(self.devices or self.avoid or self.types or self.avoid_types)
 
     def refusal(self, index: int, uuid: str, name: str) -> str | None:
@@ -131,11 +145,13 @@ class SliceRequest:
     avoid_devices: tuple[str, ...] = ()  # GPUs by index or UUID it must not be given
     device_types: tuple[str, ...] = ()  # words of a GPU's name, one of which its GPUs' names contain
     avoid_device_types: tuple[str, ...] = ()  # words none of which its GPUs' names contain
+    gpu_policy: GpuPolicy = GpuPolicy.BINPACK  # of those it may be given and fits, the fullest or the emptiest
 
     @property
     def choice(self) -> GpuChoice:
-        """Which GPUs it may be given."""
-        return GpuChoice(self.devices, self.avoid_devices, self.device_types, self.avoid_device_types)
+        """Which GPUs it may be given, and which first."""
+        return GpuChoice(self.devices, self.avoid_devices, self.device_types, self.avoid_device_types,
+                         self.gpu_policy is GpuPolicy.SPREAD)  # fmt: skip
 
     @property
     def whole_gpus(self) -> bool:
@@ -261,6 +277,7 @@ def _where(ours: Mapping[str, str], label: Callable[[str], str]) -> GpuChoice:
         _devices(label(AVOID_DEVICE), ours[AVOID_DEVICE]) if AVOID_DEVICE in ours else (),
         _types(label(DEVICE_TYPE), ours[DEVICE_TYPE]) if DEVICE_TYPE in ours else (),
         _types(label(AVOID_DEVICE_TYPE), ours[AVOID_DEVICE_TYPE]) if AVOID_DEVICE_TYPE in ours else (),
+        GPU_POLICY in ours and _choice(label(GPU_POLICY), ours[GPU_POLICY], GpuPolicy) is GpuPolicy.SPREAD,
     )
 
 
@@ -327,6 +344,7 @@ def _parse_ours(ours: Mapping[str, str], sources: Mapping[str, str] | None) -> S
         avoid_devices=where.avoid,
         device_types=where.types,
         avoid_device_types=where.avoid_types,
+        gpu_policy=GpuPolicy.SPREAD if where.spread else GpuPolicy.BINPACK,
     )
 
 

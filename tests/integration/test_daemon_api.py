@@ -103,6 +103,21 @@ def test_a_gpu_type_or_a_gpu_to_avoid_chooses_among_the_nodes_gpus_and_nothing_i
     assert {s.container_id for s in c.list()} == before
 
 
+def test_a_request_to_be_spread_lands_on_the_emptiest_gpu_and_one_to_be_packed_on_the_fullest(daemon):
+    """gpuslice.io/gpu-policy (what the webhook writes for HAMi's gpu-scheduler-policy): spread
+    takes the emptiest GPU that fits, binpack (the default) the fullest."""
+    c = daemon([gpu("16Gi"), gpu("16Gi"), gpu("16Gi")]).client()
+    first = c.reserve("a", {MEM: "4Gi"}).gpus[0].index
+    assert c.reserve("b", {MEM: "2Gi", "gpuslice.io/gpu-policy": "binpack"}).gpus[0].index == first
+    spread = c.reserve("c", {MEM: "2Gi", "gpuslice.io/gpu-policy": "spread"}).gpus[0].index
+    assert spread != first
+    last = c.reserve("d", {MEM: "1Gi", "gpuslice.io/gpu-policy": "spread"}).gpus[0].index
+    assert last not in (first, spread)  # the one GPU still empty
+    code, msg = code_of(lambda: c.reserve("e", {MEM: "1Gi", "gpuslice.io/gpu-policy": "scatter"}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT
+    assert msg == 'annotation gpuslice.io/gpu-policy: "scatter" is not valid; accepted: binpack or spread'
+
+
 @pytest.mark.parametrize(
     ("annotations", "fragment"),
     [

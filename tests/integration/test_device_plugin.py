@@ -132,6 +132,25 @@ def test_a_containers_gpu_choice_is_held_by_the_plugin_whichever_gpu_is_fuller(d
         n.close()
 
 
+def test_a_container_whose_gpu_policy_is_spread_gets_the_emptiest_gpu(daemon, tmp_path):
+    """HAMi's gpu-scheduler-policy: spread as the webhook writes it (the container's
+    GPUSLICE_GPU_POLICY): the plugin gives units on the emptiest GPU that fits, where binpacking
+    (the default, and a container that says binpack) fills the fuller one first."""
+    n = DevicePluginNode.running(daemon([gpu("16Gi"), gpu("16Gi")]), tmp_path)
+    try:
+        assert n.admit(pod("first", {"memory": 4}))["admitted"]
+        [fuller] = {g for g, _, _ in booked(n).values()}
+        assert n.admit(pod("packed", {"memory": 4}, env={"GPUSLICE_GPU_POLICY": "binpack"}))["admitted"]
+        assert {g for g, _, _ in booked(n).values()} == {fuller}
+        assert n.admit(pod("spread", {"memory": 2, "cores": 10}, env={"GPUSLICE_GPU_POLICY": "spread"}))["admitted"]
+        spread = {v for v in booked(n).values() if v[0] != fuller}
+        assert len(spread) == 2 and {c for _, _, c in spread} == {0, 10}  # memory and cores, on the other GPU
+        out = n.admit(pod("bad", {"memory": 1}, env={"GPUSLICE_GPU_POLICY": "scatter"}))
+        assert out["admitted"] is False and 'GPUSLICE_GPU_POLICY: "scatter" is not valid' in out["message"]
+    finally:
+        n.close()
+
+
 def test_a_whole_gpu_is_given_where_its_containers_choice_lets_it(daemon, tmp_path):
     n = DevicePluginNode.running(daemon([gpu("16Gi", name="Sim A100"), gpu("16Gi", name="Sim H100")]), tmp_path)
     try:

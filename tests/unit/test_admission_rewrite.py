@@ -176,15 +176,29 @@ def test_a_constraint_the_node_would_refuse_is_refused_at_creation_in_one_line(k
     assert "\n" not in str(e.value)
 
 
-def test_hamis_scheduler_is_mapped_and_its_policy_preference_recorded_untranslated():
-    p = pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={hami.POLICY: "spread"})
+def test_hamis_scheduler_is_mapped_and_its_gpu_policy_is_each_gpu_containers_outside_dra_mode():
+    """HAMi's per-pod gpu-scheduler-policy (binpack or spread) becomes each GPU container's
+    GPUSLICE_GPU_POLICY in devicePlugin and runtimeClass mode (the extender, the plugin and the
+    daemon's placement order the GPUs by it); in dra mode, or for a policy gpuslice has not,
+    it stays on the pod and the record says it was not translated."""
+    p = pod(ctr("c", {"nvidia.com/gpumem": "1000"}), ctr("sidecar", {}), annotations={hami.POLICY: "Spread"})
     p["spec"]["schedulerName"] = "hami-scheduler"
     r = rewrite(p, "devicePlugin", schedulers={"hami-scheduler": "gpuslice-scheduler"})
     out = jsonpatch.apply_patch(copy.deepcopy(p), r.patch)
     assert out["spec"]["schedulerName"] == "gpuslice-scheduler"
     said = json.loads(out["metadata"]["annotations"][RECORD])
     assert said["schedulerName"] == {"from": "hami-scheduler", "to": "gpuslice-scheduler"}
-    assert said[hami.POLICY] == {"from": "spread", "to": None} and out["metadata"]["annotations"][hami.POLICY]
+    assert said[hami.POLICY] == {"from": "Spread", "to": "GPUSLICE_GPU_POLICY"}
+    assert {"name": "GPUSLICE_GPU_POLICY", "value": "spread"} in out["spec"]["containers"][0]["env"]
+    assert not out["spec"]["containers"][1].get("env")  # a sidecar asks no GPU: no policy of it
+    env = jsonpatch.apply_patch(copy.deepcopy(p), rewrite(p, "runtimeClass").patch)["spec"]["containers"][0]["env"]
+    assert {"name": "GPUSLICE_GPU_POLICY", "value": "spread"} in env
+    for mode, policy in (("dra", "spread"), ("devicePlugin", "topology-aware")):
+        q = pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={hami.POLICY: policy})
+        done = jsonpatch.apply_patch(copy.deepcopy(q), rewrite(q, mode).patch)
+        assert json.loads(done["metadata"]["annotations"][RECORD])[hami.POLICY] == {"from": policy, "to": None}
+        assert done["metadata"]["annotations"][hami.POLICY] == policy
+        assert not any(e["name"] == "GPUSLICE_GPU_POLICY" for e in done["spec"]["containers"][0].get("env", []))
     other = dict(p, spec={**p["spec"], "schedulerName": "volcano"})
     assert not any(op["path"] == "/spec/schedulerName" for op in rewrite(other, "devicePlugin", schedulers={
         "hami-scheduler": "default-scheduler"}).patch)  # fmt: skip

@@ -34,6 +34,21 @@ def test_containers_are_placed_one_after_another_fullest_first():
     assert isinstance(gpu_fit.place([{u.GPU: 1}, {u.MEMORY: 9}], free), str)
 
 
+def test_a_container_whose_gpu_policy_is_spread_takes_the_emptiest_gpu_it_fits():
+    """gpuslice.io/gpu-policy: spread (HAMi's gpu-scheduler-policy), read from the container's
+    environment in the pod's spec as the plugin and the daemon read it: the emptiest GPU that
+    fits, where the others of the pod still go fullest first."""
+    from gpuslice import request
+    from gpuslice.device_plugin.admission import Asks
+
+    spread = request.read_compute(request.gather({}, ["GPUSLICE_GPU_POLICY=spread"])).choice
+    assert spread.spread and not spread  # an order, not a constraint: it rules no GPU out
+    free = {A: GpuFree(16, 100, True, 16), B: GpuFree(8, 100, False, 16)}
+    mine = [Asks("ns/p", "c0", {u.MEMORY: 4}, spread), Asks("ns/p", "c1", {u.MEMORY: 4})]
+    assert gpu_fit.place([{u.MEMORY: 4}, {u.MEMORY: 4}], free, mine) == [Take(A, 4, 0), Take(B, 4, 0)]
+    assert gpu_fit.place([{u.MEMORY: 4}, {u.MEMORY: 4}], free) == [Take(B, 4, 0), Take(B, 4, 0)]
+
+
 def test_what_is_taken_comes_off_the_gpu_it_lies_on_and_nowhere_else():
     free = {A: GpuFree(16, 100, True, 16), B: GpuFree(8, 100, False, 16)}
     left = gpu_fit.taken(free, [Take(A, 4, 30), Take("GPU-gone", 8, 8)])

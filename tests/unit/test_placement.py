@@ -49,6 +49,21 @@ PLACED = [
     (EMPTY, req(gpus="2", memory="1Gi"), [(0, 1, 0), (1, 1, 0)]),  # two GPUs behind one switch
     (((15, 0, 1), (0, 0, 0), (0, 0, 0), (0, 0, 0)), req(gpus="2", memory="4Gi"), [(2, 4, 0), (3, 4, 0)]),
     (EMPTY, req(device="3", memory="1Gi"), [(3, 1, 0)]),  # pinned by index
+    # spread (gpuslice.io/gpu-policy, HAMi's gpu-scheduler-policy): the emptiest that fits, not the fullest
+    (((8, 50, 1), (0, 0, 0)), req(memory="4Gi", cores="30", gpu_policy="spread"), [(1, 4, 30)]),
+    (((8, 50, 1), (4, 0, 2), (12, 0, 1)), req(memory="4Gi", gpu_policy="spread"), [(1, 4, 0)]),
+    (((4, 0, 2), (4, 0, 1)), req(memory="4Gi", gpu_policy="spread"), [(1, 4, 0)]),  # as empty: fewer slices
+    (((8, 50, 1), (0, 0, 0)), req(memory="4Gi", gpu_policy="binpack"), [(0, 4, 0)]),  # binpack: the default's
+    (
+        ((4, 50, 1), (8, 0, 1), (0, 0, 0)),
+        req(memory="4Gi", device="0,1", gpus="1", gpu_policy="spread"),
+        [(0, 4, 0)],
+    ),  # the emptiest of those pinned
+    (
+        ((15, 0, 1), (0, 0, 0), (0, 0, 0), (0, 0, 0)),
+        req(gpus="2", memory="4Gi", gpu_policy="spread"),
+        [(2, 4, 0), (3, 4, 0)],
+    ),  # several GPUs: the closest set first, as binpack's
 ]
 
 
@@ -127,6 +142,8 @@ def test_a_request_no_gpu_of_the_node_may_be_given_can_never_fit_here_and_says_w
     ({"gpuslice.io/avoid-device-type": "a100,A100"}, "each once"),
     ({"gpuslice.io/device-type": ""}, "comma-separated words of a GPU's name"),
     ({"gpuslice.io/avoid-device": "GPU-x"}, "comma-separated GPU indices or UUIDs"),
+    ({"gpuslice.io/gpu-policy": "topology-aware"},
+     'annotation gpuslice.io/gpu-policy: "topology-aware" is not valid; accepted: binpack or spread'),
 ])  # fmt: skip
 def test_a_bad_gpu_choice_is_one_line_naming_it(notes, says):
     with pytest.raises(request.RequestError) as e:
