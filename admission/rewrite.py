@@ -47,7 +47,10 @@ from gpuslice import errors, request
 from gpuslice.admission import claim_template, hami
 from gpuslice.admission.options import MODES
 
-RECORD = "gpuslice.io/rewritten-from"  # what the webhook rewrote, from what (JSON)
+# what the webhook rewrote, from what (JSON): for people (kubectl describe), not a request, so not under
+# gpuslice.io/, which the runtime copies from a pod into each of its containers (pod_annotations) and whose
+# every key the request parser reads: under it, every pod rewritten for runtimeClass mode failed to start
+RECORD = "admission.gpuslice.io/rewritten-from"
 RUNTIME_CLASS = "gpuslice"
 HAMI_POLICY_ENV = "GPU_CORE_UTILIZATION_POLICY"  # HAMi-core: default, force, disable
 

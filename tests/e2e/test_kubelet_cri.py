@@ -187,6 +187,36 @@ def test_a_gpu_type_in_the_containers_environment_is_held_at_its_start(node, pod
     assert gpu_node.wait_slices(0) == []
 
 
+def test_a_hami_pod_rewritten_for_runtime_class_mode_starts_with_the_record_on_its_pod(node, pods, gpu_node):
+    """A pod written for HAMi, as the webhook rewrites it in runtimeClass mode: the pod carries
+    the webhook's record and HAMi's annotations, and the kubelet hands a pod's annotations to
+    the CRI as its sandbox's (kubelet's generatePodSandboxConfig), which containerd copies into
+    each container of our runtime where they match its pod_annotations (gpuslice.io/*). The
+    record was gpuslice.io/rewritten-from, which the request parser refused as an unknown
+    request: every such pod failed to start. It starts now, with the slice its rewritten
+    environment asks."""
+    import copy
+
+    import jsonpatch
+
+    from gpuslice.admission.rewrite import RECORD, rewrite
+
+    _, kubelet = node
+    hami = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hami", "namespace": "default",
+            "annotations": {"hami.io/gpu-scheduler-policy": "spread"}}, "spec": {"containers": [{
+                "name": "app", "image": "busybox",
+                "resources": {"limits": {"nvidia.com/gpu": 1, "nvidia.com/gpumem": 1024}}}]}}  # fmt: skip
+    out = jsonpatch.apply_patch(copy.deepcopy(hami), rewrite(hami, "runtimeClass").patch)
+    assert out["spec"]["runtimeClassName"] == "gpuslice" and RECORD in out["metadata"]["annotations"]
+    env = {e["name"]: e["value"] for e in out["spec"]["containers"][0]["env"]}
+    pod = pods("hami", out["metadata"]["annotations"])
+    cid = pod.run("app", env=env)
+    assert pod.probe("app")["total"] == GiB
+    assert [s.container_id for s in gpu_node.wait_slices(1)] == [cid]
+    kubelet.stop(cid)
+    assert gpu_node.wait_slices(0) == []
+
+
 def test_containerd_restarted_in_the_middle_leaks_nothing(node, pods, gpu_node):
     ctd, kubelet = node
     pod = pods("restart", {"gpuslice.io/memory": "1Gi"})

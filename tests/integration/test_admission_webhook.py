@@ -164,7 +164,7 @@ def test_a_hami_or_volcano_pod_comes_back_rewritten_and_valid(webhook, pod):
         assert limits["gpuslice.io/memory"] == ("3" if pod is HAMI_README else "2")
     else:
         assert out["spec"]["runtimeClassName"] == "gpuslice"
-    assert "gpuslice.io/rewritten-from" in out["metadata"]["annotations"]
+    assert "admission.gpuslice.io/rewritten-from" in out["metadata"]["annotations"]
 
 
 def example(name: str, limits: dict, annotations: dict | None = None) -> dict:
