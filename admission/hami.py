@@ -49,6 +49,7 @@ USE_UUID, NOUSE_UUID = "nvidia.com/use-gpuuuid", "nvidia.com/nouse-gpuuuid"
 USE_INDEX, NOUSE_INDEX = "nvidia.com/use-gpuindexes", "nvidia.com/nouse-gpuindexes"
 USE_TYPE, NOUSE_TYPE = "nvidia.com/use-gputype", "nvidia.com/nouse-gputype"
 POLICY = "hami.io/gpu-scheduler-policy"
+NODE_POLICY = "hami.io/node-scheduler-policy"  # binpack or spread among nodes: the extender's is chart-wide
 PINS = (USE_UUID, USE_INDEX)  # the GPUs a pod may run on, one of them per vGPU: gpuslice.io/device's meaning
 
 

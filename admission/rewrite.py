@@ -217,6 +217,8 @@ def rewrite(
         # each GPU container's GPUSLICE_GPU_POLICY outside dra mode; in it, kube-scheduler's own scoring places claims
         to = request.env_name(request.GPU_POLICY) if request.env_name(request.GPU_POLICY) in choice else None
         out.record[hami.POLICY] = {"from": str(annotations[hami.POLICY]), "to": to}
+    if annotations.get(hami.NODE_POLICY):  # not translated: the extender's choice among nodes is chart-wide
+        out.record[hami.NODE_POLICY] = {"from": str(annotations[hami.NODE_POLICY]), "to": None}
     extra = {RECORD: json.dumps(out.record, sort_keys=True, separators=(",", ":"))}
     if not (pod.get("metadata") or {}).get("annotations"):
         out.patch.append({"op": "add", "path": "/metadata/annotations", "value": extra})
