@@ -50,6 +50,8 @@ USE_INDEX, NOUSE_INDEX = "nvidia.com/use-gpuindexes", "nvidia.com/nouse-gpuindex
 USE_TYPE, NOUSE_TYPE = "nvidia.com/use-gputype", "nvidia.com/nouse-gputype"
 POLICY = "hami.io/gpu-scheduler-policy"
 NODE_POLICY = "hami.io/node-scheduler-policy"  # binpack or spread among nodes: the extender's is chart-wide
+NUMA_BIND = "nvidia.com/numa-bind"  # "true": a container's GPUs on one NUMA node
+VGPU_MODE = "nvidia.com/vgpu-mode"  # hami-core (HAMi's default) or mig
 PINS = (USE_UUID, USE_INDEX)  # the GPUs a pod may run on, one of them per vGPU: gpuslice.io/device's meaning
 
 

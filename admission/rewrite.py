@@ -176,6 +176,16 @@ def _choice_env(annotations: Mapping[str, Any]) -> dict[str, str]:
     return {request.env_name(k): ",".join(v) for k, v in said.items() if v}
 
 
+def _refuse_mig(annotations: Mapping[str, Any]) -> None:
+    """HAMi's vgpu-mode mig asks a MIG instance, which gpuslice does not give: a slice is time and a
+    memory limit on a whole GPU's SMs, not an instance's own. Refused rather than served otherwise."""
+    mode = str(annotations.get(hami.VGPU_MODE) or "").strip().lower()
+    if mode and mode != "hami-core":
+        raise errors.InvalidArgument(f"{hami.VGPU_MODE}: {mode!r}: gpuslice shares a GPU by time and memory "
+                                     "limits, not by MIG instances; accepted: hami-core, or no such "
+                                     "annotation")  # fmt: skip
+
+
 def _gpu_policy(annotations: Mapping[str, Any]) -> str | None:
     """HAMi's per-pod gpu-scheduler-policy where gpuslice has it (binpack, spread); None: not said, or
     a policy of HAMi's that gpuslice has not (left on the pod, not translated)."""
@@ -201,6 +211,7 @@ def rewrite(
     if not asks:
         return out
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    _refuse_mig(annotations)
     choice = _choice_env(annotations) if mode != "dra" else {}
     where = claim_template.placement(annotations) if mode == "dra" else None
     taken = {str(pc.get("name")) for pc in (pod.get("spec") or {}).get("resourceClaims") or [] if isinstance(pc, dict)}
@@ -217,8 +228,11 @@ def rewrite(
         # each GPU container's GPUSLICE_GPU_POLICY outside dra mode; in it, kube-scheduler's own scoring places claims
         to = request.env_name(request.GPU_POLICY) if request.env_name(request.GPU_POLICY) in choice else None
         out.record[hami.POLICY] = {"from": str(annotations[hami.POLICY]), "to": to}
-    if annotations.get(hami.NODE_POLICY):  # not translated: the extender's choice among nodes is chart-wide
-        out.record[hami.NODE_POLICY] = {"from": str(annotations[hami.NODE_POLICY]), "to": None}
+    # not translated: the extender's choice among nodes is chart-wide; a container's several GPUs are the
+    # closest set with room (NVLink, then PCIe), on one NUMA node where one has room, never refused for it
+    for key in (hami.NODE_POLICY, hami.NUMA_BIND, hami.VGPU_MODE):
+        if annotations.get(key):
+            out.record[key] = {"from": str(annotations[key]), "to": None}
     extra = {RECORD: json.dumps(out.record, sort_keys=True, separators=(",", ":"))}
     if not (pod.get("metadata") or {}).get("annotations"):
         out.patch.append({"op": "add", "path": "/metadata/annotations", "value": extra})

@@ -391,3 +391,19 @@ def test_in_dra_mode_the_pod_and_its_templates_are_valid_kubernetes_objects(vers
     kubernetes_validate.validate(jsonpatch.apply_patch(copy.deepcopy(p), r.patch), version, strict=True)
     for t in r.templates:
         kubernetes_validate.validate({**t, "metadata": {**t["metadata"], "namespace": "ml"}}, version, strict=True)
+
+
+def test_hamis_numa_bind_and_vgpu_mode_are_recorded_and_a_mig_instance_is_refused_in_one_line():
+    """nvidia.com/numa-bind and vgpu-mode hami-core stay on the pod, recorded as not translated (a
+    container's GPUs are the closest set with room); vgpu-mode mig asks what gpuslice does not give."""
+    for mode in ("devicePlugin", "runtimeClass", "dra"):
+        p = pod(ctr("c", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": "1000"} if mode != "devicePlugin"
+                      else {"nvidia.com/gpumem": "1000"}),
+                annotations={hami.NUMA_BIND: "true", hami.VGPU_MODE: "hami-core"})  # fmt: skip
+        out = jsonpatch.apply_patch(copy.deepcopy(p), rewrite(p, mode).patch)
+        said = json.loads(out["metadata"]["annotations"][RECORD])
+        assert said[hami.NUMA_BIND] == {"from": "true", "to": None} and said[hami.VGPU_MODE]["to"] is None
+        with pytest.raises(errors.InvalidArgument) as e:
+            rewrite(pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={hami.VGPU_MODE: "mig"}), mode)
+        assert str(e.value) == ("nvidia.com/vgpu-mode: 'mig': gpuslice shares a GPU by time and memory limits, not "
+                                "by MIG instances; accepted: hami-core, or no such annotation")  # fmt: skip
