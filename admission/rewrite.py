@@ -46,6 +46,7 @@ from typing import Any
 from gpuslice import errors, request
 from gpuslice.admission import claim_template, hami
 from gpuslice.admission.options import MODES
+from gpuslice.device_plugin.options import NODE_POLICY, POLICIES
 
 # what the webhook rewrote, from what (JSON): for people (kubectl describe), not a request, so not under
 # gpuslice.io/, which the runtime copies from a pod into each of its containers (pod_annotations) and whose
@@ -186,6 +187,12 @@ def _refuse_mig(annotations: Mapping[str, Any]) -> None:
                                      "annotation")  # fmt: skip
 
 
+def _node_policy(annotations: Mapping[str, Any]) -> str | None:
+    """HAMi's per-pod node-scheduler-policy where the extender has it (binpack, spread)."""
+    said = str(annotations.get(hami.NODE_POLICY) or "").strip().lower()
+    return said if said in POLICIES else None
+
+
 def _gpu_policy(annotations: Mapping[str, Any]) -> str | None:
     """HAMi's per-pod gpu-scheduler-policy where gpuslice has it (binpack, spread); None: not said, or
     a policy of HAMi's that gpuslice has not (left on the pod, not translated)."""
@@ -228,12 +235,16 @@ def rewrite(
         # each GPU container's GPUSLICE_GPU_POLICY outside dra mode; in it, kube-scheduler's own scoring places claims
         to = request.env_name(request.GPU_POLICY) if request.env_name(request.GPU_POLICY) in choice else None
         out.record[hami.POLICY] = {"from": str(annotations[hami.POLICY]), "to": to}
-    # not translated: the extender's choice among nodes is chart-wide; a container's several GPUs are the
-    # closest set with room (NVLink, then PCIe), on one NUMA node where one has room, never refused for it
+    extra = {}
+    if (node_policy := _node_policy(annotations)) and mode == "devicePlugin":  # the extender's mode
+        extra[NODE_POLICY] = node_policy
+        out.record[hami.NODE_POLICY] = {"from": str(annotations[hami.NODE_POLICY]), "to": NODE_POLICY}
+    # not translated: a container's several GPUs are the closest set with room (NVLink, then PCIe), on one
+    # NUMA node where one has room, never refused for it; elsewhere no choice among nodes is gpuslice's
     for key in (hami.NODE_POLICY, hami.NUMA_BIND, hami.VGPU_MODE):
-        if annotations.get(key):
+        if annotations.get(key) and key not in out.record:
             out.record[key] = {"from": str(annotations[key]), "to": None}
-    extra = {RECORD: json.dumps(out.record, sort_keys=True, separators=(",", ":"))}
+    extra[RECORD] = json.dumps(out.record, sort_keys=True, separators=(",", ":"))
     if not (pod.get("metadata") or {}).get("annotations"):
         out.patch.append({"op": "add", "path": "/metadata/annotations", "value": extra})
     else:

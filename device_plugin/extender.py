@@ -34,6 +34,7 @@ from gpuslice import errors
 from gpuslice.device_plugin import gpu_fit, node_gpus
 from gpuslice.device_plugin.admission import Asks, asks_of
 from gpuslice.device_plugin.gpu_fit import Take
+from gpuslice.device_plugin.options import NODE_POLICY, POLICIES
 from gpuslice.http_json import JsonServer
 
 log = logging.getLogger(__name__)
@@ -42,7 +43,6 @@ MAX_PRIORITY = 10  # extender/v1 MaxExtenderPriority
 ASSUMED_S = 60.0  # binding and the kubelet's admission take seconds; a pod not counted by then never was
 MAX_BODY = 32 << 20  # a NodeList of the GPU nodes that passed kube-scheduler's own filters
 MAX_IN_FLIGHT = 8
-POLICIES = ("binpack", "spread")
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,11 @@ class Extender:
     def policy(self) -> str:
         return POLICIES[self.spread]
 
+    def spreads(self, pod: dict[str, Any]) -> bool:
+        """The pod's NODE_POLICY where it says one of POLICIES, else the extender's."""
+        said = str(((pod.get("metadata") or {}).get("annotations") or {}).get(NODE_POLICY, "")).strip().lower()
+        return POLICIES.index(said) == 1 if said in POLICIES else self.spread
+
     def _free(self, node: dict[str, Any], pod: str) -> gpu_fit.Free:
         """The node's free units per GPU: as published, less what the pods
         placed here and not yet counted by it take. Raises with the reason."""
@@ -136,7 +141,7 @@ class Extender:
         asks = [dict(c.limits) for c in containers]
         if not asks:
             return _filter_result(nodes, failed, unresolvable)  # nothing of ours: not ours to judge
-        who = _pod_name(pod)
+        who, spread = _pod_name(pod), self.spreads(pod)
         best: tuple[int, str, dict[str, Any], list[Take]] | None = None
         with self.lock:
             self.assumed.pop(who, None)  # scheduled again: its last choice did not hold
@@ -151,7 +156,7 @@ class Extender:
                 if isinstance(takes, str):
                     failed[name] = f"gpuslice: {takes}"
                     continue
-                score = gpu_fit.score(asks, free, self.spread, containers)
+                score = gpu_fit.score(asks, free, spread, containers)
                 if best is None or score > best[0] or (score == best[0] and name < best[1]):
                     best = (score, name, node, takes)
             if best is None:
@@ -161,8 +166,8 @@ class Extender:
         for other in nodes:
             name = _node_name(other)
             if name != chosen and name not in failed and name not in unresolvable:
-                failed[name] = f"gpuslice placed the pod on {chosen}, which scores higher by {self.policy}"
-        log.info("%s: %s (%s %d); %s", who, chosen, self.policy, score,
+                failed[name] = f"gpuslice placed the pod on {chosen}, which scores higher by {POLICIES[spread]}"
+        log.info("%s: %s (%s %d); %s", who, chosen, POLICIES[spread], score,
                  ", ".join(f"{t.gpu} {'whole' if t.whole else f'{t.memory} memory {t.cores} cores'}"
                            for t in takes))  # fmt: skip
         return _filter_result([chosen_node], failed, unresolvable)
@@ -170,13 +175,13 @@ class Extender:
     def prioritize(self, args: Any) -> list[dict[str, Any]]:
         """HostPriorityList: each node's score by the policy (0 where the pod does not fit)."""
         pod, nodes = _read_args(args)
-        containers, who = pod_containers(pod), _pod_name(pod)
+        containers, who, spread = pod_containers(pod), _pod_name(pod), self.spreads(pod)
         asks = [dict(c.limits) for c in containers]
         scores = []
         with self.lock:
             for node in nodes:
                 try:
-                    score = gpu_fit.score(asks, self._free(node, who), self.spread, containers) if asks else 0
+                    score = gpu_fit.score(asks, self._free(node, who), spread, containers) if asks else 0
                 except errors.GpusliceError:
                     score = 0
                 scores.append({"Host": _node_name(node), "Score": score})

@@ -10,6 +10,10 @@ from gpuslice import constants
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
+POLICIES = ("binpack", "spread")  # the extender's choice among nodes: the fullest that fits, or the emptiest
+# a pod's own choice among nodes, over the extender's (the webhook writes it for HAMi's node-scheduler-policy);
+# not under gpuslice.io/, whose pod annotations the runtime copies into the containers as requests
+NODE_POLICY = "scheduler.gpuslice.io/node-policy"
 
 
 @dataclass(frozen=True)

@@ -193,9 +193,15 @@ def test_hamis_scheduler_is_mapped_and_its_gpu_policy_is_each_gpu_containers_out
     assert not out["spec"]["containers"][1].get("env")  # a sidecar asks no GPU: no policy of it
     env = jsonpatch.apply_patch(copy.deepcopy(p), rewrite(p, "runtimeClass").patch)["spec"]["containers"][0]["env"]
     assert {"name": "GPUSLICE_GPU_POLICY", "value": "spread"} in env
-    q = pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={hami.NODE_POLICY: "spread"})
-    done = jsonpatch.apply_patch(copy.deepcopy(q), rewrite(q, "devicePlugin").patch)
-    assert json.loads(done["metadata"]["annotations"][RECORD])[hami.NODE_POLICY] == {"from": "spread", "to": None}
+    # HAMi's node-scheduler-policy: the pod's own choice among nodes for the extender (devicePlugin mode's)
+    from gpuslice.device_plugin.options import NODE_POLICY
+
+    q = pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={hami.NODE_POLICY: "Spread"})
+    for mode, to in (("devicePlugin", NODE_POLICY), ("runtimeClass", None), ("dra", None)):
+        done = jsonpatch.apply_patch(copy.deepcopy(q), rewrite(q, mode).patch)
+        notes = done["metadata"]["annotations"]
+        assert json.loads(notes[RECORD])[hami.NODE_POLICY] == {"from": "Spread", "to": to}
+        assert notes.get(NODE_POLICY) == ("spread" if to else None)
     for mode, policy in (("dra", "spread"), ("devicePlugin", "topology-aware")):
         q = pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={hami.POLICY: policy})
         done = jsonpatch.apply_patch(copy.deepcopy(q), rewrite(q, mode).patch)

@@ -75,6 +75,28 @@ def test_binpack_chooses_the_fuller_node_and_spread_the_emptier_and_the_rest_are
     assert kept(extender.Extender(spread=True).filter(args(pod("p", {u.MEMORY: 4}), *nodes))) == ["roomy"]
 
 
+def test_a_pods_own_node_policy_wins_over_the_extenders_and_one_it_has_not_is_passed_over():
+    """scheduler.gpuslice.io/node-policy (what the webhook writes for HAMi's node-scheduler-policy):
+    the pod's choice among nodes, in the filter, its line and the scores."""
+    from gpuslice.device_plugin.options import NODE_POLICY
+
+    busy = NodeGpus({A: GpuFree(8, 50, False, 16)}, frozenset())
+    nodes = [node("roomy", ROOMY), node("busy", busy)]
+
+    def said(policy: str) -> dict[str, Any]:
+        p = pod(f"p-{policy}", {u.MEMORY: 4})
+        p["metadata"]["annotations"] = {NODE_POLICY: policy}
+        return p
+
+    out = extender.Extender().filter(args(said("spread"), *nodes))
+    assert kept(out) == ["roomy"]
+    assert out["FailedNodes"] == {"busy": "gpuslice placed the pod on roomy, which scores higher by spread"}
+    assert kept(extender.Extender(spread=True).filter(args(said("Binpack"), *nodes))) == ["busy"]
+    assert kept(extender.Extender().filter(args(said("topology-aware"), *nodes))) == ["busy"]  # the extender's
+    scores = {s["Host"]: s["Score"] for s in extender.Extender().prioritize(args(said("spread"), *nodes))}
+    assert scores["roomy"] > scores["busy"]
+
+
 def test_pods_placed_before_their_node_counts_them_are_taken_off_its_free_units():
     clock = [0.0]
     e = extender.Extender(assumed_s=60, clock=lambda: clock[0])
