@@ -277,6 +277,17 @@ def test_the_hook_follows_the_pods_container_list_and_reads_request_variables(tm
     assert s.container_id == "train" and (s.gpus[0].memory_limit, s.gpus[0].cores) == (2 << 30, 40)
 
 
+def test_a_containers_gpu_policy_in_its_environment_places_its_slice(tmp_path, daemon, containers):
+    """What the webhook writes for HAMi's gpu-scheduler-policy in runtimeClass mode, as the hook hands
+    it over: GPUSLICE_GPU_POLICY=spread puts the slice on the emptier GPU, which best fit would not."""
+    d, box = daemon([gpu("16Gi"), gpu("16Gi")]), containers()
+    first = d.client().reserve("first", {"gpuslice.io/memory": "4Gi"}).gpus[0].index
+    spread = bundle(tmp_path / "spread", {}, env=["GPUSLICE_MEMORY=2Gi", "GPUSLICE_GPU_POLICY=spread"])
+    r = hook("createRuntime", {"id": "spread", "pid": box.init_pid, "bundle": str(spread)}, d.socket)
+    assert r.returncode == 0, r.stderr
+    assert d.client().get("spread").gpus[0].index != first
+
+
 @needs_root
 def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_path, daemon, containers):
     """A DRA claim's share (reserved by the kubelet plugin) and two containers
