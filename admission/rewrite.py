@@ -172,7 +172,7 @@ def _choice_env(annotations: Mapping[str, Any]) -> dict[str, str]:
         request.AVOID_DEVICE: [v for key in (hami.NOUSE_UUID, hami.NOUSE_INDEX) for v in hami.listed(annotations, key)],
         request.DEVICE_TYPE: hami.listed(annotations, hami.USE_TYPE),
         request.AVOID_DEVICE_TYPE: hami.listed(annotations, hami.NOUSE_TYPE),
-        request.GPU_POLICY: [p] if (p := _gpu_policy(annotations)) else [],
+        request.GPU_POLICY: [p] if (p := _placement_policy(annotations, hami.POLICY)) else [],
     }
     return {request.env_name(k): ",".join(v) for k, v in said.items() if v}
 
@@ -187,17 +187,11 @@ def _refuse_mig(annotations: Mapping[str, Any]) -> None:
                                      "annotation")  # fmt: skip
 
 
-def _node_policy(annotations: Mapping[str, Any]) -> str | None:
-    """HAMi's per-pod node-scheduler-policy where the extender has it (binpack, spread)."""
-    said = str(annotations.get(hami.NODE_POLICY) or "").strip().lower()
+def _placement_policy(annotations: Mapping[str, Any], key: str) -> str | None:
+    """HAMi's per-pod gpu- or node-scheduler-policy where gpuslice has it (binpack, spread); None: not
+    said, or a policy of HAMi's that gpuslice has not (left on the pod, not translated)."""
+    said = str(annotations.get(key) or "").strip().lower()
     return said if said in POLICIES else None
-
-
-def _gpu_policy(annotations: Mapping[str, Any]) -> str | None:
-    """HAMi's per-pod gpu-scheduler-policy where gpuslice has it (binpack, spread); None: not said, or
-    a policy of HAMi's that gpuslice has not (left on the pod, not translated)."""
-    said = str(annotations.get(hami.POLICY) or "").strip().lower()
-    return said if said in {p.value for p in request.GpuPolicy} else None
 
 
 def rewrite(
@@ -233,10 +227,11 @@ def rewrite(
         out.record["schedulerName"] = {"from": scheduler, "to": schedulers[scheduler]}
     if annotations.get(hami.POLICY):
         # each GPU container's GPUSLICE_GPU_POLICY outside dra mode; in it, kube-scheduler's own scoring places claims
-        to = request.env_name(request.GPU_POLICY) if request.env_name(request.GPU_POLICY) in choice else None
-        out.record[hami.POLICY] = {"from": str(annotations[hami.POLICY]), "to": to}
+        env = request.env_name(request.GPU_POLICY)
+        out.record[hami.POLICY] = {"from": str(annotations[hami.POLICY]), "to": env if env in choice else None}
     extra = {}
-    if (node_policy := _node_policy(annotations)) and mode == "devicePlugin":  # the extender's mode
+    node_policy = _placement_policy(annotations, hami.NODE_POLICY)
+    if node_policy and mode == "devicePlugin":  # the extender's mode
         extra[NODE_POLICY] = node_policy
         out.record[hami.NODE_POLICY] = {"from": str(annotations[hami.NODE_POLICY]), "to": NODE_POLICY}
     # not translated: a container's several GPUs are the closest set with room (NVLink, then PCIe), on one

@@ -58,6 +58,7 @@ class TemplateWriter:
         self._owner_ref: list[dict[str, str]] | None = None  # read at the first write
         self._owner_tried = -KNOWN_S  # when it was last read (again a minute after one that failed)
         self._owner_warned = False
+        self._owner_lock = threading.Lock()  # its read (a call of up to `timeout`) holds back no other check
 
     def __call__(self, namespace: str, templates: list[dict[str, Any]], dry_run: bool) -> None:
         for t in templates:
@@ -94,7 +95,7 @@ class TemplateWriter:
         """A template's ownerReferences: the webhook's configuration, once its UID is read."""
         if self.owner is None:
             return {}
-        with self.lock:
+        with self._owner_lock:
             if self._owner_ref is None and self.clock() - self._owner_tried >= KNOWN_S:
                 self._owner_tried = self.clock()
                 self._owner_ref = self._read_owner(self.owner)

@@ -130,12 +130,10 @@ def place(
             f"no room for {req.gpus} x {what}: {describe(candidates, oversubscription)}",
         )
     # binpack: the fullest that fits, so large holes stay free; spread (gpuslice.io/gpu-policy): the emptiest
-    sign = -1 if req.choice.spread else 1
-    if req.gpus == 1:
-        if req.choice.spread:  # ties: the one fewer slices share
-            best = min(fitting, key=lambda g: (-_leftover(req, g, oversubscription), g.slices, g.index))
-        else:
-            best = min(fitting, key=lambda g: (_leftover(req, g, oversubscription), g.index))
+    sign = -1 if req.gpu_policy is requests.GpuPolicy.SPREAD else 1
+    if req.gpus == 1:  # spread's ties: the GPU fewer slices share
+        best = min(fitting, key=lambda g: (sign * _leftover(req, g, oversubscription), g.slices if sign < 0 else 0,
+                                           g.index))  # fmt: skip
         chosen: tuple[GpuCapacity, ...] = (best,)
     else:
 
@@ -207,11 +205,10 @@ def resized(req: SliceRequest, allocs: Sequence[Allocation], used: Sequence[int]
     new = []
     for i, a in enumerate(allocs):
         cap = by_uuid[a.gpu_uuid]
+        memory, cores = demand(req, cap)
         if not fits(req, cap, oversubscription):
-            memory, cores = demand(req, cap)
             raise NoRoom(f"no room for the new size ({format_bytes(memory)} and {cores} cores) beside the other "
                          f"slices: {describe([cap], oversubscription)}")  # fmt: skip
-        memory, cores = demand(req, cap)
         if i < len(used) and memory < used[i]:
             raise errors.FailedPrecondition(
                 f"slice uses {format_bytes(used[i])} on GPU {a.gpu_index}, more than the new limit "

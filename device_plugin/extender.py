@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuslice import errors
+from gpuslice import errors, request
 from gpuslice.device_plugin import gpu_fit, node_gpus
 from gpuslice.device_plugin.admission import Asks, asks_of
 from gpuslice.device_plugin.gpu_fit import Take
@@ -105,7 +105,7 @@ class Extender:
     def spreads(self, pod: dict[str, Any]) -> bool:
         """The pod's NODE_POLICY where it says one of POLICIES, else the extender's."""
         said = str(((pod.get("metadata") or {}).get("annotations") or {}).get(NODE_POLICY, "")).strip().lower()
-        return POLICIES.index(said) == 1 if said in POLICIES else self.spread
+        return said == request.GpuPolicy.SPREAD.value if said in POLICIES else self.spread
 
     def _free(self, node: dict[str, Any], pod: str) -> gpu_fit.Free:
         """The node's free units per GPU: as published, less what the pods

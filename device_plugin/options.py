@@ -6,11 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuslice import constants
+from gpuslice import constants, request
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
-POLICIES = ("binpack", "spread")  # the extender's choice among nodes: the fullest that fits, or the emptiest
+# the extender's choice among nodes, in the words of a container's among GPUs: the fullest that fits, or the emptiest
+POLICIES = tuple(p.value for p in request.GpuPolicy)
 # a pod's own choice among nodes, over the extender's (the webhook writes it for HAMi's node-scheduler-policy);
 # not under gpuslice.io/, whose pod annotations the runtime copies into the containers as requests
 NODE_POLICY = "scheduler.gpuslice.io/node-policy"
