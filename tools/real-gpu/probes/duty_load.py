@@ -13,6 +13,7 @@ kernels last waves x its wave time), the number of waves does."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import time
 
@@ -33,6 +34,11 @@ PROBE_CYCLES = 200_000  # ~0.1 ms on a 2 GHz GPU
 # the kernel a timed one queues behind: 1 ms spins, 64 blocks a SM (a few ms on a GPU), and on
 # the simulator, whose kernels last waves x its wave time, 64 of its waves
 BLOCKER_CYCLES, BLOCKER_WAVES = 10 * PROBE_CYCLES, 64
+# a launch call longer than this was held (gpuslice's gate sleeps to its next refill): a
+# launch from Python takes tens of microseconds
+HELD_S = 0.0005
+GATE_WAIT_S = 10.0  # how long a timing waits out a held gate behind the same blocker
+MAX_DOUBLINGS = 11  # the simulator's first blocker is 40 us (64 waves of 0.625 us): to 82 ms
 BACK_TO_BACK_SYNC = 8  # at duty 1, launches between synchronizations: the queue stays short
 
 
@@ -55,6 +61,8 @@ class Spin:
         self.start, self.stop = ok(cu.cuEventCreate(0)), ok(cu.cuEventCreate(0))
         self.cycles, self.waves = PROBE_CYCLES, 1
         self.uncovered = 0  # timings the host's launch may be in (timed_us)
+        self.tries: list[int] = []  # each timing's tries (timed_us)
+        self.held = 0  # tries whose launch the gate held (timed_us)
 
     def launch(self, cycles: int | None = None, waves: int | None = None) -> None:
         arg = ctypes.c_uint64(self.cycles if cycles is None else cycles)
@@ -62,21 +70,24 @@ class Spin:
         grid = self.sms * (self.waves if waves is None else waves)
         ok(cu.cuLaunchKernel(self.fn, grid, 1, 1, THREADS, 1, 1, 0, self.stream, ctypes.addressof(params), 0))
 
-    def _elapsed_us(self, cycles: int, waves: int, blocker: int | None) -> tuple[float, bool]:
+    def _elapsed_us(self, cycles: int, waves: int, blocker: int | None) -> tuple[float, bool, bool]:
         """One kernel timed by events: behind a blocker of `blocker` waves, or from an idle
-        stream (None); and whether the start event was still to come once it was queued."""
+        stream (None); whether the start event was still to come once it was queued; and
+        whether its launch call was held (a gate's wait for budget, not the host's pace)."""
         self.launch(cycles, waves)  # warm: the first launch loads the module
         if blocker is None:
             ok(cu.cuStreamSynchronize(self.stream))
         else:
             self.launch(BLOCKER_CYCLES, blocker)
         ok(cu.cuEventRecord(self.start, self.stream))
+        called = time.monotonic()
         self.launch(cycles, waves)
+        held = time.monotonic() - called > HELD_S
         # asked at once: a host descheduled after the kernel was queued took nothing from its timing
         covered = cu.cuEventQuery(self.start)[0] == cu.CUresult.CUDA_ERROR_NOT_READY
         ok(cu.cuEventRecord(self.stop, self.stream))
         ok(cu.cuEventSynchronize(self.stop))
-        return float(ok(cu.cuEventElapsedTime(self.start, self.stop))) * 1000, covered
+        return float(ok(cu.cuEventElapsedTime(self.start, self.stop))) * 1000, covered, held
 
     def idle_timed_us(self, cycles: int, waves: int) -> float:
         """Timed from an event recorded on an idle stream: the GPU stamps it at once, and
@@ -86,18 +97,26 @@ class Spin:
     def timed_us(self, cycles: int, waves: int) -> float:
         """A kernel's length on the GPU alone: its start event and the kernel queued behind a
         longer kernel, so the event is stamped when the GPU reaches them, not while the host
-        is still launching. Where the host was slower than the blocker (the start event done
-        by the time the kernel was queued: a gate that held the launch), again behind one
-        twice as long; after twelve tries the last time stands, counted in `uncovered`. The
-        simulator's first blocker is 40 us (64 waves of 0.625 us), so six tries (to 1.3 ms) left
-        a loaded CI machine's host uncovered now and then, and eight (5 ms) under the unit tier
-        beside it; twelve reach 82 ms there. Only a host that slow pays for the longer ones."""
-        blocker, elapsed = BLOCKER_WAVES, 0.0
-        for _ in range(12):
-            elapsed, covered = self._elapsed_us(cycles, waves, blocker)
+        is still launching. Where the start event was done by the time the kernel was queued:
+        if the launch call was held (gpuslice's gate: a new hard slice's budget starts at one
+        launch and doubles with what it ran, so a doubled blocker stays ahead of it), again
+        behind the same blocker, for GATE_WAIT_S at most; if the host was slower than the
+        blocker, behind one twice as long. After twelve doublings the last time stands, counted
+        in `uncovered`. `tries` keeps how many each timing took, `held` how many the gate held."""
+        blocker, doublings, elapsed = BLOCKER_WAVES, 0, 0.0
+        gate_until = time.monotonic() + GATE_WAIT_S
+        for tries in itertools.count(1):
+            elapsed, covered, held = self._elapsed_us(cycles, waves, blocker)
             if covered:
+                self.tries.append(tries)
                 return elapsed
-            blocker *= 2
+            if held and time.monotonic() < gate_until:
+                self.held += 1
+                continue
+            if doublings == MAX_DOUBLINGS:
+                self.tries.append(tries)
+                break
+            blocker, doublings = blocker * 2, doublings + 1
         self.uncovered += 1
         return elapsed
 
@@ -116,7 +135,8 @@ class Spin:
         return {"by": how, "cycles": self.cycles, "waves": self.waves, "sms": self.sms,
                 "kernel_us": self.timed_us(self.cycles, self.waves),
                 # what timing it on an idle stream adds: the host's launch, which the GPU does not run
-                "idle_timed_us": self.idle_timed_us(self.cycles, self.waves), "uncovered": self.uncovered}  # fmt: skip
+                "idle_timed_us": self.idle_timed_us(self.cycles, self.waves),
+                "uncovered": self.uncovered, "tries": self.tries, "held": self.held}  # fmt: skip
 
 
 def run(argv: list[str]) -> dict:
