@@ -20,7 +20,12 @@ chart leaves none behind in the users' namespaces. A pod's claim, once made
 from its template, is the pod's own, and goes on without it. The owner's UID
 is read once, at the first write; a configuration that cannot be read is
 said once in the log, and templates are written without an owner rather
-than pods refused, until a read a minute later finds it."""
+than pods refused, until a read a minute later finds it. A template found
+there (written by a webhook from before owners, or while the owner could not
+be read, or naming a configuration of that name since deleted and made
+again) is given the owner then, by a merge patch conditional on its
+resourceVersion; one that cannot be patched is said once in the log and used
+all the same."""
 
 from __future__ import annotations
 
@@ -58,6 +63,7 @@ class TemplateWriter:
         self._owner_ref: list[dict[str, str]] | None = None  # read at the first write
         self._owner_tried = -KNOWN_S  # when it was last read (again a minute after one that failed)
         self._owner_warned = False
+        self._adopt_warned = False
         self._owner_lock = threading.Lock()  # its read (a call of up to `timeout`) holds back no other check
 
     def __call__(self, namespace: str, templates: list[dict[str, Any]], dry_run: bool) -> None:
@@ -130,3 +136,28 @@ class TemplateWriter:
             raise errors.InvalidArgument(f"ResourceClaimTemplate {namespace}/{name} exists and asks something "
                                          "else (it is not one the webhook wrote); accepted: that name left to "
                                          "gpuslice's webhook")  # fmt: skip
+        self._adopt(namespace, name, there.get("metadata") or {})
+
+    def _adopt(self, namespace: str, name: str, meta: dict[str, Any]) -> None:
+        """A template found there without the owner gets it: its other owners kept, one naming
+        an earlier configuration of that name (a UID since gone) replaced."""
+        owned = self._owned().get("ownerReferences")
+        refs = meta.get("ownerReferences") or []
+        if not owned or owned[0] in refs:
+            return
+        ours = owned[0]
+        kept = [r for r in refs if (r.get("kind"), r.get("name")) != (ours["kind"], ours["name"])]
+        patch = {"metadata": {"ownerReferences": [*kept, ours], "resourceVersion": meta.get("resourceVersion")}}
+        try:
+            self.objects.patch_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name, patch,
+                                                        _content_type="application/merge-patch+json",
+                                                        _request_timeout=self.timeout)  # fmt: skip
+            log.info("ResourceClaimTemplate %s/%s given its owner, MutatingWebhookConfiguration %s", namespace, name,
+                     ours["name"])  # fmt: skip
+        except Exception as e:  # refused (RBAC), moved on meanwhile (409), or no answer: it is used all the same
+            said = f"{e.status} {e.reason}" if isinstance(e, self.client.ApiException) else f"{type(e).__name__}: {e}"
+            if not self._adopt_warned:
+                log.warning("ResourceClaimTemplate %s/%s: giving it its owner, the API server: %s; templates "
+                            "found without it stay so (not deleted with the webhook)",
+                            namespace, name, said)  # fmt: skip
+            self._adopt_warned = True

@@ -6,7 +6,11 @@ Kubernetes 1.37 schema (kubernetes-validate). ResourceClaimTemplates are
 created in a namespace (409 AlreadyExists for a name there, the namespace
 in the body the path's, validated like the slices) and read back, as the
 admission webhook writes them in mode dra; `refuse_templates` answers every
-write with that status instead (RBAC's 403, say). Pods (core/v1) are listed across
+write with that status instead (RBAC's 403, say). A template is patched with
+a JSON merge patch (the webhook gives an older one its owner); a
+resourceVersion in the patch is a precondition, 409 Conflict when the object
+has moved on, as the API conventions have it, and `refuse_template_patches`
+answers every patch with that status. Pods (core/v1) are listed across
 namespaces with the field selectors the device plugin uses (spec.nodeName,
 status.phase), as a test puts them. Nodes (core/v1) are read and patched
 with a JSON merge patch (RFC 7386, the only patch type the plugin sends),
@@ -62,6 +66,8 @@ class ApiServer:
         self.templates: dict[tuple[str, str], dict[str, Any]] = {}  # (namespace, name) -> ResourceClaimTemplate
         self.template_posts: list[tuple[str, str]] = []  # (namespace, name) of each create asked, kept or not
         self.refuse_templates: int | None = None
+        self.template_patches: list[tuple[str, str]] = []  # (namespace, name) of each patch taken
+        self.refuse_template_patches: int | None = None
         self.webhook_configurations: dict[str, dict[str, Any]] = {}  # by name
         self.invalid: list[str] = []
         self._version = 0
@@ -92,6 +98,7 @@ class ApiServer:
         validate(template)
         meta = template["metadata"]
         with self._lock:
+            meta.setdefault("resourceVersion", self._next_version())
             self.templates[(meta["namespace"], meta["name"])] = template
 
     def put_webhook_configuration(self, configuration: dict[str, Any]) -> None:
@@ -239,26 +246,47 @@ class ApiServer:
                 self._store_slice(body["metadata"]["name"], body, "create")
 
             def do_PATCH(self) -> None:
-                m = re.fullmatch(r"/api/v1/nodes/([^/?]+)", self.path.split("?")[0])
-                if not m or m.group(1) not in api.nodes:
+                path = self.path.split("?")[0]
+                node = re.fullmatch(r"/api/v1/nodes/([^/?]+)", path)
+                template = re.fullmatch(BASE + r"/namespaces/([^/]+)/resourceclaimtemplates/([^/?]+)", path)
+                if not (node and node.group(1) in api.nodes) and not (template and template.groups() in api.templates):
                     return self._missing()
                 if self.headers.get("Content-Type") != "application/merge-patch+json":
-                    return self._send(415, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 415,
-                                            "reason": "UnsupportedMediaType",
-                                            "message": f"this stand-in takes merge patches, not "
-                                                       f"{self.headers.get('Content-Type')}"})  # fmt: skip
+                    return self._status(415, "UnsupportedMediaType", f"this stand-in takes merge patches, not "
+                                                                     f"{self.headers.get('Content-Type')}")  # fmt: skip
+                if template:
+                    return self._patch_template(template.group(1), template.group(2))
                 with api._lock:
-                    node = merge_patch(api.nodes[m.group(1)], self._body())
+                    patched = merge_patch(api.nodes[node.group(1)], self._body())
                     try:
-                        validate(node)
+                        validate(patched)
                     except Exception as e:
                         api.invalid.append(str(e))
-                        return self._send(422, {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                                                "code": 422, "reason": "Invalid", "message": str(e)[:500]})  # fmt: skip
-                    node["metadata"]["resourceVersion"] = api._next_version()
-                    api.nodes[m.group(1)] = node
+                        return self._status(422, "Invalid", str(e)[:500])
+                    patched["metadata"]["resourceVersion"] = api._next_version()
+                    api.nodes[node.group(1)] = patched
                     api.node_patches += 1
-                self._send(200, node)
+                self._send(200, patched)
+
+            def _patch_template(self, namespace: str, name: str) -> None:
+                if api.refuse_template_patches is not None:
+                    return self._status(api.refuse_template_patches, "Forbidden", "patch is forbidden")
+                body = self._body()
+                with api._lock:
+                    there = api.templates[(namespace, name)]
+                    asked = (body.get("metadata") or {}).get("resourceVersion")
+                    if asked is not None and asked != there["metadata"].get("resourceVersion"):
+                        return self._status(409, "Conflict", "the object has been modified")
+                    patched = merge_patch(there, body)
+                    try:
+                        validate(patched)
+                    except Exception as e:
+                        api.invalid.append(str(e))
+                        return self._status(422, "Invalid", str(e)[:500])
+                    patched["metadata"]["resourceVersion"] = api._next_version()
+                    api.templates[(namespace, name)] = patched
+                    api.template_patches.append((namespace, name))
+                self._send(200, patched)
 
             def do_PUT(self) -> None:
                 m = re.fullmatch(BASE + r"/resourceslices/([^/?]+)", self.path.split("?")[0])

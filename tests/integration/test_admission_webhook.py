@@ -79,8 +79,9 @@ def tls(tmp_path_factory):  # type: ignore[no-untyped-def]
 
 
 @contextlib.contextmanager
-def started(tls: Path, mode: str, *extra: str) -> Iterator[tuple[Url, ssl.SSLContext]]:
-    """`gpuslice admission-webhook` with the chart's certificate, once it answers its health check over TLS."""
+def started(tls: Path, mode: str, *extra: str, log: list[str] | None = None) -> Iterator[tuple[Url, ssl.SSLContext]]:
+    """`gpuslice admission-webhook` with the chart's certificate, once it answers its health check over TLS;
+    its log's lines into `log` once it has stopped."""
     port = sim_daemon.free_port()
     proc = subprocess.Popen([sys.executable, "-m", "gpuslice.cli", "admission-webhook", "--listen", f"127.0.0.1:{port}",
                              "--mode", mode, "--tls-cert", str(tls / "tls.crt"), "--tls-key", str(tls / "tls.key"),
@@ -100,6 +101,8 @@ def started(tls: Path, mode: str, *extra: str) -> Iterator[tuple[Url, ssl.SSLCon
     finally:
         proc.terminate()
         proc.wait(10)
+        if log is not None and proc.stderr:
+            log.extend(proc.stderr.read().splitlines())
 
 
 @pytest.fixture(scope="module", params=["devicePlugin", "runtimeClass"])
@@ -400,6 +403,56 @@ def test_in_dra_mode_each_shapes_template_is_written_once_before_its_pods_are_le
                 "this webhook runs without it (--no-api)")  # fmt: skip
     finally:
         api.stop()
+
+
+def test_in_dra_mode_a_template_found_without_its_owner_is_given_it(tls, tmp_path):
+    """A template there before owners were named (an older webhook's), or naming a configuration
+    of that name since deleted and made again (another UID), is given the owner when a pod of its
+    shape comes: a merge patch conditional on its resourceVersion, its other owners kept. One
+    already owned is not patched again; one that cannot be patched (RBAC without `patch`) is
+    said once in the log and used all the same."""
+    from tools.api_server import ApiServer
+
+    api = ApiServer()
+    uid = "0c9d8e7f-6a5b-4c3d-9e2f-1a0b9c8d7e6f"
+    ours = {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+            "name": "gpuslice-admission", "uid": uid}  # fmt: skip
+    api.put_webhook_configuration({"apiVersion": ours["apiVersion"], "kind": ours["kind"],
+                                   "metadata": {"name": ours["name"], "uid": uid}})  # fmt: skip
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "name": "keep-me", "uid": "5e4d3c2b-1a09-4f8e-a7d6-c5b4a3928170"}
+    try:
+        config = api.kubeconfig(tmp_path / "kubeconfig")
+        with started(tls, "dra", "--kubeconfig", str(config)) as (url, ctx):  # an older webhook: no owner named
+            names = []
+            for mib in (3000, 4000, 5000, 6000):
+                out = _rewritten(review(url, ctx, _asking(mib))["response"], _asking(mib))
+                names.append(out["spec"]["resourceClaims"][0]["resourceClaimTemplateName"])
+        assert all("ownerReferences" not in api.templates[("ml", n)]["metadata"] for n in names)
+        stale = {**ours, "uid": "9f8e7d6c-5b4a-4392-8170-6f5e4d3c2b1a"}  # the configuration made again since
+        api.templates[("ml", names[1])]["metadata"]["ownerReferences"] = [other, stale]
+
+        with started(tls, "dra", "--kubeconfig", str(config), "--templates-owner", "gpuslice-admission") as (url, ctx):
+            for mib in (3000, 4000):
+                assert review(url, ctx, _asking(mib))["response"]["allowed"] is True
+            assert api.template_patches == [("ml", names[0]), ("ml", names[1])] and not api.invalid
+            assert api.templates[("ml", names[0])]["metadata"]["ownerReferences"] == [ours]
+            assert api.templates[("ml", names[1])]["metadata"]["ownerReferences"] == [other, ours]
+        log: list[str] = []
+        owned = ("--templates-owner", "gpuslice-admission")
+        with started(tls, "dra", "--kubeconfig", str(config), *owned, log=log) as (url, ctx):
+            assert review(url, ctx, _asking(3000))["response"]["allowed"] is True
+            assert len(api.template_patches) == 2  # found owned (409, read back): not patched again
+
+            api.refuse_template_patches = 403
+            for mib in (5000, 6000):
+                assert review(url, ctx, _asking(mib))["response"]["allowed"] is True  # used all the same
+            assert all("ownerReferences" not in api.templates[("ml", n)]["metadata"] for n in names[2:])
+    finally:
+        api.stop()
+    said = [line for line in log if "giving it its owner" in line]
+    assert len(said) == 1 and said[0].endswith(
+        f"ResourceClaimTemplate ml/{names[2]}: giving it its owner, the API server: 403 Forbidden; templates found "
+        "without it stay so (not deleted with the webhook)"), log  # fmt: skip
 
 
 def test_a_connection_that_never_starts_tls_holds_back_no_one_else(webhook):

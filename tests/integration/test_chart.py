@@ -267,7 +267,8 @@ def test_in_mode_dra_the_webhook_writes_templates_and_nothing_else_and_never_for
     assert ctx.params["mode"] == "dra" and ctx.params["no_api"] is False and pod["automountServiceAccountToken"]
     assert ctx.params["templates_owner"] == "gpuslice-admission"
     assert objects[("ClusterRole", "gpuslice-admission")]["rules"] == [
-        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create", "get"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"],
+         "verbs": ["create", "get", "patch"]},
         {"apiGroups": ["admissionregistration.k8s.io"], "resources": ["mutatingwebhookconfigurations"],
          "resourceNames": ["gpuslice-admission"], "verbs": ["get"]},
     ]  # fmt: skip
