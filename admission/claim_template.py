@@ -25,7 +25,7 @@ from typing import Any
 from gpuslice import errors, request
 from gpuslice.admission import hami
 from gpuslice.dra.claims import CONFIG_API_VERSION, CONFIG_KIND
-from gpuslice.dra.resource_slice import API_VERSION, DRIVER
+from gpuslice.dra.resource_slice import API_VERSION, DRIVER, NUMA_GROUP
 
 # the chart's DeviceClasses (deploy/helm/gpuslice/templates/dra.yaml)
 DEVICE_CLASS = "gpuslice.io"  # a share: memory and cores consumed from a GPU many claims share
@@ -36,6 +36,7 @@ MANAGED_BY = "gpuslice-admission-webhook"  # app.kubernetes.io/managed-by on eac
 
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]{1,80}\Z", re.ASCII)
 _ATTR = f'device.attributes["{DRIVER}"]'
+NUMA_CONSTRAINT = f"matchAttribute {DRIVER}/{NUMA_GROUP}"  # the record's words for numa-bind's constraint
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,7 @@ class Placement:
     no_indexes: tuple[int, ...] = ()
     types: tuple[str, ...] = ()
     no_types: tuple[str, ...] = ()
+    numa_bind: bool = False  # a container's several GPUs on one NUMA node (a constraint, not a selector)
 
     def selectors(self) -> list[dict[str, Any]]:
         """One CEL selector per constraint (the request takes a device only where all are true)."""
@@ -94,7 +96,8 @@ def placement(annotations: Mapping[str, Any]) -> Placement:
         return tuple(said)
 
     return Placement(uuids(hami.USE_UUID), uuids(hami.NOUSE_UUID), indexes(hami.USE_INDEX),
-                     indexes(hami.NOUSE_INDEX), types(hami.USE_TYPE), types(hami.NOUSE_TYPE))  # fmt: skip
+                     indexes(hami.NOUSE_INDEX), types(hami.USE_TYPE), types(hami.NOUSE_TYPE),
+                     bool(hami.numa_bind(annotations)))  # fmt: skip
 
 
 def template(ask: hami.Ask, policy: str | None, priority: str | None, where: Placement, said: str) -> dict[str, Any]:
@@ -119,6 +122,8 @@ def template(ask: hami.Ask, policy: str | None, priority: str | None, where: Pla
     devices: dict[str, Any] = {"requests": [{"name": REQUEST, "exactly": exactly}]}
     if ask.gpus > 1:  # vGPUs of one container on as many GPUs, as HAMi places them
         devices["constraints"] = [{"requests": [REQUEST], "distinctAttribute": f"{DRIVER}/uuid"}]
+        if where.numa_bind:  # ... all of them on one NUMA node
+            devices["constraints"].append({"requests": [REQUEST], "matchAttribute": f"{DRIVER}/{NUMA_GROUP}"})
     params: dict[str, Any] = {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND}
     if not ask.whole:  # a whole GPU's class says wholeGPU itself, and no share is held back
         if ask.cores and policy is not None:
@@ -149,4 +154,6 @@ def summary(tmpl: dict[str, Any]) -> dict[str, str]:
         out.update((k, str(v)) for k, v in entry["opaque"]["parameters"].items() if k not in ("apiVersion", "kind"))
     if selectors := exactly.get("selectors"):
         out["selectors"] = " && ".join(s["cel"]["expression"] for s in selectors)
+    if same := [c["matchAttribute"] for c in devices.get("constraints") or [] if "matchAttribute" in c]:
+        out["matchAttribute"] = ",".join(same)
     return out

@@ -106,6 +106,13 @@ def read(limits: dict[str, object], names: Names) -> Ask | None:
     return Ask(names, gpus, memory, percent, cores, priority)
 
 
+def numa_bind(annotations: Mapping[str, object]) -> bool | None:
+    """nvidia.com/numa-bind as a yes or no ("true" or "false", any case); None: not said, or a
+    value neither (left on the pod, recorded as not translated)."""
+    said = str(annotations.get(NUMA_BIND) or "").strip().lower()
+    return {"true": True, "false": False}.get(said)
+
+
 def listed(annotations: Mapping[str, object], key: str) -> list[str]:
     """An annotation's comma-separated values, as HAMi writes them (spaces around each dropped)."""
     return [w.strip() for w in str(annotations.get(key) or "").split(",") if w.strip()]

@@ -214,6 +214,9 @@ def rewrite(
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     _refuse_mig(annotations)
     choice = _choice_env(annotations) if mode != "dra" else {}
+    bind = hami.numa_bind(annotations)
+    if bind and mode == "runtimeClass":  # the daemon places a slice's GPUs (devicePlugin: the kubelet does)
+        choice[request.env_name(request.NUMA_BIND)] = "true"
     where = claim_template.placement(annotations) if mode == "dra" else None
     taken = {str(pc.get("name")) for pc in (pod.get("spec") or {}).get("resourceClaims") or [] if isinstance(pc, dict)}
     for i, c, ask in asks:
@@ -234,8 +237,11 @@ def rewrite(
     if node_policy and mode == "devicePlugin":  # the extender's mode
         extra[NODE_POLICY] = node_policy
         out.record[hami.NODE_POLICY] = {"from": str(annotations[hami.NODE_POLICY]), "to": NODE_POLICY}
-    # not translated: a container's several GPUs are the closest set with room (NVLink, then PCIe), on one
-    # NUMA node where one has room, never refused for it; elsewhere no choice among nodes is gpuslice's
+    if bind is not None and mode in ("runtimeClass", "dra"):
+        to = request.env_name(request.NUMA_BIND) if mode == "runtimeClass" else claim_template.NUMA_CONSTRAINT
+        out.record[hami.NUMA_BIND] = {"from": str(annotations[hami.NUMA_BIND]), "to": to if bind else None}
+    # not translated: in devicePlugin mode the kubelet picks a container's whole GPUs (its Topology Manager
+    # aligns them by the NUMA node each device's topology names); elsewhere no choice among nodes is gpuslice's
     for key in (hami.NODE_POLICY, hami.NUMA_BIND, hami.VGPU_MODE):
         if annotations.get(key) and key not in out.record:
             out.record[key] = {"from": str(annotations[key]), "to": None}

@@ -4,12 +4,13 @@ Fractional slices go best-fit onto one GPU (the fullest GPU that still fits,
 so large holes stay free), or onto the emptiest where the request asks to be
 spread (`gpuslice.io/gpu-policy: spread`); whole GPUs need an empty GPU; multi-GPU requests
 are all-or-nothing and prefer the closest set (NVLink, then PCIe distance
-from NVML).  Pinned devices restrict the candidates or are refused with a
-reason."""
+from NVML), and where the request asks it (`gpuslice.io/numa-bind`) take
+only sets on one NUMA node.  Pinned devices restrict the candidates or are
+refused with a reason."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -112,20 +113,58 @@ def _too_big(req: SliceRequest, candidates: Sequence[GpuCapacity], oversubscript
     return None
 
 
+def _numa_nodes(gpus: Sequence[GpuCapacity], same_numa: Callable[[int, int], bool]) -> list[list[GpuCapacity]]:
+    """`gpus` grouped by NUMA node: each with the first of a group that it shares one with."""
+    groups: list[list[GpuCapacity]] = []
+    for g in gpus:
+        home = next((grp for grp in groups if same_numa(grp[0].index, g.index)), None)
+        if home is None:
+            groups.append([g])
+        else:
+            home.append(g)
+    return groups
+
+
+def _sets(req: SliceRequest, fitting: Sequence[GpuCapacity], same_numa: Callable[[int, int], bool] | None
+          ) -> Iterator[tuple[GpuCapacity, ...]]:  # fmt: skip
+    """The sets of req.gpus GPUs it may take of those that fit: any, or with numa-bind those of one NUMA node."""
+    if not req.numa_bind or same_numa is None:
+        yield from combinations(fitting, req.gpus)
+        return
+    for group in _numa_nodes(fitting, same_numa):
+        yield from combinations(group, req.gpus)
+
+
+def _numa_too_few(req: SliceRequest, candidates: Sequence[GpuCapacity], oversubscription: float,
+                  same_numa: Callable[[int, int], bool] | None) -> str | None:  # fmt: skip
+    """Why numa-bind can never hold on this node: no NUMA node has req.gpus GPUs it could take empty."""
+    if not req.numa_bind or same_numa is None or req.gpus < 2:
+        return None
+    empty = [g for g in candidates if fits(req, GpuCapacity(g.index, g.uuid, g.memory_total), oversubscription)]
+    most = max((len(grp) for grp in _numa_nodes(empty, same_numa)), default=0)
+    if most >= req.gpus:
+        return None
+    return (f"asks for {req.gpus} GPUs on one NUMA node ({requests.NUMA_BIND}); the most the node has on one "
+            f"is {most}")  # fmt: skip
+
+
 def place(
     req: SliceRequest,
     gpus: Sequence[GpuCapacity],
     distance: Callable[[int, int], int],
     oversubscription: float = 1.0,
+    same_numa: Callable[[int, int], bool] | None = None,
 ) -> list[Placement]:
+    """Where the slice goes; `same_numa` says whether two GPUs are on one NUMA node (numa-bind's
+    constraint; None: not known, the constraint is not held)."""
     candidates = _candidates(req, gpus)
-    reason = _too_big(req, candidates, oversubscription)
+    reason = _too_big(req, candidates, oversubscription) or _numa_too_few(req, candidates, oversubscription, same_numa)
     if reason:
         raise CannotFit(f"request {reason}")
     fitting = [g for g in candidates if fits(req, g, oversubscription)]
+    memory, cores = demand(req, candidates[0])
+    what = "a whole GPU" if req.whole_gpus else f"{format_bytes(memory)} and {cores} cores"
     if len(fitting) < req.gpus:
-        memory, cores = demand(req, candidates[0])
-        what = "a whole GPU" if req.whole_gpus else f"{format_bytes(memory)} and {cores} cores"
         raise NoRoom(
             f"no room for {req.gpus} x {what}: {describe(candidates, oversubscription)}",
         )
@@ -141,7 +180,11 @@ def place(
             apart = sum(distance(a.index, b.index) for a, b in combinations(group, 2))
             return apart, sign * sum(_leftover(req, g, oversubscription) for g in group), [g.index for g in group]
 
-        chosen = min(combinations(fitting, req.gpus), key=cost)
+        found = min(_sets(req, fitting, same_numa), key=cost, default=None)
+        if found is None:
+            raise NoRoom(f"no room for {req.gpus} x {what} on one NUMA node ({requests.NUMA_BIND}): "
+                         f"{describe(candidates, oversubscription)}")  # fmt: skip
+        chosen = found
     return [Placement(g.index, g.uuid, *demand(req, g)) for g in chosen]
 
 

@@ -158,7 +158,9 @@ class SliceManager:
                 if existing.id not in self.files:  # a Reserve that failed half-way (full disk) is finished now
                     self._files_or_nothing(existing)
                 return existing
-            placed = place(req, self.capacities(), self.inventory.distance, self.oversubscription)
+            placed = place(
+                req, self.capacities(), self.inventory.distance, self.oversubscription, self.inventory.same_numa
+            )
             allocs = [Allocation(p.index, p.uuid, p.memory, p.cores) for p in placed]
             rec = self.store.transaction(
                 lambda store: store.insert(

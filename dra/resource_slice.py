@@ -28,6 +28,10 @@ ARCHITECTURES = {"7.0": "Volta", "7.2": "Volta", "7.5": "Turing", "8.0": "Ampere
                  "8.9": "Ada Lovelace", "9.0": "Hopper", "10.0": "Blackwell", "10.3": "Blackwell",
                  "12.0": "Blackwell", "12.1": "Blackwell"}  # fmt: skip
 SAME_PCIE_ROOT = ("internal", "single", "multiple", "hostbridge")  # NVML levels under one host bridge
+SAME_NUMA_NODE = (*SAME_PCIE_ROOT, "node")  # ... and on one NUMA node ("system": across the CPUs' interconnect)
+# GPUs on one NUMA node share its value (the smallest index among them, not the kernel's node number):
+# a claim for several GPUs on one node asks it in a matchAttribute constraint (HAMi's numa-bind)
+NUMA_GROUP = "numaGroup"
 UNHEALTHY = DRIVER + "/unhealthy"  # the device taint of a GPU the daemon reports unwell
 
 
@@ -87,7 +91,8 @@ def pcie_root(bus_id: str | None, sysfs: Path) -> str | None:
     return None
 
 
-def _device(gpu: pb.Gpu, driver_version: str, pcie_group: int, nvlink_domain: int, sysfs: Path) -> dict[str, Any]:
+def _device(gpu: pb.Gpu, driver_version: str, pcie_group: int, nvlink_domain: int, numa_group: int, sysfs: Path
+            ) -> dict[str, Any]:  # fmt: skip
     attributes: dict[str, dict[str, Any]] = {
         "uuid": {"string": gpu.uuid},
         "index": {"int": gpu.index},
@@ -98,6 +103,7 @@ def _device(gpu: pb.Gpu, driver_version: str, pcie_group: int, nvlink_domain: in
         # a claim for several GPUs can ask for one in a matchAttribute constraint
         "pcieRoot": {"int": pcie_group},
         "nvlinkDomain": {"int": nvlink_domain},
+        NUMA_GROUP: {"int": numa_group},
     }
     # the standard ones, so that a claim can align a GPU with another driver's device (a NIC)
     bus_id = pci_bus_id(gpu.pci_bus_id)
@@ -135,6 +141,7 @@ def build(node: str, inventory: pb.InventoryReply, generation: int, sysfs: Path 
     count = len(inventory.gpus)
     pcie = _groups(count, [(link.a, link.b) for link in inventory.links if link.pcie in SAME_PCIE_ROOT])
     nvlink = _groups(count, [(link.a, link.b) for link in inventory.links if link.nvlinks])
+    numa = _groups(count, [(link.a, link.b) for link in inventory.links if link.pcie in SAME_NUMA_NODE])
     return {
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
@@ -144,7 +151,7 @@ def build(node: str, inventory: pb.InventoryReply, generation: int, sysfs: Path 
             "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
             "devices": [
-                _device(g, inventory.driver_version, pcie[g.index], nvlink[g.index], sysfs)
+                _device(g, inventory.driver_version, pcie[g.index], nvlink[g.index], numa[g.index], sysfs)
                 for g in sorted(inventory.gpus, key=lambda g: g.index)
             ],
         },

@@ -53,6 +53,12 @@ class Inventory:
             return 1
         return _DISTANCE.get(self.topology.get((a, b), "system"), 60)
 
+    def same_numa(self, a: int, b: int) -> bool:
+        """Whether the two GPUs hang off one NUMA node: NVML's common ancestor is the node or
+        nearer ("system": the path crosses the CPUs' interconnect; an unknown one is not
+        counted as one node)."""
+        return a == b or self.topology.get((a, b)) in _ONE_NUMA_NODE
+
 
 _LEVELS = {
     pynvml.NVML_TOPOLOGY_INTERNAL: "internal",
@@ -64,6 +70,7 @@ _LEVELS = {
 }
 
 
+_ONE_NUMA_NODE = frozenset({"internal", "single", "multiple", "hostbridge", "node"})
 _DISTANCE = {"internal": 5, "single": 10, "multiple": 20, "hostbridge": 30, "node": 40, "system": 50}
 
 

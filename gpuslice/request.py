@@ -36,7 +36,9 @@ AVOID_DEVICE_TYPE = PREFIX + "avoid-device-type"
 GPU_POLICY = PREFIX + "gpu-policy"  # of the GPUs it may be given and fits, the fullest (binpack) or emptiest (spread)
 # which of a node's GPUs the container may be given, and which of them first
 WHERE = (DEVICE, AVOID_DEVICE, DEVICE_TYPE, AVOID_DEVICE_TYPE, GPU_POLICY)
-KNOWN = (GPUS, MEMORY, CORES, POLICY, PRIORITY, *WHERE)
+# a slice of several GPUs: all of them on one NUMA node (as HAMi's nvidia.com/numa-bind), or none
+NUMA_BIND = PREFIX + "numa-bind"
+KNOWN = (GPUS, MEMORY, CORES, POLICY, PRIORITY, *WHERE, NUMA_BIND)
 CONTAINERS = PREFIX + "containers"  # which containers of a pod a pod-wide request is for
 ANNOTATIONS = (*KNOWN, CONTAINERS)
 MAX_GPUS = 64
@@ -146,6 +148,7 @@ class SliceRequest:
     device_types: tuple[str, ...] = ()  # words of a GPU's name, one of which its GPUs' names contain
     avoid_device_types: tuple[str, ...] = ()  # words none of which its GPUs' names contain
     gpu_policy: GpuPolicy = GpuPolicy.BINPACK  # of those it may be given and fits, the fullest or the emptiest
+    numa_bind: bool = False  # its GPUs all on one NUMA node (gpuslice.io/numa-bind)
 
     @property
     def choice(self) -> GpuChoice:
@@ -288,6 +291,13 @@ def _choice(label: str, value: str, enum: type[Enum]) -> Enum:
         raise _bad(label, value, " or ".join(e.value for e in enum)) from None
 
 
+def _flag(label: str, value: str) -> bool:
+    word = value.strip().lower()
+    if word not in ("true", "false"):
+        raise _bad(label, value, "true or false")
+    return word == "true"
+
+
 @dataclass(frozen=True)
 class Parsed:
     """A request parsed once: what it asks, and our annotations as given (kept
@@ -345,6 +355,7 @@ def _parse_ours(ours: Mapping[str, str], sources: Mapping[str, str] | None) -> S
         device_types=where.types,
         avoid_device_types=where.avoid_types,
         gpu_policy=GpuPolicy.SPREAD if where.spread else GpuPolicy.BINPACK,
+        numa_bind=_flag(label(NUMA_BIND), ours[NUMA_BIND]) if NUMA_BIND in ours else False,
     )
 
 

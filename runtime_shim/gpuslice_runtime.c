@@ -30,7 +30,8 @@
 static const char *const MARKS[] = {
     "\"gpuslice.io/",       "\"GPUSLICE_GPUS=",           "\"GPUSLICE_MEMORY=",      "\"GPUSLICE_CORES=",
     "\"GPUSLICE_PRIORITY=", "\"GPUSLICE_COMPUTE_POLICY=", "\"GPUSLICE_DEVICE=",      "\"GPUSLICE_AVOID_DEVICE=",
-    "\"GPUSLICE_DEVICE_TYPE=", "\"GPUSLICE_AVOID_DEVICE_TYPE=", "\"GPUSLICE_GPU_POLICY=", NULL};
+    "\"GPUSLICE_DEVICE_TYPE=", "\"GPUSLICE_AVOID_DEVICE_TYPE=", "\"GPUSLICE_GPU_POLICY=",
+    "\"GPUSLICE_NUMA_BIND=", NULL};
 
 static const char *const GLOBAL_WITH_VALUE[] = {"--root", "--log", "--log-format", "--criu", "--rootless", NULL};
 static const char *const CREATE_WITH_VALUE[] = {"--bundle", "-b", "--console-socket", "--pid-file", "--preserve-fds",

@@ -74,6 +74,37 @@ def test_multi_gpu_prefers_the_closest_gpus(daemon):
     assert links[(1, 3)] == ("single", 1) and links[(0, 2)] == ("hostbridge", 0)
 
 
+def test_numa_bind_takes_a_slice_s_gpus_from_one_numa_node_as_nvml_places_them(daemon):
+    """gpuslice.io/numa-bind (what the webhook writes for HAMi's nvidia.com/numa-bind): two sockets,
+    GPUs 0-1 and 2-3 each on one NUMA node by NVML's common ancestor ("node"), "system" across,
+    GPUs 1 and 2 joined by NVLink. Without it a pair is the closest (the NVLinked one, across
+    the sockets); with it the pair is one node's, and where no node has a pair free it waits
+    (RESOURCE_EXHAUSTED) rather than being split, reserving nothing."""
+    topo = [{"gpus": [0, 1], "pcie": "node", "nvlinks": 0}, {"gpus": [2, 3], "pcie": "node", "nvlinks": 0},
+            {"gpus": [1, 2], "pcie": "system", "nvlinks": 4}]  # fmt: skip
+    c = daemon([gpu("16Gi")] * 4, topology=topo).client()
+    closest = c.reserve("closest", {GPUS: "2", MEM: "1Gi"})
+    assert sorted(g.index for g in closest.gpus) == [1, 2]
+    c.release("closest")
+    bound = c.reserve("bound", {GPUS: "2", MEM: "2Gi", "gpuslice.io/numa-bind": "true"})
+    mine = sorted(g.index for g in bound.gpus)
+    assert mine in ([0, 1], [2, 3])
+    other = c.reserve("other", {GPUS: "2", MEM: "15Gi", "gpuslice.io/numa-bind": "true"})  # no room beside it
+    theirs = sorted(g.index for g in other.gpus)
+    assert theirs == sorted({0, 1, 2, 3} - set(mine))
+    c.release("other")
+    # one GPU of each node with room for 10 GiB: a pair, but across the sockets
+    c.reserve("hold-mine", {MEM: "13Gi", DEVICE: str(mine[0])})
+    c.reserve("hold-theirs", {MEM: "15Gi", DEVICE: str(theirs[0])})
+    before = {s.container_id for s in c.list()}
+    code, msg = code_of(lambda: c.reserve("split", {GPUS: "2", MEM: "10Gi", "gpuslice.io/numa-bind": "true"}))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "on one NUMA node (gpuslice.io/numa-bind)" in msg, msg
+    assert {s.container_id for s in c.list()} == before
+    assert sorted(g.index for g in c.reserve("apart", {GPUS: "2", MEM: "10Gi"}).gpus) == [mine[1], theirs[1]]
+    code, msg = code_of(lambda: c.reserve("three", {GPUS: "3", "gpuslice.io/numa-bind": "true"}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and msg.endswith("the most the node has on one is 2"), msg
+
+
 def test_pinning_is_honoured_or_refused_with_a_reason(daemon):
     c = daemon().client()
     uuid1 = c.inventory().gpus[1].uuid

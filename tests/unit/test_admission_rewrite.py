@@ -399,16 +399,35 @@ def test_in_dra_mode_the_pod_and_its_templates_are_valid_kubernetes_objects(vers
         kubernetes_validate.validate({**t, "metadata": {**t["metadata"], "namespace": "ml"}}, version, strict=True)
 
 
-def test_hamis_numa_bind_and_vgpu_mode_are_recorded_and_a_mig_instance_is_refused_in_one_line():
-    """nvidia.com/numa-bind and vgpu-mode hami-core stay on the pod, recorded as not translated (a
-    container's GPUs are the closest set with room); vgpu-mode mig asks what gpuslice does not give."""
-    for mode in ("devicePlugin", "runtimeClass", "dra"):
-        p = pod(ctr("c", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": "1000"} if mode != "devicePlugin"
-                      else {"nvidia.com/gpumem": "1000"}),
-                annotations={hami.NUMA_BIND: "true", hami.VGPU_MODE: "hami-core"})  # fmt: skip
-        out = jsonpatch.apply_patch(copy.deepcopy(p), rewrite(p, mode).patch)
-        said = json.loads(out["metadata"]["annotations"][RECORD])
-        assert said[hami.NUMA_BIND] == {"from": "true", "to": None} and said[hami.VGPU_MODE]["to"] is None
+def test_hamis_numa_bind_is_served_where_gpuslice_places_the_gpus_and_a_mig_instance_is_refused_in_one_line():
+    """nvidia.com/numa-bind: "true" becomes GPUSLICE_NUMA_BIND in runtimeClass mode (the daemon's
+    placement) and a matchAttribute constraint on the driver's numaGroup in dra mode (kube-scheduler's);
+    in devicePlugin mode, where the kubelet picks a container's whole GPUs, it stays on the pod,
+    recorded as not translated, as "false" and words it does not know are everywhere. vgpu-mode
+    hami-core is recorded as not translated; vgpu-mode mig asks what gpuslice does not give."""
+    import kubernetes_validate
+
+    served = {"devicePlugin": None, "runtimeClass": "GPUSLICE_NUMA_BIND",
+              "dra": "matchAttribute gpuslice.io/numaGroup"}  # fmt: skip
+    for mode, to in served.items():
+        for said in ("true", "TRUE", "false", "sometimes"):
+            p = pod(ctr("c", {"nvidia.com/gpu": 2, "nvidia.com/gpumem": "1000"} if mode != "devicePlugin"
+                          else {"nvidia.com/gpumem": "1000"}),
+                    annotations={hami.NUMA_BIND: said, hami.VGPU_MODE: "hami-core"})  # fmt: skip
+            r = rewrite(p, mode)
+            out = jsonpatch.apply_patch(copy.deepcopy(p), r.patch)
+            record = json.loads(out["metadata"]["annotations"][RECORD])
+            bound = said.lower() == "true"
+            assert record[hami.NUMA_BIND] == {"from": said, "to": to if bound else None}, (mode, said)
+            assert record[hami.VGPU_MODE]["to"] is None
+            env = {e["name"]: e["value"] for e in out["spec"]["containers"][0].get("env") or []}
+            assert env.get("GPUSLICE_NUMA_BIND") == ("true" if bound and mode == "runtimeClass" else None), env
+            if mode == "dra":
+                [t] = r.templates
+                constraints = t["spec"]["spec"]["devices"]["constraints"]
+                assert ({"requests": ["gpu"], "matchAttribute": "gpuslice.io/numaGroup"} in constraints) is bound
+                kubernetes_validate.validate({**t, "metadata": {**t["metadata"], "namespace": "ml"}}, "1.37",
+                                             strict=True)  # fmt: skip
         with pytest.raises(errors.InvalidArgument) as e:
             rewrite(pod(ctr("c", {"nvidia.com/gpumem": "1000"}), annotations={hami.VGPU_MODE: "mig"}), mode)
         assert str(e.value) == ("nvidia.com/vgpu-mode: 'mig': gpuslice shares a GPU by time and memory limits, not "

@@ -17,7 +17,7 @@ def test_versions_become_semantic_versions():
     assert resource_slice.semver("12") == "12.0.0"
 
 
-def test_gpus_are_grouped_by_host_bridge_and_by_nvlink():
+def test_gpus_are_grouped_by_host_bridge_by_nvlink_and_by_numa_node():
     inv = pb.InventoryReply(
         gpus=[pb.Gpu(index=i, uuid=f"GPU-{i}", memory_total=80 << 30) for i in range(4)],
         links=[pb.Link(a=0, b=1, pcie="hostbridge", nvlinks=1), pb.Link(a=2, b=3, pcie="single", nvlinks=0),
@@ -28,6 +28,16 @@ def test_gpus_are_grouped_by_host_bridge_and_by_nvlink():
     roots = [d["attributes"]["pcieRoot"]["int"] for d in devices]
     domains = [d["attributes"]["nvlinkDomain"]["int"] for d in devices]
     assert roots == [0, 0, 2, 2] and domains == [0, 0, 2, 3]
+    # "node": one NUMA node, under two host bridges; "system": across the sockets (numa-bind's constraint)
+    assert [d["attributes"]["numaGroup"]["int"] for d in devices] == [0, 0, 0, 0]  # 0-1, 1-3 and 3-2 near
+    inv.links.append(pb.Link(a=2, b=3, pcie="system"))
+    del inv.links[1]  # 2 apart from each: its own
+    assert [d["attributes"]["numaGroup"]["int"] for d in resource_slice.build("n", inv, 1)["spec"]["devices"]] == [
+        0,
+        0,
+        2,
+        0,
+    ]
 
 
 @pytest.mark.parametrize(("text", "value"), [("4Gi", 4 << 30), ("30", 30), ("1500M", 1_500_000_000), (4096, 4096)])

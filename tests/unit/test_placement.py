@@ -149,3 +149,42 @@ def test_a_bad_gpu_choice_is_one_line_naming_it(notes, says):
     with pytest.raises(request.RequestError) as e:
         request.parse({"gpuslice.io/memory": "1Gi", **notes})
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def two_sockets(a: int, b: int) -> bool:
+    """GPUs 0-1 on NUMA node 0, 2-3 on node 1 (NVML: "node" within, "system" across)."""
+    return a // 2 == b // 2
+
+
+def nvlinked(a: int, b: int) -> int:
+    """GPUs 1 and 2 joined by NVLink across the sockets: the closest pair, yet on two NUMA nodes."""
+    return 0 if a == b else 1 if {a, b} == {1, 2} else 2 if a // 2 == b // 2 else 3
+
+
+@pytest.mark.parametrize(("node", "notes", "where"), [
+    (EMPTY, {"gpus": "2", "memory": "1Gi"}, [1, 2]),  # without numa-bind: the closest pair, across sockets
+    (EMPTY, {"gpus": "2", "memory": "1Gi", "numa_bind": "true"}, [0, 1]),  # with it: one node's
+    (((15, 0, 1), (0, 0, 0), (0, 0, 0), (0, 0, 0)), {"gpus": "2", "memory": "4Gi", "numa_bind": "true"}, [2, 3]),
+    (EMPTY, {"gpus": "2", "memory": "1Gi", "numa_bind": "false"}, [1, 2]),
+    (EMPTY, {"memory": "1Gi", "numa_bind": "true"}, [0]),  # one GPU: on one node whatever it is
+])  # fmt: skip
+def test_numa_bind_takes_a_multi_gpu_slice_s_gpus_from_one_numa_node(node, notes, where):
+    placed = place(req(**notes), gpus(*node), nvlinked, same_numa=two_sockets)
+    assert [p.index for p in placed] == where
+
+
+def test_numa_bind_that_cannot_hold_says_whether_it_may_later():
+    # GPUs 0 and 2 held: a pair is free, but across the sockets, so not now; it may be, later
+    node = gpus((15, 0, 1), (0, 0, 0), (15, 0, 1), (0, 0, 0))
+    assert [p.index for p in place(req(gpus="2", memory="4Gi"), node, nvlinked, same_numa=two_sockets)] == [1, 3]
+    with pytest.raises(NoRoom) as e:
+        place(req(gpus="2", memory="4Gi", numa_bind="true"), node, nvlinked, same_numa=two_sockets)
+    assert str(e.value).startswith("no room for 2 x 4.0 GiB and 0 cores on one NUMA node (gpuslice.io/numa-bind): ")
+    # three GPUs on one node never: the node has two on each
+    with pytest.raises(CannotFit) as c:
+        place(req(gpus="3", memory="1Gi", numa_bind="true"), gpus(*EMPTY), nvlinked, same_numa=two_sockets)
+    assert str(c.value) == ("request asks for 3 GPUs on one NUMA node (gpuslice.io/numa-bind); the most the node "
+                            "has on one is 2")  # fmt: skip
+    with pytest.raises(request.RequestError) as bad:
+        request.parse({"gpuslice.io/gpus": "2", "gpuslice.io/numa-bind": "yes"})
+    assert str(bad.value) == 'annotation gpuslice.io/numa-bind: "yes" is not valid; accepted: true or false'
