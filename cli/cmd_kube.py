@@ -111,13 +111,20 @@ def _paths(options: dict[str, object], *names: str) -> dict[str, object]:
 @click.option(
     "--no-api", is_flag=True, help="never read pods from the API server (multi-GPU admission is steered, not exact)"
 )
+@click.option(
+    "--sysfs",
+    type=click.Path(file_okay=False),
+    default=str(_DP.sysfs),
+    show_default=True,
+    help="the host's sysfs, where each GPU's NUMA node is read (the topology of its whole-GPU unit)",
+)
 @VERBOSE
 def device_plugin_cmd(no_api: bool, verbose: bool, **options: object) -> None:
     """The kubelet device plugin (Kubernetes 1.30-1.35): GPU memory, cores and
     whole GPUs as extended resources kube-scheduler counts."""
     from gpuslice.device_plugin import plugin
 
-    opts = DevicePluginOptions(**_paths(options, "plugin_dir", "pod_resources"), use_api=not no_api)  # type: ignore[arg-type]
+    opts = DevicePluginOptions(**_paths(options, "plugin_dir", "pod_resources", "sysfs"), use_api=not no_api)  # type: ignore[arg-type]
     app.log_as("device-plugin", verbose)
     app.serve(lambda: plugin.Plugin(opts))
 

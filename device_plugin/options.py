@@ -26,6 +26,7 @@ class Options:
     pod_resources: Path = POD_RESOURCES_SOCKET
     reconcile_s: float = 2.0
     use_api: bool = True  # read pending pods (exact one-GPU admission, admission.py); publish per-GPU state
+    sysfs: Path = Path("/sys")  # where each GPU's NUMA node is read (its whole-GPU unit's topology)
 
 
 @dataclass(frozen=True)

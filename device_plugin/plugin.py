@@ -19,7 +19,7 @@ from pathlib import Path
 
 import grpc
 
-from gpuslice import errors
+from gpuslice import errors, pci
 from gpuslice.client import AllocatorClient
 from gpuslice.device_plugin import node_gpus
 from gpuslice.device_plugin import units as u
@@ -53,11 +53,18 @@ class Plugin:
         self.published = ""  # the node's per-GPU state as last published
         self.stopping = threading.Event()
         self.servers: list[tuple[grpc.Server, DevicePluginService, Path]] = []
+        self._numa: dict[str, int | None] = {}  # by PCI bus ID: where a device is attached does not change
 
     def gpus(self) -> list[pb.Gpu]:
         """The daemon's GPUs and their use, read when a ListAndWatch stream asks
         (it sends the list only when the units' health changed)."""
         return list(self.daemon.inventory().gpus)
+
+    def numa_node(self, g: pb.Gpu) -> int | None:
+        """The NUMA node the GPU is attached to, read from sysfs once."""
+        if g.pci_bus_id not in self._numa:
+            self._numa[g.pci_bus_id] = pci.numa_node(g.pci_bus_id, self.opts.sysfs)
+        return self._numa[g.pci_bus_id]
 
     @property
     def kubelet_socket(self) -> Path:
@@ -77,7 +84,7 @@ class Plugin:
     def start_servers(self) -> None:
         self.booking.changed.clear()
         for resource in u.RESOURCES:
-            service = DevicePluginService(resource, self.gpus, self.booking)
+            service = DevicePluginService(resource, self.gpus, self.booking, self.numa_node)
             server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
             dp_grpc.add_DevicePluginServicer_to_server(service, server)
             path = self.opts.plugin_dir / endpoint_name(resource)

@@ -31,10 +31,20 @@ def _unavailable(resource: str, g: pb.Gpu) -> bool:
     return g.exclusive
 
 
-def devices(resource: str, gpus: list[pb.Gpu]) -> list[dp.Device]:
-    """Every unit of `resource` on these GPUs, with the health the kubelet counts by."""
+def devices(resource: str, gpus: list[pb.Gpu], numa: Callable[[pb.Gpu], int | None] = lambda g: None
+            ) -> list[dp.Device]:  # fmt: skip
+    """Every unit of `resource` on these GPUs, with the health the kubelet counts by. A whole
+    GPU's unit names the NUMA node its GPU is attached to (`numa`; None: none known), so that
+    the kubelet's Topology Manager aligns a container's GPUs with its CPUs and with each other,
+    as HAMi's numa-bind asks; the memory and cores units name none: a slice lies on one GPU,
+    and a node's alignment policy must not refuse a slice whose GPU the plugin chose."""
+
+    def topology(g: pb.Gpu) -> dp.TopologyInfo | None:
+        node = numa(g) if resource == u.GPU else None
+        return None if node is None else dp.TopologyInfo(nodes=[dp.NUMANode(ID=node)])
+
     return [
-        dp.Device(ID=unit.id, health=UNHEALTHY if _unavailable(resource, g) else HEALTHY)
+        dp.Device(ID=unit.id, health=UNHEALTHY if _unavailable(resource, g) else HEALTHY, topology=topology(g))
         for g in gpus
         for unit in u.units(g.uuid, resource, g.memory_total)
     ]
@@ -44,9 +54,11 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
     """`inventory()` returns the daemon's GPUs; notify() when they (or their
     use) may have changed, and ListAndWatch sends the list again."""
 
-    def __init__(self, resource: str, inventory: Callable[[], list[pb.Gpu]], booking: Booking) -> None:
+    def __init__(self, resource: str, inventory: Callable[[], list[pb.Gpu]], booking: Booking,
+                 numa: Callable[[pb.Gpu], int | None] = lambda g: None) -> None:  # fmt: skip
         self.resource = resource
         self.inventory = inventory
+        self.numa = numa
         self.booking = booking
         self.changed = threading.Condition()
         self.version = 0
@@ -77,7 +89,7 @@ class DevicePluginService(dp_grpc.DevicePluginServicer):
                     return
                 seen = self.version
             try:
-                now = devices(self.resource, self.inventory())
+                now = devices(self.resource, self.inventory(), self.numa)
             except errors.GpusliceError as e:
                 log.warning("%s: the daemon's GPUs: %s; the kubelet keeps the last list", self.resource, e)
                 continue

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from gpuslice.pci import bus_id as pci_bus_id
 from gpuslice.proto import gpuslice_pb2 as pb
 
 DRIVER = "gpuslice.io"
@@ -64,15 +65,6 @@ def _groups(count: int, joined: list[tuple[int, int]]) -> list[int]:
         ra, rb = root(a), root(b)
         parent[max(ra, rb)] = min(ra, rb)
     return [root(i) for i in range(count)]
-
-
-def pci_bus_id(nvml_bus_id: str) -> str | None:
-    """NVML's bus ID ("00000000:3B:00.0") in the standard attribute's form ("0000:3b:00.0")."""
-    m = re.fullmatch(r"([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])", nvml_bus_id.strip())
-    if not m:
-        return None
-    domain, bus, device, function = m.groups()
-    return f"{int(domain, 16):04x}:{bus.lower()}:{device.lower()}.{function}"
 
 
 def pcie_root(bus_id: str | None, sysfs: Path) -> str | None:

@@ -27,7 +27,8 @@ It follows kubernetes/kubernetes pkg/kubelet/cm/devicemanager:
   the pod manager's pods, including the one being admitted (the kubelet adds a
   pod before admitting it, kubelet.go HandlePodAdditions), and their devices.
 
-Left out: topology alignment, init containers' device reuse, PreStartContainer.
+Each device's topology (its NUMA nodes) is kept and shown in the state, not aligned to.
+Left out: topology alignment (the Topology Manager), init containers' device reuse, PreStartContainer.
 
   kubelet_devices.py PROTOS DEVICE_PLUGIN_DIR POD_RESOURCES_SOCKET STATE_DIR SEED
 
@@ -87,6 +88,8 @@ class Endpoint:
                     self.m.healthy[self.resource] = {d.ID for d in update.devices if d.health == "Healthy"}
                     self.m.unhealthy[self.resource] = {d.ID for d in update.devices if d.health != "Healthy"}
                     self.m.updates[self.resource] = self.m.updates.get(self.resource, 0) + 1
+                    self.m.topology[self.resource] = {d.ID: [n.ID for n in d.topology.nodes]
+                                                      for d in update.devices if d.HasField("topology")}  # fmt: skip
         except grpc.RpcError:
             pass
         with self.m.lock:  # endpoint stopped: its devices unhealthy (markResourceUnhealthy)
@@ -112,6 +115,7 @@ class DeviceManager:
         self.admit_lock = threading.Lock()  # the kubelet's sync loop admits one pod at a time
         self.healthy: dict[str, set[str]] = {}
         self.unhealthy: dict[str, set[str]] = {}
+        self.topology: dict[str, dict[str, list[int]]] = {}  # the NUMA nodes each device names, by resource
         self.updates: dict[str, int] = {}
         self.endpoints: dict[str, Endpoint] = {}
         # pod UID -> container -> resource -> {"ids": [...], "resp": base64 of the AllocateResponse's container answer}
@@ -275,6 +279,7 @@ class DeviceManager:
                 "capacity": {r: len(self.healthy.get(r, ())) + len(self.unhealthy.get(r, ())) for r in self.healthy},
                 "allocatable": {r: len(d) for r, d in self.healthy.items()},
                 "updates": dict(self.updates),
+                "topology": {r: dict(t) for r, t in self.topology.items()},
                 "pod_devices": self.pod_devices,
                 "pods": {uid: p["phase"] for uid, p in self.pods.items()},
             }

@@ -45,6 +45,33 @@ def test_a_pod_gets_memory_and_cores_on_one_gpu_and_the_kubelet_counts_the_units
     assert sorted(v.split("/")[1] for v in opts["envs"].values()) == ["cores", "memory"]
 
 
+def test_a_whole_gpu_unit_names_its_gpu_s_numa_node_and_a_slice_s_units_name_none(daemon, tmp_path):
+    """Each gpuslice.io/gpu unit's topology is the NUMA node sysfs gives its GPU
+    (/sys/bus/pci/devices/<bus ID>/numa_node, by the bus ID NVML reports), so that the
+    kubelet's Topology Manager aligns a container's whole GPUs (HAMi's numa-bind, under
+    single-numa-node); a GPU sysfs names no node for (-1, as on one socket) gets none, and
+    the memory and cores units none: a slice lies on one GPU, and no alignment policy may
+    refuse a slice whose GPU the plugin chose."""
+    buses = ("00000000:3B:00.0", "00000000:AF:00.0", "00000000:D8:00.0")
+    sysfs = tmp_path / "sys"
+    for bus, node in zip(("0000:3b:00.0", "0000:af:00.0", "0000:d8:00.0"), ("0", "1", "-1"), strict=True):
+        (sysfs / "bus" / "pci" / "devices" / bus).mkdir(parents=True)
+        (sysfs / "bus" / "pci" / "devices" / bus / "numa_node").write_text(node + "\n")
+    d = daemon([gpu("16Gi", pci_bus_id=b) for b in buses])
+    n = DevicePluginNode(d, tmp_path)
+    n.plugin_args = ["--sysfs", str(sysfs)]
+    try:
+        n.start_kubelet()
+        n.start_plugin()
+        topology = n.wait_registered()["topology"]
+        uuid = {g.pci_bus_id: g.uuid for g in d.client().inventory().gpus}
+        assert {u.parse(i).gpu: nodes for i, nodes in topology[u.GPU].items()} == {
+            uuid[buses[0]]: [0], uuid[buses[1]]: [1]}  # fmt: skip
+        assert topology[u.MEMORY] == {} and topology[u.CORES] == {}
+    finally:
+        n.close()
+
+
 def wait_for(what, seconds: float = 15):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + seconds
     while not (found := what()):
