@@ -288,6 +288,21 @@ def test_a_containers_gpu_policy_in_its_environment_places_its_slice(tmp_path, d
     assert d.client().get("spread").gpus[0].index != first
 
 
+def test_a_containers_numa_bind_in_its_environment_takes_its_gpus_from_one_numa_node(tmp_path, daemon, containers):
+    """What the webhook writes for HAMi's numa-bind in runtimeClass mode, as the hook hands it over:
+    GPUSLICE_NUMA_BIND=true takes a two-GPU slice from one NUMA node, not the NVLinked pair across
+    the sockets that the closest set would be."""
+    topo = [{"gpus": [0, 1], "pcie": "node", "nvlinks": 0}, {"gpus": [2, 3], "pcie": "node", "nvlinks": 0},
+            {"gpus": [1, 2], "pcie": "system", "nvlinks": 4}]  # fmt: skip
+    d, box = daemon([gpu("16Gi")] * 4, topology=topo), containers()
+    for name, env in (("near", []), ("bound", ["GPUSLICE_NUMA_BIND=true"])):
+        b = bundle(tmp_path / name, {}, env=["GPUSLICE_GPUS=2", "GPUSLICE_MEMORY=1Gi", *env])
+        r = hook("createRuntime", {"id": name, "pid": box.init_pid, "bundle": str(b)}, d.socket)
+        assert r.returncode == 0, r.stderr
+    assert sorted(g.index for g in d.client().get("near").gpus) == [1, 2]
+    assert sorted(g.index for g in d.client().get("bound").gpus) in ([0, 1], [2, 3])
+
+
 @needs_root
 def test_containers_of_a_claim_share_its_slice_and_leave_it_as_they_stop(tmp_path, daemon, containers):
     """A DRA claim's share (reserved by the kubelet plugin) and two containers
