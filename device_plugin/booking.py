@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gpuslice import errors
+from gpuslice import errors, inventory
 from gpuslice.client import AllocatorClient
 from gpuslice.device_plugin import admission, allocation, preference
 from gpuslice.device_plugin import units as u
@@ -97,7 +97,22 @@ class Booking:
                     raise errors.ResourceExhausted(
                         f"container {who.name} asks {size} whole GPUs; {left} free it may be given ({why})"
                     )
+            if resource == u.GPU:  # whole GPUs: as many as asked, the closest set
+                return preference.prefer_whole(available, must_include, size, self._apart())
             return preference.prefer(resource, available, must_include, size, self.steering.partner())
+
+    def _apart(self) -> preference.Apart:
+        """How far apart two GPUs are, by the daemon's view of the node's links."""
+        inv = self.daemon.inventory()
+        index = {g.uuid: g.index for g in inv.gpus}
+        links = {frozenset((link.a, link.b)): link for link in inv.links}
+
+        def apart(a: str, b: str) -> tuple[int, int]:
+            link = links.get(frozenset((index.get(a, -1), index.get(b, -2))))
+            level, nvlink = (link.pcie, link.nvlinks > 0) if link else ("unknown", False)
+            return (0 if inventory.one_numa_node(level) else 1), inventory.link_distance(level, nvlink)
+
+        return apart
 
     def _named(self, who: Admitting) -> dict[str, tuple[int, str]]:
         """Each GPU's index and name by UUID, where the container has a GPU choice to hold them against."""

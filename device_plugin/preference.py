@@ -14,7 +14,10 @@ kubelet's choice agree with it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import combinations
+from math import comb
 
 from gpuslice import errors
 from gpuslice.device_plugin import units as u
@@ -61,6 +64,35 @@ def prefer(
         if len(kept) + len(rest) >= size:
             return kept + rest[: size - len(kept)]
     raise errors.ResourceExhausted(describe(resource, free, size))
+
+
+MAX_SETS = 4096  # sets of whole GPUs weighed one by one; past it, the nearest added one at a time
+
+Apart = Callable[[str, str], tuple[int, int]]  # two GPUs (UUIDs): (across NUMA nodes 0/1, distance)
+
+
+def prefer_whole(available: list[str], must_include: list[str], size: int, apart: Apart) -> list[str]:
+    """`size` whole GPUs (a gpuslice.io/gpu unit each) from `available`: those of `must_include`,
+    then the set that crosses NUMA nodes least, then the closest (NVLink, then PCIe), as the
+    daemon places a multi-GPU slice; raises naming how many are free."""
+    free = {gpu: found[0].id for gpu, found in u.by_gpu(available).items()}
+    kept = sorted(u.by_gpu(must_include))
+    others = sorted(g for g in free if g not in kept)
+    need = size - len(kept)
+    if need < 0 or need > len(others):
+        raise errors.ResourceExhausted(f"{size} {u.GPU}: {len(kept) + len(others)} free")
+
+    def cost(group: tuple[str, ...]) -> tuple[int, int, tuple[str, ...]]:
+        pairs = [apart(a, b) for a, b in combinations(group, 2)]
+        return sum(p[0] for p in pairs), sum(p[1] for p in pairs), group
+
+    if comb(len(others), need) <= MAX_SETS:
+        chosen = min((tuple(kept) + c for c in combinations(others, need)), key=cost)
+    else:  # many GPUs: grown from those kept (or the first) by the nearest each time
+        chosen = tuple(kept) or (others[0],)
+        while len(chosen) < size:
+            chosen += (min((g for g in others if g not in chosen), key=lambda g: cost((*chosen, g))),)
+    return sorted(d for g in chosen for d in ([x.id for x in u.by_gpu(must_include).get(g, [])] or [free[g]]))
 
 
 def one_gpu(resource: str, device_ids: list[str], available_after: list[str]) -> str:

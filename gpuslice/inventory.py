@@ -49,15 +49,13 @@ class Inventory:
         """Smaller is closer: NVLink beats every PCIe path."""
         if a == b:
             return 0
-        if self.nvlink.get((a, b)):
-            return 1
-        return _DISTANCE.get(self.topology.get((a, b), "system"), 60)
+        return link_distance(self.topology.get((a, b), "system"), bool(self.nvlink.get((a, b))))
 
     def same_numa(self, a: int, b: int) -> bool:
         """Whether the two GPUs hang off one NUMA node: NVML's common ancestor is the node or
         nearer ("system": the path crosses the CPUs' interconnect; an unknown one is not
         counted as one node)."""
-        return a == b or self.topology.get((a, b)) in _ONE_NUMA_NODE
+        return a == b or one_numa_node(self.topology.get((a, b), "unknown"))
 
 
 _LEVELS = {
@@ -72,6 +70,17 @@ _LEVELS = {
 
 _ONE_NUMA_NODE = frozenset({"internal", "single", "multiple", "hostbridge", "node"})
 _DISTANCE = {"internal": 5, "single": 10, "multiple": 20, "hostbridge": 30, "node": 40, "system": 50}
+
+
+def link_distance(level: str, nvlink: bool) -> int:
+    """Two different GPUs' distance from NVML's common ancestor (its level's name) and whether
+    NVLink joins them: smaller is closer, NVLink closest."""
+    return 1 if nvlink else _DISTANCE.get(level, 60)
+
+
+def one_numa_node(level: str) -> bool:
+    """Whether NVML's common ancestor of two GPUs puts them on one NUMA node."""
+    return level in _ONE_NUMA_NODE
 
 
 def _text(value: str | bytes) -> str:

@@ -72,6 +72,32 @@ def test_a_whole_gpu_unit_names_its_gpu_s_numa_node_and_a_slice_s_units_name_non
         n.close()
 
 
+def test_a_container_asking_several_whole_gpus_gets_the_closest_set_on_one_numa_node(daemon, tmp_path):
+    """gpuslice.io/gpu: 2 (HAMi's exclusive cards, two of them): GetPreferredAllocation answers two
+    GPUs, not "must lie on one GPU" (the kubelet failed such a pod's admission with that line):
+    the set that crosses NUMA nodes least, then the closest, as the daemon places a multi-GPU
+    slice. Here GPUs 0-1 and 2-3 are each one NUMA node's and 1-2 NVLinked across the sockets:
+    a pair of one node's, then the other pair; the kubelet then has none left to give."""
+    topo = [{"gpus": [0, 1], "pcie": "node", "nvlinks": 0}, {"gpus": [2, 3], "pcie": "node", "nvlinks": 0},
+            {"gpus": [1, 2], "pcie": "system", "nvlinks": 4}]  # fmt: skip
+    d = daemon([gpu("16Gi")] * 4, topology=topo)
+    n = DevicePluginNode.running(d, tmp_path)
+    try:
+        index = {g.uuid: g.index for g in d.client().inventory().gpus}
+        pairs = []
+        for name in ("a", "b"):
+            p = pod(name, {"gpu": 2})
+            assert n.admit(p) == {"admitted": True}, n.log()
+            [(_, ids)] = n.state_of()["pod_devices"][p["metadata"]["uid"]]["c0"].items()
+            pairs.append(sorted(index[u.parse(i).gpu] for i in ids["ids"]))
+        assert sorted(pairs) == [[0, 1], [2, 3]]
+        assert sorted(s.gpus[0].index for s in n.allocations().values()) == [0, 1, 2, 3]  # each held whole
+        out = n.admit(pod("c", {"gpu": 1}))
+        assert out["admitted"] is False and "requested number of devices unavailable" in out["message"], out
+    finally:
+        n.close()
+
+
 def wait_for(what, seconds: float = 15):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + seconds
     while not (found := what()):

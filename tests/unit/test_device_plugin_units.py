@@ -67,3 +67,31 @@ def test_one_gpu_refuses_units_spanning_gpus():
     assert preference.one_gpu(u.MEMORY, ids(A, u.MEMORY, 3), []) == A
     with pytest.raises(errors.FailedPrecondition, match=r"^3 gpuslice.io/memory must lie on one GPU; free: "):
         preference.one_gpu(u.MEMORY, chosen, ids(A, u.MEMORY, 1, start=5))
+
+
+def test_several_whole_gpus_are_the_set_that_crosses_numa_nodes_least_then_the_closest():
+    gpus = [f"GPU-{c * 8}-0000" for c in "abcd"]  # a-b and c-d each one NUMA node's; b-c NVLinked across
+
+    def apart(x: str, y: str) -> tuple[int, int]:
+        same = {x, y} in ({gpus[0], gpus[1]}, {gpus[2], gpus[3]})
+        return (0, 40) if same else (1, 1) if {x, y} == {gpus[1], gpus[2]} else (1, 50)
+
+    free = [i for g in gpus for i in ids(g, u.GPU, 1)]
+    assert preference.prefer_whole(free, [], 2, apart) == sorted(ids(gpus[0], u.GPU, 1) + ids(gpus[1], u.GPU, 1))
+    # a restarted container's kept GPU stays in the set, and the rest are chosen around it
+    kept = ids(gpus[3], u.GPU, 1)
+    assert preference.prefer_whole(free, kept, 2, apart) == sorted(ids(gpus[2], u.GPU, 1) + kept)
+    assert len(preference.prefer_whole(free, [], 4, apart)) == 4
+    with pytest.raises(errors.ResourceExhausted, match="5 gpuslice.io/gpu: 4 free"):
+        preference.prefer_whole(free, [], 5, apart)
+
+
+def test_many_whole_gpus_are_grown_from_the_first_by_the_nearest():
+    gpus = [f"GPU-{i:08x}-0000" for i in range(64)]
+    free = [i for g in gpus for i in ids(g, u.GPU, 1)]
+
+    def apart(x: str, y: str) -> tuple[int, int]:  # eight NUMA nodes of eight GPUs
+        return (0, 40) if gpus.index(x) // 8 == gpus.index(y) // 8 else (1, 50)
+
+    chosen = preference.prefer_whole(free, [], 8, apart)  # C(64, 8) sets: too many to weigh one by one
+    assert chosen == sorted(i for g in gpus[:8] for i in ids(g, u.GPU, 1))
