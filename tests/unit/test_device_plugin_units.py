@@ -82,7 +82,7 @@ def test_several_whole_gpus_are_the_set_that_crosses_numa_nodes_least_then_the_c
     kept = ids(gpus[3], u.GPU, 1)
     assert preference.prefer_whole(free, kept, 2, apart) == sorted(ids(gpus[2], u.GPU, 1) + kept)
     assert len(preference.prefer_whole(free, [], 4, apart)) == 4
-    with pytest.raises(errors.ResourceExhausted, match="5 gpuslice.io/gpu: 4 free"):
+    with pytest.raises(errors.ResourceExhausted, match=r"5 gpuslice\.io/gpu: 4 free"):
         preference.prefer_whole(free, [], 5, apart)
 
 
