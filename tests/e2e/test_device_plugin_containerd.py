@@ -171,6 +171,29 @@ def test_a_hami_pods_gpu_constraint_is_held_by_the_plugin_and_at_the_containers_
     node.delete(filler)
 
 
+def test_a_pod_asking_two_whole_gpus_runs_on_both(cri, node, gpu_node, tmp_path):
+    """gpuslice.io/gpu: 2 (the kubelet refused such a pod at admission before stop 76: the plugin's
+    preferred allocation said all units must lie on one GPU): admitted with both GPUs, its
+    container starts through containerd with both CDI devices, joins one share group of both
+    whole-GPU allocations, and its CUDA probe has a whole GPU."""
+    p = pod("two-whole", {"gpu": 2})
+    assert node.admit(p) == {"admitted": True}, node.log()
+    opts = node.options(p)
+    uuids = {g.uuid: g for g in node.d.client().inventory().gpus}
+    assert sorted(d.split("=", 1)[1] for d in opts["cdi_devices"]) == sorted(uuids)
+    sandbox = Pod(cri, tmp_path / "logs", "two-whole", {}, handler="")
+    try:
+        cid = sandbox.run("probe", cdi_devices=opts["cdi_devices"], env=opts["envs"])
+        out = sandbox.probe("probe")
+        assert out["total"] == next(iter(uuids.values())).memory_total, out
+        held = {s.container_id: s for s in gpu_node.slices()}
+        group = held[held[cid].member_of]  # one share group of the two whole-GPU allocations
+        assert group.owner_kind == pb.SHARE_GROUP and sorted(g.uuid for g in group.gpus) == sorted(uuids), held
+    finally:
+        sandbox.close()
+    node.delete(p)
+
+
 def as_the_api_server_stores_it(p: dict) -> dict:
     """A pod as kube-apiserver stores it once created and bound: an extended
     resource's request defaulted to its limit (SetDefaults for a container's
