@@ -29,7 +29,11 @@ GPUSLICE_DEVICE_TYPE, GPUSLICE_AVOID_DEVICE_TYPE): the scheduler extender
 places the pod by it, the device plugin and the daemon's placement give
 only such GPUs, and the container's start refuses any other. HAMi's
 per-pod gpu-scheduler-policy (binpack or spread: which of a node's GPUs
-first) becomes GPUSLICE_GPU_POLICY there too. A pod's schedulerName that
+first) becomes GPUSLICE_GPU_POLICY there too. HAMi's numa-bind (a container's
+GPUs on one NUMA node) becomes GPUSLICE_NUMA_BIND in runtimeClass mode (the
+daemon's placement) and a matchAttribute constraint on the driver's numaGroup
+in dra mode; in devicePlugin mode the kubelet picks whole GPUs, its Topology
+Manager aligning them by each unit's NUMA node. A pod's schedulerName that
 names HAMi's scheduler becomes the one the chart maps it to.
 
 In dra mode, and for a gpu-scheduler-policy gpuslice has not, the policy
