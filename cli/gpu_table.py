@@ -18,4 +18,6 @@ def render(inv: Inventory) -> str:
     if inv.topology:
         pairs = ", ".join(f"{a}-{b}: {lvl}" for (a, b), lvl in sorted(inv.topology.items()) if a < b)
         lines.append(f"topology  {pairs}")
+        # what gpuslice.io/numa-bind takes a slice's GPUs from (a group each)
+        lines.append(f"NUMA nodes  {' | '.join(','.join(map(str, grp)) for grp in inv.numa_groups())}")
     return "\n".join(lines)

@@ -57,6 +57,17 @@ class Inventory:
         counted as one node)."""
         return a == b or one_numa_node(self.topology.get((a, b), "unknown"))
 
+    def numa_groups(self) -> list[tuple[int, ...]]:
+        """The GPUs' indexes by NUMA node (same_numa's groups): the sets numa-bind takes from."""
+        groups: list[list[int]] = []
+        for g in sorted(g.index for g in self.gpus):
+            home = next((grp for grp in groups if self.same_numa(grp[0], g)), None)
+            if home is None:
+                groups.append([g])
+            else:
+                home.append(g)
+        return [tuple(grp) for grp in groups]
+
 
 _LEVELS = {
     pynvml.NVML_TOPOLOGY_INTERNAL: "internal",
